@@ -1,0 +1,18 @@
+# Two commands on a fresh machine:  `make run` (the main job on the embedded `local` host)
+# and `make test` (the whole suite, real sshd fleet included). Both set themselves up.
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup run test bench clean
+
+setup:
+	@bash scripts/bootstrap.sh
+
+run: setup
+	$(BIN)/ddtree-ops smoke -H local
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python benchmarks/tree_build.py

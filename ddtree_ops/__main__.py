@@ -1,0 +1,3 @@
+from ddtree_ops.cli.app import main
+
+main()

@@ -1,0 +1,92 @@
+"""The `ddtree-ops` entry point and the one error boundary that maps failures to exit codes.
+
+Command modules are imported here but keep heavy imports (torch, fabric, paramiko) inside
+their functions, so `ddtree-ops --help` stays fast.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import click
+import typer
+
+from ddtree_ops.errors import DdtreeOpsError, ExitCode
+
+app = typer.Typer(
+    name="ddtree-ops",
+    help="Push the DDTree core to GPU hosts, smoke-test it there, and deploy the SGLang plugin.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# One module per command group; each exposes `register(app)`.
+COMMAND_MODULES: list[str] = []
+
+
+def _register_commands() -> None:
+    import importlib
+
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"ddtree_ops.cli.{name}").register(app)
+
+
+def debug_log_path() -> Path:
+    override = os.environ.get("DDTREE_OPS_DEBUG_LOG")
+    if override:
+        return Path(override)
+    base = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state"))
+    return base / "ddtree-ops" / "debug.log"
+
+
+def _record_traceback() -> Path | None:
+    path = debug_log_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as log:
+            log.write(traceback.format_exc())
+            log.write("\n")
+        return path
+    except OSError:
+        return None
+
+
+def _say(message: str) -> None:
+    sys.stderr.write(f"ddtree-ops: {message}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; return (and exit with) the process exit code."""
+    _register_commands()
+    try:
+        result = app(args=argv, standalone_mode=False, prog_name="ddtree-ops")
+        code = int(result) if isinstance(result, int) else ExitCode.OK
+    except DdtreeOpsError as err:
+        _say(f"error: {err}")
+        code = err.exit_code
+    except click.exceptions.Exit as exit_:
+        code = exit_.exit_code
+    except click.exceptions.Abort:
+        _say("interrupted")
+        code = ExitCode.INTERRUPTED
+    except click.ClickException as err:
+        err.show()
+        code = ExitCode.USAGE
+    except KeyboardInterrupt:
+        _say("interrupted")
+        code = ExitCode.INTERRUPTED
+    except Exception as err:  # noqa: BLE001 - the boundary: a bug, reported in one line
+        log = _record_traceback()
+        where = f" (traceback in {log})" if log else ""
+        _say(f"unexpected error: {type(err).__name__}: {err}{where}")
+        code = ExitCode.UNEXPECTED
+    if argv is None:
+        sys.exit(int(code))
+    return int(code)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
