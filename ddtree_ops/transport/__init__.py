@@ -1,0 +1,1 @@
+"""How ddtree-ops reaches a host: one interface, an SSH and a local implementation."""

@@ -1,0 +1,78 @@
+"""The transport interface every command talks to; SSH and local are its implementations.
+
+Contract (every implementation keeps it):
+- Commands are argv lists, never shell strings; an implementation that needs a shell quotes
+  every element, so no inventory or CLI value can inject shell syntax.
+- Every call is bounded: `timeout` (seconds) or the host's `command_timeout`.
+- A failure to reach the host or a dropped connection raises a `TransportError` subclass
+  (`ddtree_ops.errors`); a command that ran and exited non-zero is a `CommandResult`, not an
+  exception. Library exceptions (paramiko, socket, subprocess) never escape this package.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import BinaryIO
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    host: str
+    argv: tuple[str, ...]
+    exit_status: int
+    stdout: str
+    stderr: str
+    duration_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_status == 0
+
+    def tail(self, chars: int = 400) -> str:
+        """The end of stderr (or stdout when stderr is empty), for one-line error messages."""
+        text = (self.stderr or self.stdout).strip()
+        return text[-chars:].replace("\n", " | ")
+
+
+LineHandler = Callable[[str], None]
+
+
+class Transport(ABC):
+    """One open connection to one host. Use as a context manager; `close()` never raises."""
+
+    host_name: str
+
+    @abstractmethod
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        on_stdout_line: LineHandler | None = None,
+        on_stderr_line: LineHandler | None = None,
+    ) -> CommandResult:
+        """Run argv on the host and wait for it. With `on_stdout_line`, each complete stdout
+        line is handed over as it arrives (and still collected in the result)."""
+
+    @abstractmethod
+    def put_stream(
+        self, source: BinaryIO, argv: Sequence[str], *, timeout: float | None = None
+    ) -> CommandResult:
+        """Pipe `source` into the stdin of argv on the host (e.g. `tar -x`), in one channel."""
+
+    @abstractmethod
+    def get_file(self, remote_path: str, local_path: str, *, timeout: float | None = None) -> None:
+        """Copy one remote file to a local path (written to a temp name, then renamed)."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> "Transport":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
