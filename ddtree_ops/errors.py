@@ -82,3 +82,11 @@ class CommandTimeout(TransportError):
     """A remote command outlived its per-command deadline; the channel was closed."""
 
     kind = "command timed out"
+
+
+class HostLocked(RemoteStepError):
+    """Another ddtree-ops process holds the host's layout lock (`<workdir>/lock`)."""
+
+
+class BaselineFileError(ConfigError):
+    """A baseline or reference run file that cannot be read as one (names the file and why)."""

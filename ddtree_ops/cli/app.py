@@ -24,7 +24,7 @@ app = typer.Typer(
 )
 
 # One module per command group; each exposes `register(app)`.
-COMMAND_MODULES: list[str] = []
+COMMAND_MODULES: list[str] = ["hosts", "push", "baseline", "smoke", "collect", "report", "bench", "deploy"]
 
 
 def _register_commands() -> None:

@@ -7,13 +7,18 @@ Contract (every implementation keeps it):
 - A failure to reach the host or a dropped connection raises a `TransportError` subclass
   (`ddtree_ops.errors`); a command that ran and exited non-zero is a `CommandResult`, not an
   exception. Library exceptions (paramiko, socket, subprocess) never escape this package.
+- An argv element (or cwd) that is exactly `~` or starts with `~/` names the remote user's home
+  (`~/.ddtree-ops`, `~/venv/bin/python`): each implementation expands that prefix on its side
+  and treats everything else literally.
+- `stdin` is bytes or a binary stream (read in chunks until EOF, then the command's stdin is
+  closed), so one channel can carry a script followed by an archive.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import BinaryIO, Union
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,33 @@ class CommandResult:
 
 
 LineHandler = Callable[[str], None]
+StdinSource = Union[bytes, BinaryIO, None]
+
+
+def expand_home(arg: str, home: str) -> str:
+    """`~` or `~/rest` -> `home` or `home/rest`; anything else unchanged."""
+    if arg == "~":
+        return home
+    if arg.startswith("~/"):
+        return home.rstrip("/") + arg[1:]
+    return arg
+
+
+def shell_quote_argv(argv: Sequence[str]) -> str:
+    """One POSIX shell command line that runs exactly argv: every element single-quoted; a
+    leading `~` / `~/` becomes `"$HOME"` / `"$HOME"/` so the remote shell supplies the home."""
+    import shlex
+
+    def one(arg: str) -> str:
+        if arg == "~":
+            return '"$HOME"'
+        if arg.startswith("~/"):
+            return '"$HOME"/' + shlex.quote(arg[2:]) if arg[2:] else '"$HOME"/'
+        return shlex.quote(arg)
+
+    if not argv:
+        raise ValueError("empty argv")
+    return " ".join(one(arg) for arg in argv)
 
 
 class Transport(ABC):
@@ -49,7 +81,7 @@ class Transport(ABC):
         argv: Sequence[str],
         *,
         env: Mapping[str, str] | None = None,
-        stdin: bytes | None = None,
+        stdin: StdinSource = None,
         cwd: str | None = None,
         timeout: float | None = None,
         on_stdout_line: LineHandler | None = None,
@@ -66,7 +98,8 @@ class Transport(ABC):
 
     @abstractmethod
     def get_file(self, remote_path: str, local_path: str, *, timeout: float | None = None) -> None:
-        """Copy one remote file to a local path (written to a temp name, then renamed)."""
+        """Copy one remote file to a local path (written to a temp name, then renamed).
+        A remote file that cannot be read raises RemoteStepError."""
 
     @abstractmethod
     def close(self) -> None: ...

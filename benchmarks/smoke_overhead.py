@@ -1,0 +1,141 @@
+"""What `ddtree-ops smoke` costs per host, on a real loopback sshd fleet.
+
+Measures, in one run:
+  - wall time of `smoke` on 1 host and on 4 hosts (target: 4 within 1.5x of 1), for the light
+    stages (env,import,golden: the runner's own overhead dominates) and for a CPU-heavy set
+    (+invariants; on a machine with fewer cores than hosts that part cannot scale);
+  - SSH connections opened per host per run (counted at the client's socket connect) and
+    Python interpreter starts per host per run (the hosts' `python` is a wrapper that logs
+    each start), split into the push agent and the smoke runner.
+The release is pushed once before timing, so every timed run is a no-op push + the smoke run.
+
+Usage: .venv/bin/python benchmarks/smoke_overhead.py [--repeat 3]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import io
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from sshd_fleet import SshdFleet, sshd_available  # noqa: E402
+
+from ddtree_ops.cli.app import main  # noqa: E402
+
+LIGHT = "env,import,golden"
+HEAVY = "env,import,golden,invariants"
+
+
+def python_wrapper(directory: Path, log: Path, threads: int | None = None) -> Path:
+    """A `python` for the hosts that records each start (what it runs) and execs the real one;
+    with `threads`, torch's intra-op pool is capped (the loopback hosts share this machine)."""
+    script = directory / f"python-counting-{threads or 'all'}"
+    script.write_text(
+        "#!/bin/sh\n"
+        + (f"export OMP_NUM_THREADS={threads}\n" if threads else "")
+        + f'case "$1" in *runner.py) what=runner;; *) what=agent;; esac\n'
+        f'echo "$PPID $what" >> {log}\n'
+        f'exec {sys.executable} "$@"\n')
+    script.chmod(0o755)
+    return script
+
+
+@contextlib.contextmanager
+def count_connects(ports: set[int]):
+    """Count TCP connects this process makes to the fleet's ports."""
+    counts: collections.Counter = collections.Counter()
+    original = socket.socket.connect
+
+    def connect(self, address):
+        if isinstance(address, tuple) and address[1] in ports:
+            counts[address[1]] += 1
+        return original(self, address)
+
+    socket.socket.connect = connect
+    try:
+        yield counts
+    finally:
+        socket.socket.connect = original
+
+
+def quiet_main(argv: list[str]) -> int:
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return main(argv)
+
+
+def one_run(inventory: Path, hosts: str, stages: str, ports: set[int], starts_log: Path):
+    starts_log.write_text("")
+    with count_connects(ports) as connects:
+        began, cpu_began = time.perf_counter(), time.process_time()
+        code = quiet_main(["smoke", "-i", str(inventory), "-H", hosts, "--stages", stages])
+        wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
+    starts = collections.Counter(line.split()[1] for line in starts_log.read_text().splitlines())
+    return code, wall, cpu, sum(connects.values()), starts
+
+
+def main_bench() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    if not sshd_available():
+        sys.exit("needs OpenSSH sshd (scripts/bootstrap.sh installs it)")
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        os.environ["DDTREE_OPS_RUNS_DIR"] = str(base / "runs")
+        starts_log = base / "python-starts.log"
+        (base / "fleet").mkdir()
+        fleet = SshdFleet(base / "fleet", python=str(python_wrapper(base, starts_log)),
+                          command_timeout=600)
+        fleet.start(4)
+        try:
+            inventory = fleet.write_inventory()
+            ports = {h.port for h in fleet.hosts}
+            assert quiet_main(["push", "-i", str(inventory)]) == 0  # timed runs: no-op push
+            one_thread = fleet.write_inventory(
+                base / "one-thread.yaml",
+                host_overrides={h.name: {"python": str(python_wrapper(base, starts_log, 1))}
+                                for h in fleet.hosts})
+            rows = []
+            for label, stages, inv in (("light", LIGHT, inventory), ("heavy", HEAVY, inventory),
+                                       ("heavy1", HEAVY, one_thread)):
+                for hosts in ("h0", "h0,h1,h2,h3"):
+                    n = hosts.count(",") + 1
+                    walls, cpus, connects, starts = [], [], [], collections.Counter()
+                    for _ in range(args.repeat):
+                        code, wall, cpu, conns, started = one_run(inv, hosts, stages, ports,
+                                                                  starts_log)
+                        if code != 0:
+                            main(["report"])
+                            sys.exit(f"smoke failed (exit {code}) on {hosts} {stages}")
+                        walls.append(wall)
+                        cpus.append(cpu)
+                        connects.append(conns / n)
+                        starts = started
+                    rows.append((label, stages, n, statistics.median(walls),
+                                 statistics.median(cpus), statistics.median(connects),
+                                 starts["agent"] / n,
+                                 starts["runner"] / n))
+        finally:
+            fleet.stop()
+    base_wall = {row[0]: row[3] for row in rows if row[2] == 1}
+    print(f"smoke on a loopback sshd fleet, median of {args.repeat} runs, {os.cpu_count()} CPU(s)")
+    print(f"{'stages':<6} {'hosts':>5} {'wall s':>8} {'vs 1 host':>9} {'CLI cpu s':>9} "
+          f"{'ssh conn/host':>13} {'py starts/host':>14} {'(push agent':>11} {'runner)':>7}")
+    for label, stages, n, wall, cpu, conns, agent, runner in rows:
+        print(f"{label:<6} {n:>5} {wall:>8.2f} {wall / base_wall[label]:>8.2f}x {cpu:>9.2f} "
+              f"{conns:>13.1f} {agent + runner:>14.1f} {agent:>11.1f} {runner:>7.1f}")
+    print(f"light = {LIGHT}; heavy = {HEAVY}; heavy1 = heavy with OMP_NUM_THREADS=1 per host")
+
+
+if __name__ == "__main__":
+    main_bench()

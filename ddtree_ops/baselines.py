@@ -1,0 +1,342 @@
+"""Baselines: the reference's saved runs (read safely), the paper's numbers, and the comparison.
+
+- `load_reference_run(path)`: the reference's `benchmark.py` saves a dict with `responses`
+  (method key -> `types.SimpleNamespace`) through `torch.save`. A full unpickler would run
+  any code a file names, so we load with torch's weights-only unpickler and allow exactly one
+  extra global, `types.SimpleNamespace`; a file naming any other global is refused, with the
+  name, before anything from it runs.
+- `import_reference_runs(paths)` -> `Baseline`: per (dataset, model, temperature, method)
+  tau, acceptance histogram, time per output token, speedup over AR, token identity with AR.
+- `paper_baseline(folder)`: the paper's Table 1, budget sweep and histogram (shipped CSVs).
+- `compare_with_baseline(run, baseline, tau_tolerance)`: what `report --baseline` calls.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from ddtree.runsummary import MethodSummary, summarize_methods
+from ddtree_ops.errors import BaselineFileError
+
+BASELINE_FORMAT = "ddtree-ops-baseline/1"
+PAPER_DIR = Path(__file__).resolve().parent.parent / "baselines"
+PAPER_SOURCE = "DDTree paper (Ringel & Romano 2026, arXiv 2604.12989)"
+
+# The reference's dataset keys (its `--dataset`) and the paper's display names.
+DATASET_KEYS = {
+    "MATH-500": "math500", "GSM8K": "gsm8k", "AIME 2024": "aime24", "AIME 2025": "aime25",
+    "HumanEval": "humaneval", "MBPP": "mbpp", "LiveCodeBench": "livecodebench",
+    "SWE-bench Lite": "swe-bench", "MT-Bench": "mt-bench", "Alpaca": "alpaca",
+}
+PAPER_METHODS = {"DFlash": "dflash", "DDTree": "ddtree_best"}
+REQUIRED_RECORD_FIELDS = ("acceptance_lengths", "time_per_output_token", "output_ids", "num_input_tokens", "stage_times")
+
+
+def short_model_name(name: str) -> str:
+    return str(name).rstrip("/").rsplit("/", 1)[-1]
+
+
+# --------------------------------------------------------------------------- reference runs
+
+
+def load_reference_run(path: Path) -> dict[str, Any]:
+    """Read one reference run file with the restricted unpickler; raise BaselineFileError."""
+    import pickle
+    import types
+    import warnings
+
+    import torch
+
+    if not path.is_file():
+        raise BaselineFileError(f"{path}: no such file")
+    try:
+        with torch.serialization.safe_globals([types.SimpleNamespace]), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # protocol notes on odd files: the error below says it all
+            data = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        found = re.search(r"GLOBAL ([\w.]+)", str(err))
+        if found:
+            raise BaselineFileError(
+                f"{path}: refused: the file names the global {found.group(1)!r}, which a reference run "
+                "never holds (nothing from the file was run)"
+            ) from None
+        raise BaselineFileError(f"{path}: not a reference run: {_first_line(err)}") from None
+    except Exception as err:  # noqa: BLE001 - untrusted bytes fail in many ways, all meaning the same
+        raise BaselineFileError(f"{path}: not a torch.save file: {type(err).__name__}: {_first_line(err)}") from None
+    _check_run_layout(path, data)
+    return data
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0][:200] if text else type(err).__name__
+
+
+def _check_run_layout(path: Path, data: Any) -> None:
+    if not isinstance(data, dict):
+        raise BaselineFileError(f"{path}: not a reference run: expected a dict, got {type(data).__name__}")
+    for key in ("responses", "args"):
+        if key not in data:
+            raise BaselineFileError(f"{path}: not a reference run: missing key {key!r}")
+    args, responses = data["args"], data["responses"]
+    if not isinstance(args, dict):
+        raise BaselineFileError(f"{path}: not a reference run: 'args' is a {type(args).__name__}, expected a dict")
+    for key in ("dataset", "model_name_or_path", "temperature"):
+        if key not in args:
+            raise BaselineFileError(f"{path}: not a reference run: args has no {key!r}")
+    if not isinstance(responses, list) or not responses:
+        raise BaselineFileError(f"{path}: not a reference run: 'responses' must be a non-empty list")
+    methods = None
+    for index, response in enumerate(responses):
+        if not isinstance(response, dict) or not response:
+            raise BaselineFileError(f"{path}: responses[{index}]: expected a dict of method -> record")
+        if methods is None:
+            methods = set(response)
+        elif set(response) != methods:
+            raise BaselineFileError(
+                f"{path}: responses[{index}]: methods {sorted(response)} differ from responses[0]'s {sorted(methods)}"
+            )
+        for method, record in response.items():
+            missing = [name for name in REQUIRED_RECORD_FIELDS if not hasattr(record, name)]
+            if missing:
+                raise BaselineFileError(f"{path}: responses[{index}][{method!r}]: missing {', '.join(missing)}")
+
+
+def summarize_reference_run(path: Path, data: Mapping[str, Any]) -> list[MethodSummary]:
+    args = data["args"]
+    methods = list(data["responses"][0])
+    records = {m: [response[m] for response in data["responses"]] for m in methods}
+    return summarize_methods(
+        records, dataset=str(args["dataset"]), model=short_model_name(args["model_name_or_path"]),
+        temperature=float(args["temperature"]), source=path.name,
+    )
+
+
+# --------------------------------------------------------------------------- the baseline file
+
+
+@dataclass
+class Baseline:
+    entries: list[MethodSummary]
+    sources: list[dict[str, str]] = field(default_factory=list)  # {"file": name, "sha256": hex} or {"source": text}
+
+    def index(self) -> dict[tuple[str, str, float, str], MethodSummary]:
+        return {entry.key: entry for entry in self.entries}
+
+    def to_json(self) -> str:
+        body = {"format": BASELINE_FORMAT, "sources": self.sources, "entries": [e.to_dict() for e in self.entries]}
+        return json.dumps(body, indent=1, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> "Baseline":
+        try:
+            body = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise BaselineFileError(f"{where}: not JSON: {err}") from None
+        if not isinstance(body, dict) or body.get("format") != BASELINE_FORMAT:
+            got = body.get("format") if isinstance(body, dict) else type(body).__name__
+            raise BaselineFileError(f"{where}: not a ddtree-ops baseline (format {got!r}, expected {BASELINE_FORMAT!r})")
+        entries = []
+        for index, raw in enumerate(body.get("entries", [])):
+            try:
+                entries.append(MethodSummary.from_dict(raw))
+            except (TypeError, ValueError, AttributeError) as err:
+                raise BaselineFileError(f"{where}: entries[{index}]: {err}") from None
+        return cls(entries=entries, sources=list(body.get("sources", [])))
+
+
+def read_baseline(path: Path) -> Baseline:
+    if not path.is_file():
+        raise BaselineFileError(f"{path}: no such file")
+    return Baseline.from_json(path.read_text(encoding="utf-8"), str(path))
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write via a temporary file in the same folder and rename: never a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def import_reference_runs(paths: Sequence[Path]) -> Baseline:
+    """Read every file first (all or nothing), then summarise; duplicate cells are an error."""
+    entries: list[MethodSummary] = []
+    seen: dict[tuple, str] = {}
+    sources = []
+    for path in paths:
+        data = load_reference_run(path)
+        for entry in summarize_reference_run(path, data):
+            if entry.key in seen:
+                raise BaselineFileError(f"{path}: {entry.key} already comes from {seen[entry.key]}")
+            seen[entry.key] = path.name
+            entries.append(entry)
+        sources.append({"file": path.name, "sha256": _sha256(path)})
+    return Baseline(entries=entries, sources=sources)
+
+
+# --------------------------------------------------------------------------- the paper
+
+
+def _read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    comments = [line[1:].strip() for line in lines if line.startswith("#")]
+    rows = list(csv.DictReader(line for line in lines if line and not line.startswith("#")))
+    return comments, rows
+
+
+def paper_baseline(folder: Path = PAPER_DIR) -> Baseline:
+    """Table 1, the MATH-500 budget sweep and the Qwen3-8B histogram, as baseline entries."""
+    entries: list[MethodSummary] = []
+    sources = []
+
+    comments, rows = _read_csv(folder / "ddtree-paper-table1.csv")
+    sources.append({"file": "ddtree-paper-table1.csv", "source": " ".join(comments)})
+    for row in rows:
+        entries.append(MethodSummary(
+            dataset=DATASET_KEYS.get(row["dataset"], row["dataset"]), model=row["model"],
+            temperature=float(row["temperature"]), method=PAPER_METHODS[row["method"]], budget=None,
+            tau=float(row["tau"]), speedup=float(row["speedup"]), time_per_output_token=None,
+            histogram={}, requests=None, identical_to_ar=None, source=PAPER_SOURCE + ", Table 1",
+        ))
+
+    comments, rows = _read_csv(folder / "ddtree-paper-budget-sweep.csv")
+    sources.append({"file": "ddtree-paper-budget-sweep.csv", "source": " ".join(comments)})
+    hist_comments, hist_rows = _read_csv(folder / "ddtree-paper-acceptance-histogram.csv")
+    sources.append({"file": "ddtree-paper-acceptance-histogram.csv", "source": " ".join(hist_comments)})
+    histograms = {
+        "ddtree_tb512": {int(r["acceptance_length"]): float(r["ddtree_b512_percent"]) / 100 for r in hist_rows},
+    }
+    for row in rows:
+        method = f"ddtree_tb{int(row['budget'])}"
+        entries.append(MethodSummary(
+            dataset="math500", model="Qwen3-8B", temperature=0.0, method=method, budget=int(row["budget"]),
+            tau=float(row["tau"]), speedup=float(row["speedup"]), time_per_output_token=None,
+            histogram=histograms.get(method, {}), requests=None, identical_to_ar=None,
+            source=PAPER_SOURCE + ", budget trade-off figure",
+        ))
+    # The DFlash histogram has no DDTree-style key of its own: attach it to Table 1's cell.
+    for entry in entries:
+        if entry.key == ("math500", "Qwen3-8B", 0.0, "dflash"):
+            entry.histogram = {int(r["acceptance_length"]): float(r["dflash_percent"]) / 100 for r in hist_rows}
+    return Baseline(entries=entries, sources=sources)
+
+
+# --------------------------------------------------------------------------- comparison
+
+
+@dataclass
+class ComparisonRow:
+    key: tuple[str, str, float, str]  # (dataset, model, temperature, method) of the run
+    tau: float
+    baseline_tau: float | None
+    speedup: float | None
+    baseline_speedup: float | None
+    identical_to_ar: float | None
+    tau_ok: bool | None  # None: no baseline cell to compare with
+    lossless_ok: bool | None  # None: T > 0 or not recorded
+
+    @property
+    def ok(self) -> bool:
+        return self.tau_ok is not False and self.lossless_ok is not False
+
+
+@dataclass
+class Comparison:
+    rows: list[ComparisonRow]
+    tau_tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        return all(row.ok for row in self.rows)
+
+    @property
+    def failures(self) -> list[ComparisonRow]:
+        return [row for row in self.rows if not row.ok]
+
+
+def best_ddtree(entries: Iterable[MethodSummary]) -> list[MethodSummary]:
+    """Per (dataset, model, temperature): the fastest DDTree budget as method `ddtree_best`
+    (how the paper's Table 1 reports DDTree)."""
+    best: dict[tuple, MethodSummary] = {}
+    for entry in entries:
+        if entry.budget is None or entry.speedup is None:
+            continue
+        cell = entry.key[:3]
+        if cell not in best or entry.speedup > (best[cell].speedup or 0.0):
+            best[cell] = entry
+    return [MethodSummary(**{**entry.__dict__, "method": "ddtree_best"}) for entry in best.values()]
+
+
+def compare_with_baseline(
+    run: Sequence[MethodSummary],
+    baseline: Baseline,
+    tau_tolerance: float,
+    dataset_alias: Mapping[str, str] | None = None,
+) -> Comparison:
+    """Compare a run's per-method summaries (decode-bench's `methods` table) with a baseline.
+
+    tau passes when |tau - baseline tau| <= tau_tolerance (absolute); at T=0 every method must
+    be token-identical to AR on every request. `dataset_alias` maps a run dataset (e.g. our
+    shipped prompt set) to the baseline dataset it stands in for.
+    """
+    if tau_tolerance < 0:
+        raise ValueError(f"tau tolerance must be >= 0, got {tau_tolerance}")
+    alias = dict(dataset_alias or {})
+    index = baseline.index()
+    rows = []
+    for entry in list(run) + best_ddtree(run):
+        dataset, model, temperature, method = entry.key
+        cell = index.get((alias.get(dataset, dataset), model, temperature, method))
+        lossless = None
+        if temperature == 0.0 and entry.identical_to_ar is not None:
+            lossless = entry.identical_to_ar == 1.0
+        rows.append(ComparisonRow(
+            key=entry.key, tau=entry.tau, baseline_tau=cell.tau if cell else None,
+            speedup=entry.speedup, baseline_speedup=cell.speedup if cell else None,
+            identical_to_ar=entry.identical_to_ar,
+            tau_ok=None if cell is None else abs(entry.tau - cell.tau) <= tau_tolerance,
+            lossless_ok=lossless,
+        ))
+    return Comparison(rows=rows, tau_tolerance=tau_tolerance)
+
+
+def summaries_from_rows(rows: Sequence[Mapping[str, Any]], where: str) -> list[MethodSummary]:
+    """decode-bench's `methods` table rows (plain JSON) -> summaries."""
+    out = []
+    for index, row in enumerate(rows):
+        try:
+            out.append(MethodSummary.from_dict(row))
+        except (TypeError, ValueError) as err:
+            raise BaselineFileError(f"{where}[{index}]: {err}") from None
+    return out
+
+
+def budget_series(entries: Iterable[MethodSummary]) -> dict[tuple[str, str, float], list[tuple[int, float, float | None]]]:
+    """For plots of tau and speedup against budget: per (dataset, model, temperature), the
+    DDTree cells as (budget, tau, speedup) sorted by budget (run or baseline alike)."""
+    series: dict[tuple[str, str, float], list[tuple[int, float, float | None]]] = {}
+    for entry in entries:
+        if entry.budget is not None:
+            series.setdefault(entry.key[:3], []).append((entry.budget, entry.tau, entry.speedup))
+    return {cell: sorted(points) for cell, points in series.items()}

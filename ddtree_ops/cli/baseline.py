@@ -1,0 +1,80 @@
+"""`ddtree-ops baseline import RUN.pt ... [-o FILE]` and `baseline paper [-o FILE]`.
+
+`import` reads the reference's saved run files with a restricted unpickler (only the types
+those files hold; anything else is refused before it can run) and writes one small JSON
+baseline; `paper` writes the paper's published numbers (shipped in `baselines/`) in the same
+format. Either file feeds `ddtree-ops report --baseline FILE`. Nothing is written unless every
+input was read.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, List, Optional
+
+import typer
+
+baseline_app = typer.Typer(help="Turn offline reference runs or the paper's numbers into a baseline file.",
+                           no_args_is_help=True)
+
+OutputOpt = Annotated[
+    Optional[Path],
+    typer.Option("--output", "-o", help="Write the JSON baseline here (default: print it).", show_default=False),
+]
+
+
+def _emit(baseline, output: Optional[Path]) -> None:  # noqa: ANN001 - Baseline, imported lazily
+    from ddtree_ops.baselines import write_atomically
+    from ddtree_ops.cli.console import say
+
+    text = baseline.to_json()
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    write_atomically(output, text)
+    say(f"wrote {len(baseline.entries)} baseline entries to {output}")
+
+
+def _print_table(baseline) -> None:  # noqa: ANN001
+    from rich.table import Table
+
+    from ddtree_ops.cli.console import stderr_console
+
+    table = Table(title="baseline", title_justify="left")
+    for column in ("dataset", "model", "T", "method", "tau", "speedup", "ms/token", "same as AR"):
+        table.add_column(column)
+    for e in baseline.entries:
+        table.add_row(
+            e.dataset, e.model, f"{e.temperature:g}", e.method, f"{e.tau:.2f}",
+            "-" if e.speedup is None else f"{e.speedup:.2f}x",
+            "-" if e.time_per_output_token is None else f"{e.time_per_output_token * 1e3:.2f}",
+            "-" if e.identical_to_ar is None else f"{e.identical_to_ar:.0%}",
+        )
+    stderr_console().print(table)
+
+
+@baseline_app.command("import")
+def import_runs(
+    runs: Annotated[List[Path], typer.Argument(help="Run files saved by the reference's benchmark.py.")],
+    output: OutputOpt = None,
+) -> int:
+    """Summarise reference run files: tau, histogram, time per token, speedup per method."""
+    from ddtree_ops.baselines import import_reference_runs
+
+    baseline = import_reference_runs(runs)
+    if output is not None:
+        _print_table(baseline)
+    _emit(baseline, output)
+    return 0
+
+
+@baseline_app.command("paper")
+def paper(output: OutputOpt = None) -> int:
+    """The paper's Table 1, MATH-500 budget sweep and histogram as a baseline file."""
+    from ddtree_ops.baselines import paper_baseline
+
+    _emit(paper_baseline(), output)
+    return 0
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(baseline_app, name="baseline")

@@ -1,0 +1,68 @@
+"""`ddtree-ops collect RUN_ID`: fetch what the hosts kept for a run (event log, stage records,
+stage logs, artifacts) that did not stream back, e.g. after a dropped connection. Idempotent
+and resumable: files already held (same sha256) are not fetched again."""
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional
+
+import typer
+
+from ddtree_ops.cli.options import (
+    DEFAULT_PARALLEL,
+    AcceptNewHostKeysOpt,
+    FanoutOptions,
+    HostsOpt,
+    InventoryOpt,
+    JsonOpt,
+    ParallelOpt,
+)
+from ddtree_ops.cli.report import RunsDirOpt
+
+LIST_TIMEOUT_S = 120.0
+
+
+def collect(
+    run_id: Annotated[str, typer.Argument(help="The run to complete (see `ddtree-ops report`).")],
+    inventory: InventoryOpt = None,
+    hosts: HostsOpt = None,
+    json_out: JsonOpt = False,
+    runs_dir: RunsDirOpt = None,
+    parallel: ParallelOpt = DEFAULT_PARALLEL,
+    accept_new_host_keys: AcceptNewHostKeysOpt = False,
+) -> int:
+    """Fetch a run's remaining files from its hosts into runs/<run-id>/<host>/remote/."""
+    from ddtree_ops.cli.console import run_on_hosts
+    from ddtree_ops.cli.options import select_hosts
+    from ddtree_ops.cli.smoke import RUNNER_RELPATH
+    from ddtree_ops.errors import UsageError
+    from ddtree_ops.results import RunStore, collect_host_files, read_json, runs_root
+
+    store = RunStore(runs_root(runs_dir))
+    run = store.load(run_id)
+    _, selected = select_hosts(inventory, hosts)
+    in_run = [h for h in selected if h.name in run.hosts]
+    if not in_run:
+        raise UsageError(f"run {run_id} has hosts {', '.join(run.hosts)}; none selected by -H")
+
+    def task(ctx: Any) -> Any:
+        host_dir = run.path / ctx.host.name
+        workdir = read_json(host_dir / "run.json").get("workdir") or ctx.host.workdir
+        workdir = workdir.rstrip("/")
+        argv = [ctx.host.python, f"{workdir}/{RUNNER_RELPATH}", "files", "--run-id", run_id,
+                "--workdir", workdir]
+        return collect_host_files(ctx.transport, ctx.host.name, argv,
+                                  f"{workdir}/runs/{run_id}", host_dir, LIST_TIMEOUT_S)
+
+    return run_on_hosts(
+        "collect", in_run, task,
+        FanoutOptions(None, hosts, json_out, parallel, False, accept_new_host_keys),
+        columns=["fetched", "unchanged", "events"],
+        row=lambda o: [str(len(o.value.fetched)), str(o.value.unchanged),
+                       "adopted host's" if o.value.merged_events else "kept"],
+        to_json=lambda value: value.to_dict(),
+        extra_json={"run_id": run_id},
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("collect")(collect)

@@ -1,0 +1,205 @@
+"""Terminal output shared by host commands: a live per-host table while a fan-out runs (stderr),
+a summary table at the end (stdout), or one JSON document on stdout with `--json`.
+
+Command modules call `run_on_hosts(...)`:
+
+    code = run_on_hosts(
+        "push", hosts, task, options,
+        columns=["action", "release"],            # extra summary columns
+        row=lambda outcome: [outcome.value.action.value, outcome.value.release_id],
+        to_json=lambda value: value.to_dict(),     # per-host "result" in --json
+        extra_json={"release": bundle.release_id},
+    )
+    return code
+"""
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from ddtree_ops.cli.options import FanoutOptions
+
+_STATE_STYLE = {
+    "queued": "dim",
+    "connecting": "cyan",
+    "running": "yellow",
+    "ok": "green",
+    "failed": "red",
+    "unreachable": "red",
+    "timed out": "red",
+    "skipped": "dim",
+}
+
+
+_FINAL_STATES = {"ok", "failed", "unreachable", "timed out", "skipped"}
+
+
+def stderr_console() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def stdout_console() -> Console:
+    probe = Console(highlight=False)
+    # Not a terminal (pipes, CI logs, tests): wide enough that rows never wrap mid-message.
+    return probe if probe.is_terminal else Console(highlight=False, width=200, soft_wrap=False)
+
+
+def emit_json(document: Any) -> None:
+    sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def say(message: str) -> None:
+    """A progress/log line on stderr (never on stdout, which may carry JSON)."""
+    sys.stderr.write(f"ddtree-ops: {message}\n")
+    sys.stderr.flush()
+
+
+class LiveHostTable:
+    """Per-host state while a fan-out runs. On a terminal: a Rich live table on stderr.
+    Otherwise: one stderr line per finished host. Safe to call from worker threads."""
+
+    def __init__(self, title: str, host_names: Sequence[str]):
+        self.title = title
+        self.rows: dict[str, tuple[str, str, float]] = {n: ("queued", "", time.monotonic()) for n in host_names}
+        self.started: dict[str, float] = {}
+        self.lock = threading.Lock()
+        self.console = stderr_console()
+        self.live: Optional[Live] = None
+
+    def __enter__(self) -> "LiveHostTable":
+        if self.console.is_terminal:
+            self.live = Live(self._render(), console=self.console, refresh_per_second=8, transient=True)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.__exit__(*exc)
+
+    def on_progress(self, host: str, state: Any, detail: str) -> None:
+        state_text = getattr(state, "value", str(state))
+        now = time.monotonic()
+        with self.lock:
+            if state_text == "connecting":
+                self.started[host] = now
+            self.rows[host] = (state_text, detail, now)
+            if self.live is not None:
+                self.live.update(self._render())
+        if self.live is None and getattr(state, "terminal", False):
+            elapsed = now - self.started.get(host, now)
+            tail = f": {detail}" if detail and state_text != "ok" else ""
+            say(f"{self.title}: {host}: {state_text} ({elapsed:.1f}s){tail}")
+
+    def _render(self) -> Table:
+        table = Table(title=self.title, title_justify="left", expand=False)
+        table.add_column("host")
+        table.add_column("state")
+        table.add_column("time", justify="right")
+        table.add_column("detail", overflow="ellipsis", max_width=80)
+        now = time.monotonic()
+        for host, (state, detail, changed) in self.rows.items():
+            begun = self.started.get(host)
+            finished = state in _FINAL_STATES
+            elapsed = ((changed if finished else now) - begun) if begun is not None else 0.0
+            style = _STATE_STYLE.get(state, "")
+            table.add_row(host, f"[{style}]{state}[/]" if style else state, f"{elapsed:.1f}s", detail)
+        return table
+
+
+def outcome_json(outcome: Any, to_json: Optional[Callable[[Any], Any]]) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "state": outcome.state.value,
+        "ok": outcome.ok,
+        "duration_s": round(outcome.duration_s, 3),
+    }
+    if outcome.ok:
+        doc["result"] = to_json(outcome.value) if to_json else outcome.value
+    else:
+        doc["error"] = outcome.message()
+        details = getattr(outcome.error, "details", None)
+        if details is not None:
+            doc["result"] = details
+    return doc
+
+
+def summary_table(
+    title: str,
+    result: Any,
+    columns: Sequence[str],
+    row: Callable[[Any], Sequence[str]],
+) -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column("host")
+    table.add_column("state")
+    for column in columns:
+        table.add_column(column)
+    table.add_column("time", justify="right")
+    table.add_column("error", overflow="fold")
+    for name, outcome in result.items():
+        style = _STATE_STYLE.get(outcome.state.value, "")
+        has_facts = outcome.ok or getattr(outcome.error, "details", None) is not None
+        cells = list(row(outcome)) if has_facts else [""] * len(columns)
+        table.add_row(
+            name,
+            f"[{style}]{outcome.state.value}[/]",
+            *cells,
+            f"{outcome.duration_s:.2f}s",
+            "" if outcome.ok else outcome.message(),
+        )
+    return table
+
+
+def run_on_hosts(
+    command: str,
+    hosts: Sequence[Any],
+    task: Callable[[Any], Any],
+    options: FanoutOptions,
+    *,
+    columns: Sequence[str] = (),
+    row: Callable[[Any], Sequence[str]] = lambda outcome: [],
+    to_json: Optional[Callable[[Any], Any]] = None,
+    extra_json: Optional[dict[str, Any]] = None,
+    deadline_s: Optional[float] = None,
+) -> int:
+    """Fan `task(ctx)` out over hosts with live progress; print the summary or the JSON
+    document; return the exit code (0/4/5/6) for the command to return.
+
+    `row(outcome)` gives the extra summary cells of a host that succeeded (or whose error has
+    `.details`, like a failed check that still gathered facts)."""
+    from ddtree_ops.fanout import run_fanout
+
+    started = time.monotonic()
+    with LiveHostTable(command, [h.name for h in hosts]) as live:
+        result = run_fanout(
+            hosts,
+            task,
+            parallel=options.parallel,
+            fail_fast=options.fail_fast,
+            accept_new_host_keys=options.accept_new_host_keys,
+            deadline_s=deadline_s,
+            on_progress=live.on_progress,
+        )
+    code = result.exit_code()
+    if options.json:
+        document = {
+            "command": command,
+            "exit_code": int(code),
+            "duration_s": round(time.monotonic() - started, 3),
+            **(extra_json or {}),
+            "hosts": {name: outcome_json(o, to_json) for name, o in result.items()},
+        }
+        emit_json(document)
+    else:
+        stdout_console().print(summary_table(command, result, columns, row))
+        ok, total = len(result.succeeded), len(result)
+        say(f"{command}: {ok}/{total} host(s) ok in {time.monotonic() - started:.1f}s (exit {int(code)})")
+    return int(code)

@@ -1,0 +1,64 @@
+"""Options shared by every command that works on hosts (one definition, one spelling).
+
+Use them as parameter annotations:
+
+    def push(inventory: InventoryOpt = None, hosts: HostsOpt = None, json_out: JsonOpt = False,
+             parallel: ParallelOpt = DEFAULT_PARALLEL, fail_fast: FailFastOpt = False,
+             accept_new_host_keys: AcceptNewHostKeysOpt = False) -> int: ...
+
+then `FanoutOptions(...)` bundles them for `console.run_on_hosts`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+
+if TYPE_CHECKING:  # pragma: no cover - keeps pydantic out of `--help`
+    from ddtree_ops.inventory import Host, Inventory
+
+DEFAULT_PARALLEL = 32  # = ddtree_ops.fanout.DEFAULT_PARALLEL (not imported: keeps --help light)
+
+InventoryOpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        "-i",
+        "--inventory",
+        help="Inventory file (default: $DDTREE_OPS_INVENTORY, else ./hosts.yaml, else the embedded `local` host).",
+        show_default=False,
+    ),
+]
+HostsOpt = Annotated[
+    Optional[str],
+    typer.Option("-H", "--hosts", help="Host names or groups, comma-separated (default: all).", show_default=False),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON document on stdout; progress and logs on stderr.")]
+ParallelOpt = Annotated[int, typer.Option("--parallel", min=1, help="At most this many hosts at once.")]
+FailFastOpt = Annotated[bool, typer.Option("--fail-fast", help="Start no new host after the first failure.")]
+AcceptNewHostKeysOpt = Annotated[
+    bool,
+    typer.Option(
+        "--accept-new-host-keys",
+        help="Trust unknown host keys on first use and record them in known_hosts (a changed key is always refused).",
+    ),
+]
+
+
+@dataclass(frozen=True)
+class FanoutOptions:
+    inventory: Optional[Path] = None
+    hosts: Optional[str] = None
+    json: bool = False
+    parallel: int = DEFAULT_PARALLEL
+    fail_fast: bool = False
+    accept_new_host_keys: bool = False
+
+
+def select_hosts(inventory: Optional[Path], hosts: Optional[str]) -> tuple["Inventory", list["Host"]]:
+    """Load the inventory and pick the hosts named by -H (all when omitted)."""
+    from ddtree_ops.inventory import load_inventory
+
+    loaded = load_inventory(inventory)
+    return loaded, loaded.select(hosts)

@@ -1,0 +1,75 @@
+"""`ddtree-ops push`: make the current ddtree release active on the selected hosts."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from ddtree_ops.cli.options import (
+    DEFAULT_PARALLEL,
+    AcceptNewHostKeysOpt,
+    FailFastOpt,
+    FanoutOptions,
+    HostsOpt,
+    InventoryOpt,
+    JsonOpt,
+    ParallelOpt,
+    select_hosts,
+)
+
+DEFAULT_KEEP = 5  # = remote_layout.DEFAULT_KEEP
+
+
+def _size(n: int) -> str:
+    return f"{n / 1024:.1f} KiB" if n else "0"
+
+
+def push(
+    inventory: InventoryOpt = None,
+    hosts: HostsOpt = None,
+    source: Annotated[
+        Optional[Path],
+        typer.Option("--source", help="Bundle this checkout instead of the ddtree ddtree-ops runs with.", show_default=False),
+    ] = None,
+    keep: Annotated[int, typer.Option("--keep", min=1, help="Releases kept per host (the active one always).")] = DEFAULT_KEEP,
+    json_out: JsonOpt = False,
+    parallel: ParallelOpt = DEFAULT_PARALLEL,
+    fail_fast: FailFastOpt = False,
+    accept_new_host_keys: AcceptNewHostKeysOpt = False,
+) -> int:
+    """Send the release (src/ddtree + smoke/) where it is missing, verify it, switch `current`."""
+    from ddtree_ops.cli.console import run_on_hosts, say
+    from ddtree_ops.release import build_bundle
+    from ddtree_ops.remote_layout import ensure_release
+
+    _, selected = select_hosts(inventory, hosts)
+    bundle = build_bundle(source)
+    bundle.archive()  # built once, before the worker threads share it
+    if not json_out:
+        say(f"release {bundle.release_id}: {len(bundle.files)} files, {_size(bundle.total_bytes)} from {bundle.source_root}")
+
+    def task(ctx: Any) -> Any:
+        ctx.report(f"release {bundle.release_id}")
+        return ensure_release(ctx.transport, ctx.host, bundle, keep=keep)
+
+    return run_on_hosts(
+        "push",
+        selected,
+        task,
+        FanoutOptions(inventory, hosts, json_out, parallel, fail_fast, accept_new_host_keys),
+        columns=["action", "release", "previous", "sent", "pruned"],
+        row=lambda o: [
+            o.value.action.value,
+            o.value.release_id,
+            o.value.previous or "-",
+            _size(o.value.bytes_sent),
+            str(len(o.value.pruned)),
+        ],
+        to_json=lambda outcome: outcome.to_dict(),
+        extra_json={"release": bundle.release_id, "files": len(bundle.files), "source": bundle.source_root},
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("push")(push)

@@ -1,0 +1,457 @@
+"""`ddtree-ops smoke`: push the release, run the staged smoke tests on every selected host in
+parallel (one runner process per host, on the connection the push used), keep every record
+as it arrives under `runs/<run-id>/<host>/`, and end with the report.
+
+Exit codes: 0 every host passed · 4 no host reachable · 5 a stage failed · 6 partial (some
+hosts passed, others failed or died mid-run; their results are kept) · 130 Ctrl-C (the remote
+runners are stopped, what arrived is kept) · 2 bad options · 3 bad inventory.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from ddtree_ops.cli.options import (
+    DEFAULT_PARALLEL,
+    AcceptNewHostKeysOpt,
+    HostsOpt,
+    InventoryOpt,
+    JsonOpt,
+    ParallelOpt,
+)
+from ddtree_ops.cli.report import RunsDirOpt
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ddtree_ops.inventory import Host
+
+RUNNER_RELPATH = "current/smoke/runner.py"
+DEFAULT_STAGE_TIMEOUT_S = 600.0
+STOP_TIMEOUT_S = 15.0
+
+
+# ----------------------------------------------------------------------------- options
+
+def parse_int_list(flag: str, text: Optional[str], minimum: int) -> Optional[list[int]]:
+    from ddtree_ops.errors import UsageError
+
+    if text is None:
+        return None
+    values = []
+    for word in (w.strip() for w in text.split(",")):
+        try:
+            value = int(word)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise UsageError(f"{flag}: expected comma-separated integers >= {minimum}, "
+                             f"got {word!r} in {text!r}")
+        values.append(value)
+    return values
+
+
+def parse_stages(text: Optional[str]) -> list[str]:
+    from ddtree_ops.errors import UsageError
+
+    if not text:
+        return []
+    stages = [w.strip() for w in text.split(",") if w.strip()]
+    for stage in stages:
+        if not stage.replace("-", "").replace("_", "").isalnum():
+            raise UsageError(f"--stages: not a stage name: {stage!r}")
+    return stages
+
+
+def check_stages_in_bundle(stages: list[str], relpaths: set[str]) -> None:
+    from ddtree_ops.errors import UsageError
+
+    available = sorted(p[len("smoke/stages/"):-3].replace("_", "-") for p in relpaths
+                       if p.startswith("smoke/stages/") and p.endswith(".py")
+                       and not p.rsplit("/", 1)[1].startswith("_"))
+    unknown = [s for s in stages if f"smoke/stages/{s.replace('-', '_')}.py" not in relpaths]
+    if unknown:
+        raise UsageError(f"--stages: unknown stage(s) {', '.join(unknown)} "
+                         f"(this release has: {', '.join(available)})")
+
+
+def host_entry(host: "Host") -> dict[str, Any]:
+    """The inventory entry as plain data (what run.json keeps and stages see)."""
+    entry = {
+        "name": host.name, "transport": host.transport.value, "hostname": host.hostname,
+        "user": host.user, "port": host.port, "python": host.python, "workdir": host.workdir,
+        "groups": list(host.groups), "connect_timeout": host.connect_timeout,
+        "command_timeout": host.command_timeout,
+    }
+    if host.models is not None:
+        entry["models"] = host.models.model_dump()
+    return entry
+
+
+# ----------------------------------------------------------------------------- live view
+
+@dataclass
+class HostView:
+    phase: str = "queued"  # queued, connecting, pushing, running, done, failed
+    stages: dict[str, str] = field(default_factory=dict)  # stage -> status or "running"
+    current: Optional[str] = None
+    detail: str = ""
+    started: float = field(default_factory=time.monotonic)
+
+
+class SmokeView:
+    """Per host and stage while the run goes: a Rich live table on a terminal (stderr), else
+    one stderr line per finished stage. Called from the host threads."""
+
+    def __init__(self, title: str, hosts: list[str], quiet: bool = False):
+        from ddtree_ops.cli.console import stderr_console
+
+        self.title, self.quiet = title, quiet
+        self.hosts = {h: HostView() for h in hosts}
+        self.order: list[str] = []
+        self.lock = threading.Lock()
+        self.console = stderr_console()
+        self.live: Any = None
+
+    def __enter__(self) -> "SmokeView":
+        if self.console.is_terminal and not self.quiet:
+            from rich.live import Live
+
+            self.live = Live(get_renderable=self._render, console=self.console,
+                             refresh_per_second=4, transient=True)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.__exit__(*exc)
+
+    def phase(self, host: str, phase: str, detail: str = "") -> None:
+        with self.lock:
+            self.hosts[host].phase, self.hosts[host].detail = phase, detail
+        if self.live is None and not self.quiet and phase in ("failed",):
+            self._line(f"{host}: {phase}: {detail}")
+
+    def record(self, host: str, record: dict[str, Any]) -> None:
+        kind, stage = record.get("event"), record.get("stage")
+        with self.lock:
+            view = self.hosts[host]
+            if kind == "run_start":
+                for name in record.get("stages") or []:
+                    view.stages.setdefault(name, "queued")
+                    if name not in self.order:
+                        self.order.append(name)
+            elif kind == "stage_start" and stage:
+                view.stages[stage], view.current = "running", stage
+            elif kind == "stage_end" and stage:
+                view.stages[stage], view.current = str(record.get("status")), None
+            elif kind == "log" and stage:
+                view.detail = str(record.get("message", ""))[:80]
+        if self.live is None and not self.quiet and kind == "stage_end":
+            reason = record.get("reason") or ""
+            self._line(f"{host}: {stage}: {record.get('status')} "
+                       f"({float(record.get('duration_s') or 0):.1f}s)"
+                       + (f": {reason}" if reason and record.get("status") != "pass" else ""))
+
+    def _line(self, text: str) -> None:
+        sys.stderr.write(f"ddtree-ops: {self.title}: {text}\n")
+        sys.stderr.flush()
+
+    def _render(self) -> Any:
+        from rich.markup import escape
+        from rich.table import Table
+
+        from ddtree_ops.cli.report import _STATUS_STYLE, _styled
+
+        table = Table(title=f"{self.title} (live)", title_justify="left")
+        table.add_column("host")
+        table.add_column("phase")
+        for stage in self.order:
+            table.add_column(stage)
+        table.add_column("time", justify="right")
+        table.add_column("detail", overflow="ellipsis", max_width=60)
+        now = time.monotonic()
+        with self.lock:
+            for name, view in self.hosts.items():
+                cells = [_styled(view.stages.get(s, ""), _STATUS_STYLE) for s in self.order]
+                table.add_row(escape(name), view.phase, *cells, f"{now - view.started:.0f}s",
+                              escape(view.detail))
+        return table
+
+
+# ----------------------------------------------------------------------------- the run
+
+@dataclass
+class SmokePlan:
+    run_id: str
+    stages: list[str]
+    options: dict[str, Any]
+    keep_going: bool
+    stage_timeout_s: float
+    release_id: Optional[str]  # what was pushed (None with --no-push)
+
+
+def runner_argv(host: "Host", workdir: str, plan: SmokePlan, subcommand: str = "run") -> list[str]:
+    argv = [host.python, f"{workdir.rstrip('/')}/{RUNNER_RELPATH}", subcommand,
+            "--run-id", plan.run_id, "--workdir", workdir]
+    if subcommand != "run":
+        return argv
+    argv += ["--host", host.name, "--options", json.dumps(plan.options, separators=(",", ":")),
+             "--host-entry", json.dumps(host_entry(host), separators=(",", ":")),
+             "--stage-timeout", f"{plan.stage_timeout_s:g}"]
+    if plan.release_id:
+        argv += ["--expected-release", plan.release_id]
+    if plan.stages:
+        argv += ["--stages", ",".join(plan.stages)]
+    if plan.keep_going:
+        argv.append("--keep-going")
+    return argv
+
+
+def run_timeout(plan: SmokePlan, host: "Host") -> float:
+    """The runner enforces per-stage timeouts; this only bounds a runner gone silent."""
+    stages = max(len(plan.stages), 9)
+    return max(host.command_timeout, stages * (plan.stage_timeout_s + 10) + 60)
+
+
+def run_smoke(
+    *,
+    inventory: Optional[Path],
+    hosts: Optional[str],
+    stages: list[str],
+    options: dict[str, Any],
+    keep_going: bool,
+    json_out: bool,
+    push: bool,
+    source: Optional[Path],
+    stage_timeout_s: float,
+    runs_dir: Optional[Path],
+    parallel: int,
+    accept_new_host_keys: bool,
+    command: str = "smoke",
+    run_id: Optional[str] = None,
+) -> int:
+    from ddtree_ops.cli.console import emit_json, say, stdout_console
+    from ddtree_ops.cli.options import select_hosts
+    from ddtree_ops.cli.report import render_report
+    from ddtree_ops.errors import ExitCode, RemoteStepError
+    from ddtree_ops.fanout import HostState, run_fanout
+    from ddtree_ops.report import build_report
+    from ddtree_ops.results import HostOutcome, RunStore, new_run_id, runs_root
+
+    _, selected = select_hosts(inventory, hosts)
+    bundle = None
+    if push:
+        from ddtree_ops.release import build_bundle
+
+        bundle = build_bundle(source)
+        check_stages_in_bundle(stages, {f.relpath for f in bundle.files})
+        bundle.archive()  # built once, shared by the host threads
+    plan = SmokePlan(run_id=run_id or new_run_id(), stages=stages, options=options, keep_going=keep_going,
+                     stage_timeout_s=stage_timeout_s,
+                     release_id=bundle.release_id if bundle else None)
+    store = RunStore(runs_root(runs_dir))
+    started = time.time()
+    store.create_run(plan.run_id, {
+        "command": command, "argv": sys.argv[1:], "hosts": [h.name for h in selected],
+        "stages": stages, "options": options, "keep_going": keep_going,
+        "release": plan.release_id, "pushed": push, "started": started,
+        "source": bundle.source_root if bundle else None,
+    })
+    if not json_out:
+        release = f"release {plan.release_id}" if bundle else "no push (--no-push)"
+        say(f"{command} run {plan.run_id}: {len(selected)} host(s), {release}, "
+            f"results in {store.run_dir(plan.run_id)}")
+    recorders: dict[str, Any] = {}
+    runner_started: dict[str, str] = {}  # host -> workdir, once its runner is launched
+    view = SmokeView(command, [h.name for h in selected], quiet=False)
+
+    def task(ctx: Any) -> int:
+        host = ctx.host
+        recorder = store.host_recorder(plan.run_id, host.name, {
+            "inventory": host_entry(host), "release": plan.release_id, "started": time.time()})
+        recorders[host.name] = recorder
+        workdir = host.workdir
+        if bundle is not None:
+            from ddtree_ops.remote_layout import ensure_release
+
+            view.phase(host.name, "pushing", f"release {bundle.release_id}")
+            pushed = ensure_release(ctx.transport, host, bundle)
+            workdir = pushed.workdir
+            recorder.note(push=pushed.to_dict(), workdir=workdir)
+        else:
+            recorder.note(workdir=workdir)
+        view.phase(host.name, "running")
+        runner_started[host.name] = workdir
+
+        def on_line(line: str) -> None:
+            record = recorder.feed_line(line)
+            if record is not None:
+                view.record(host.name, record)
+
+        result = ctx.transport.run(runner_argv(host, workdir, plan), on_stdout_line=on_line,
+                                   timeout=run_timeout(plan, host))
+        recorder.note(runner_exit_status=result.exit_status, finished=time.time())
+        if result.stderr.strip():
+            (recorder.host_dir / "runner.stderr").write_text(result.stderr, encoding="utf-8")
+        if result.exit_status in (126, 127):
+            raise RemoteStepError(f"{host.name}: cannot run {host.python!r}: {result.tail()}")
+        if recorder.run_end is None:
+            raise RemoteStepError(f"{host.name}: the runner ended without a result "
+                                  f"(exit {result.exit_status}): {result.tail()}")
+        view.phase(host.name, "done")
+        return result.exit_status
+
+    def on_progress(name: str, state: Any, detail: str) -> None:
+        if state is HostState.CONNECTING:
+            view.phase(name, "connecting", detail)
+        elif state.terminal and state is not HostState.OK:
+            view.phase(name, "failed", detail)
+
+    interrupted = False
+    fanout = None
+    with view:
+        try:
+            fanout = run_fanout(selected, task, parallel=parallel, on_progress=on_progress,
+                                accept_new_host_keys=accept_new_host_keys)
+        except KeyboardInterrupt:
+            interrupted = True
+    if interrupted:
+        say("interrupted: stopping the remote runners, keeping what arrived")
+        stop_runners([h for h in selected if h.name in runner_started], runner_started, plan,
+                     accept_new_host_keys)
+        time.sleep(0.5)  # let the host threads take in the runners' last records
+    for host in selected:
+        recorder = recorders.get(host.name)
+        if recorder is None:
+            recorder = store.host_recorder(plan.run_id, host.name, {
+                "inventory": host_entry(host), "release": plan.release_id})
+            recorders[host.name] = recorder
+        outcome = fanout.get(host.name) if fanout is not None else None
+        if interrupted:
+            recorder.note(outcome=HostOutcome.INTERRUPTED.value)
+        elif outcome is not None and not outcome.ok:
+            if host.name not in runner_started:
+                kind = HostOutcome.UNREACHABLE if outcome.never_connected else HostOutcome.FAIL
+            elif recorder.planned or recorder.stage_states:
+                kind = HostOutcome.LOST  # the runner was under way: partial results
+            else:
+                kind = HostOutcome.FAIL  # the runner could not start (no release, no python)
+            recorder.note(outcome=kind.value, error=outcome.message(), state=outcome.state.value)
+        elif outcome is not None and outcome.ok:
+            recorder.note(outcome=None)
+        recorder.close()
+    store.update_run(plan.run_id, finished=time.time(), duration_s=round(time.time() - started, 3),
+                     interrupted=interrupted)
+    report = build_report(store.load(plan.run_id))
+    code = ExitCode.INTERRUPTED if interrupted else report.exit_code
+    refused = [r.run_end.get("error") for r in recorders.values()
+               if r.run_end is not None and r.run_end.get("status") == "error"]
+    if refused and not interrupted:
+        say(f"the runner refused the plan: {refused[0]}")
+        code = ExitCode.USAGE
+    if json_out:
+        document = report.to_dict()
+        document["exit_code"] = int(code)
+        document["command"] = command
+        emit_json(document)
+    else:
+        render_report(report, stdout_console())
+        say(f"{command} run {plan.run_id}: exit {int(code)} "
+            f"({time.time() - started:.1f}s; `ddtree-ops report {plan.run_id}` to see it again)")
+    store.update_run(plan.run_id, exit_code=int(code))
+    return int(code)
+
+
+def stop_runners(hosts: list["Host"], workdirs: dict[str, str], plan: SmokePlan,
+                 accept_new_host_keys: bool) -> None:
+    """Ask each host's runner to stop (SIGTERM via `runner.py stop`), in parallel, bounded."""
+    from ddtree_ops.errors import DdtreeOpsError
+    from ddtree_ops.transport.factory import open_transport
+
+    def stop(host: "Host") -> None:
+        try:
+            with open_transport(host, accept_new_host_keys=accept_new_host_keys) as transport:
+                transport.run(runner_argv(host, workdirs[host.name], plan, "stop"),
+                              timeout=STOP_TIMEOUT_S)
+        except DdtreeOpsError as err:
+            sys.stderr.write(f"ddtree-ops: {host.name}: could not stop the runner: {err}\n")
+
+    threads = [threading.Thread(target=stop, args=(h,), daemon=True) for h in hosts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(STOP_TIMEOUT_S + 5)
+
+
+# ----------------------------------------------------------------------------- the command
+
+StagesOpt = Annotated[Optional[str], typer.Option(
+    "--stages", help="Comma-separated stages, in order (default: every stage of the release).",
+    show_default=False)]
+BudgetsOpt = Annotated[Optional[str], typer.Option(
+    "--budgets", help="Tree budgets for the sweeps (default: 16,32,64,128,256,512,1024).",
+    show_default=False)]
+BatchSizesOpt = Annotated[Optional[str], typer.Option(
+    "--batch-sizes", help="Batch sizes for tree-bench (default: 1,16).", show_default=False)]
+RepeatOpt = Annotated[Optional[int], typer.Option(
+    "--repeat", min=1, help="Timed calls per benchmark point (default: 3; more = steadier).",
+    show_default=False)]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for the random logits.")]
+KeepGoingOpt = Annotated[bool, typer.Option(
+    "--keep-going", help="Run the remaining stages after a failure (default: report them as not run).")]
+NoPushOpt = Annotated[bool, typer.Option(
+    "--no-push", help="Test whatever release is active on the hosts (skip the push).")]
+SourceOpt = Annotated[Optional[Path], typer.Option(
+    "--source", help="Push this checkout instead of the ddtree ddtree-ops runs with.",
+    show_default=False)]
+StageTimeoutOpt = Annotated[float, typer.Option(
+    "--stage-timeout", min=1, help="Seconds a stage may run before it is stopped and failed.")]
+
+
+def build_options(budgets: Optional[str], batch_sizes: Optional[str], repeat: Optional[int],
+                  seed: int) -> dict[str, Any]:
+    options: dict[str, Any] = {"seed": seed}
+    parsed = parse_int_list("--budgets", budgets, 0)
+    if parsed is not None:
+        options["budgets"] = parsed
+    parsed = parse_int_list("--batch-sizes", batch_sizes, 1)
+    if parsed is not None:
+        options["batch_sizes"] = parsed
+    if repeat is not None:
+        options["repeat"] = repeat
+    return options
+
+
+def smoke(
+    inventory: InventoryOpt = None,
+    hosts: HostsOpt = None,
+    stages: StagesOpt = None,
+    budgets: BudgetsOpt = None,
+    batch_sizes: BatchSizesOpt = None,
+    repeat: RepeatOpt = None,
+    seed: SeedOpt = 0,
+    keep_going: KeepGoingOpt = False,
+    json_out: JsonOpt = False,
+    no_push: NoPushOpt = False,
+    source: SourceOpt = None,
+    stage_timeout: StageTimeoutOpt = DEFAULT_STAGE_TIMEOUT_S,
+    runs_dir: RunsDirOpt = None,
+    parallel: ParallelOpt = DEFAULT_PARALLEL,
+    accept_new_host_keys: AcceptNewHostKeysOpt = False,
+) -> int:
+    """Push, run the staged smoke tests on every selected host, keep the results, report."""
+    return run_smoke(
+        inventory=inventory, hosts=hosts, stages=parse_stages(stages),
+        options=build_options(budgets, batch_sizes, repeat, seed), keep_going=keep_going,
+        json_out=json_out, push=not no_push, source=source, stage_timeout_s=stage_timeout,
+        runs_dir=runs_dir, parallel=parallel, accept_new_host_keys=accept_new_host_keys)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("smoke")(smoke)

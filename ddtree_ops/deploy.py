@@ -1,0 +1,152 @@
+"""Deploy the SGLang plugin into a host's Python environment, and roll it back.
+
+Per host, under the host lock (WORKDIR/lock, shared with `push`):
+deploy   - make the bundle the active release (ensure_release), then run the host-side
+           installer (src/ddtree/sglang/install.py, from the same bundle) in the inventory's
+           `python:`: gate, install (.pth + minimal dist-info), verify in a fresh interpreter,
+           record what was added under WORKDIR/deployments/;
+rollback - remove exactly what the record lists.
+`--dry-run` sends nothing and takes no lock: the installer only reports its plan.
+The gate's modules travel on stdin and are loaded in memory on the host, so a dry run writes
+nothing there. Refusals (gate findings, conflicts) are RemoteStepError: exit 5.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ddtree_ops.errors import RemoteStepError
+from ddtree_ops.inventory import Host
+from ddtree_ops.release import ReleaseBundle
+from ddtree_ops.remote_layout import BOOTSTRAP, ensure_release, host_lock, parse_agent_reply
+from ddtree_ops.transport.base import Transport
+
+INSTALLER = "src/ddtree/sglang/install.py"
+# The gate and its data, served in memory on the host (a bare `ddtree` package: the real
+# ddtree/__init__.py imports torch, which the gate does not need).
+GATE_PACKAGES = ("ddtree", "ddtree.sglang", "ddtree.sglang.manifests")
+GATE_MODULES = ("ddtree.sglang.errors", "ddtree.sglang.manifest", "ddtree.sglang.gate")
+
+
+def _bundle_text(bundle: ReleaseBundle, relpath: str) -> str:
+    for entry in bundle.files:
+        if entry.relpath == relpath:
+            return entry.source.read_text(encoding="utf-8")
+    raise RemoteStepError(f"release {bundle.release_id} has no {relpath} (source {bundle.source_root})")
+
+
+def gate_payload(bundle: ReleaseBundle) -> dict[str, Any]:
+    modules: dict[str, str] = {"ddtree": ""}
+    for package in GATE_PACKAGES[1:]:
+        modules[package] = _bundle_text(bundle, "src/" + package.replace(".", "/") + "/__init__.py")
+    for module in GATE_MODULES:
+        modules[module] = _bundle_text(bundle, "src/" + module.replace(".", "/") + ".py")
+    for entry in bundle.files:  # every shipped manifest
+        if entry.relpath.startswith("src/ddtree/sglang/manifests/") and entry.relpath.endswith(".py") \
+                and not entry.relpath.endswith("__init__.py"):
+            name = entry.relpath[len("src/"):-len(".py")].replace("/", ".")
+            modules[name] = entry.source.read_text(encoding="utf-8")
+    return {"modules": modules, "packages": list(GATE_PACKAGES)}
+
+
+def call_installer(
+    transport: Transport, host: Host, bundle: ReleaseBundle, op: str, *args: str,
+    timeout: Optional[float] = None,
+) -> dict[str, Any]:
+    stdin = installer_stdin(bundle, op)
+    argv = [host.python, "-c", BOOTSTRAP, op, host.workdir, *args]
+    result = transport.run(argv, stdin=stdin, timeout=timeout)
+    return parse_agent_reply(host, op, result)
+
+
+@dataclass(frozen=True)
+class DeployOutcome:
+    release: str
+    action: str  # installed | replaced | unchanged | would install | would replace ... | would stay unchanged
+    python: str
+    sglang: str  # "<version> at <dir>"
+    verdict: str  # the probe's verdict ("-" for a dry run)
+    forced: bool
+    adds: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()
+    record: Optional[str] = None
+    recovered: Optional[dict[str, Any]] = None
+    gate_findings: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "release": self.release, "action": self.action, "python": self.python, "sglang": self.sglang,
+            "verdict": self.verdict, "forced": self.forced, "adds": list(self.adds),
+            "reasons": list(self.reasons), "record": self.record, "recovered": self.recovered,
+            "gate_findings": list(self.gate_findings),
+        }
+
+
+def _findings(gate: dict[str, Any]) -> tuple[str, ...]:
+    return tuple(f"{f['file']}: {f['kind']}: {f['detail']}" for f in gate.get("findings", []))
+
+
+def deploy_host(
+    transport: Transport, host: Host, bundle: ReleaseBundle, *, force: bool = False, dry_run: bool = False,
+) -> DeployOutcome:
+    flag = "1" if force else "0"
+    if dry_run:
+        plan = call_installer(transport, host, bundle, "plan", bundle.release_id, flag)["plan"]
+        if plan["refusals"]:
+            raise RemoteStepError(f"{host.name}: deploy would be refused: " + "; ".join(plan["refusals"]))
+        return _outcome(bundle, plan, action=_would(plan["action"]), verdict="-", reasons=())
+    with host_lock(transport, host, owner="deploy"):
+        ensure_release(transport, host, bundle, take_lock=False)
+        reply = call_installer(transport, host, bundle, "install", bundle.release_id, flag)
+    probe = reply.get("probe") or {}
+    return _outcome(
+        bundle, reply["plan"], action=reply["action"], verdict=probe.get("verdict", "?"),
+        reasons=tuple(probe.get("reasons") or ()), record=reply.get("record"), recovered=reply.get("recovered"),
+    )
+
+
+def _would(action: str) -> str:
+    return "would stay unchanged" if action == "unchanged" else f"would {action}"
+
+
+def _outcome(bundle: ReleaseBundle, plan: dict[str, Any], **fields: Any) -> DeployOutcome:
+    env, gate = plan["environment"], plan["gate"]
+    return DeployOutcome(
+        release=bundle.release_id, python=env["python"], sglang=f"{gate.get('version')} at {env['sglang_dir']}",
+        forced=bool(plan["forced"]), adds=tuple(plan["adds"]), gate_findings=_findings(gate), **fields,
+    )
+
+
+@dataclass(frozen=True)
+class RollbackOutcome:
+    action: str  # rolled-back | nothing-deployed | recovered
+    release: Optional[str]
+    removed: tuple[str, ...]
+    modified_since_deploy: tuple[str, ...]
+    recovered: Optional[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"action": self.action, "release": self.release, "removed": list(self.removed),
+                "modified_since_deploy": list(self.modified_since_deploy), "recovered": self.recovered}
+
+
+def rollback_host(transport: Transport, host: Host, bundle: ReleaseBundle) -> RollbackOutcome:
+    with host_lock(transport, host, owner="rollback"):
+        reply = call_installer(transport, host, bundle, "rollback")
+    removed = reply.get("removed") or {}
+    return RollbackOutcome(
+        action=reply["action"], release=reply.get("release"),
+        removed=tuple(removed.get("removed", ())), modified_since_deploy=tuple(removed.get("modified_since_deploy", ())),
+        recovered=reply.get("recovered"),
+    )
+
+
+def installer_stdin(bundle: ReleaseBundle, op: str) -> bytes:
+    """What the installer reads on stdin: its own source (length-prefixed for BOOTSTRAP),
+    then, except for rollback, the gate's modules as one JSON line."""
+    source = _bundle_text(bundle, INSTALLER).encode("utf-8")
+    stdin = b"%d\n" % len(source) + source
+    if op != "rollback":
+        stdin += json.dumps(gate_payload(bundle)).encode("utf-8") + b"\n"
+    return stdin

@@ -1,0 +1,555 @@
+"""The ddtree-ops host agent: one process per host per step, run by the host's own Python.
+
+Stdlib only, Python >= 3.8. It arrives on stdin behind a small bootstrap (see
+`ddtree_ops.remote_layout.BOOTSTRAP`); whatever follows it on stdin (a release archive) is
+left for the operation to read. Usage: `python -c BOOTSTRAP OP WORKDIR [ARGS...]`.
+
+Every operation prints exactly one JSON object as its last stdout line: `{"ok": true, ...}`
+or `{"ok": false, "kind": ..., "error": ...}` (exit status 0 or 1). Layout under WORKDIR:
+
+    releases/<id>/          immutable release, repository-relative layout + MANIFEST.sha256
+    releases/.incoming-*    a release being received (removed by the next push)
+    current -> releases/<id>  switched atomically (symlink + rename)
+    runs/<run-id>/          per-run result folders
+    deployments/            records of what was deployed where
+    lock                    flock()ed by whoever changes the layout
+"""
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import shutil
+import socket
+import sys
+import tarfile
+import time
+
+MANIFEST_NAME = "MANIFEST.sha256"
+RELEASE_ID_CHARS = 16
+INCOMING_PREFIX = ".incoming-"
+BROKEN_PREFIX = ".broken-"
+CHUNK = 1 << 16
+
+
+class AgentError(Exception):
+    def __init__(self, kind, message):
+        super().__init__(message)
+        self.kind = kind
+
+
+# ---------------------------------------------------------------- layout helpers
+
+
+def resolve_workdir(raw):
+    return os.path.abspath(os.path.expanduser(raw))
+
+
+def releases_dir(workdir):
+    return os.path.join(workdir, "releases")
+
+
+def active_release(workdir):
+    """The id `current` points to, or None."""
+    try:
+        target = os.readlink(os.path.join(workdir, "current"))
+    except OSError:
+        return None
+    return os.path.basename(target.rstrip("/")) or None
+
+
+def ensure_layout(workdir):
+    for sub in ("releases", "runs", "deployments"):
+        os.makedirs(os.path.join(workdir, sub), exist_ok=True)
+
+
+# ---------------------------------------------------------------- manifest
+
+
+def manifest_id(manifest_bytes):
+    return hashlib.sha256(manifest_bytes).hexdigest()[:RELEASE_ID_CHARS]
+
+
+def safe_relpath(path):
+    parts = path.split("/")
+    if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise AgentError("bad-manifest", "unsafe path in manifest: %r" % path)
+    return path
+
+
+def parse_manifest(manifest_bytes):
+    """{relpath: sha256} from `<sha256>  <relpath>` lines."""
+    entries = {}
+    for line in manifest_bytes.decode("utf-8").splitlines():
+        if not line:
+            continue
+        digest, sep, path = line.partition("  ")
+        if not sep or len(digest) != 64:
+            raise AgentError("bad-manifest", "malformed manifest line: %r" % line)
+        entries[safe_relpath(path)] = digest
+    return entries
+
+
+def file_sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_release(directory, release_id):
+    """None when the directory holds exactly the release (bytecode caches aside), else why not."""
+    try:
+        with open(os.path.join(directory, MANIFEST_NAME), "rb") as handle:
+            manifest_bytes = handle.read()
+    except OSError as err:
+        return "no readable manifest (%s)" % err.strerror
+    if manifest_id(manifest_bytes) != release_id:
+        return "manifest does not hash to the release id"
+    try:
+        entries = parse_manifest(manifest_bytes)
+    except AgentError as err:
+        return str(err)
+    for relpath, digest in entries.items():
+        path = os.path.join(directory, relpath)
+        if os.path.islink(path) or not os.path.isfile(path):
+            return "missing file %s" % relpath
+        if file_sha256(path) != digest:
+            return "hash mismatch in %s" % relpath
+    for root, dirs, files in os.walk(directory):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in files:
+            relpath = os.path.relpath(os.path.join(root, name), directory).replace(os.sep, "/")
+            if relpath != MANIFEST_NAME and relpath not in entries:
+                return "unexpected file %s" % relpath
+    return None
+
+
+# ---------------------------------------------------------------- lock
+
+
+class Lock(object):
+    """An flock() on WORKDIR/lock: released by the kernel if this process dies."""
+
+    def __init__(self, workdir, owner, wait_s):
+        self.path = os.path.join(workdir, "lock")
+        self.owner = owner
+        self.wait_s = float(wait_s)
+        self.fd = None
+
+    def __enter__(self):
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as err:
+                if err.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                if time.monotonic() >= deadline:
+                    holder = os.pread(self.fd, 4096, 0).decode("utf-8", "replace").strip()
+                    os.close(self.fd)
+                    raise AgentError(
+                        "locked",
+                        "%s is held by %s (waited %gs)" % (self.path, holder or "another process", self.wait_s),
+                    )
+                time.sleep(0.1)
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, ("%s pid=%d since=%s\n" % (self.owner, os.getpid(), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))).encode(), 0)
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            os.ftruncate(self.fd, 0)
+        finally:
+            os.close(self.fd)  # closing drops the flock
+
+
+class NoLock(object):
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+def maybe_lock(workdir, take_lock, owner, wait_s):
+    return Lock(workdir, owner, wait_s) if take_lock == "1" else NoLock()
+
+
+# ---------------------------------------------------------------- release operations
+
+
+def remove_tree(path):
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def clean_incoming(workdir):
+    """Leftovers of killed pushes; safe because the caller holds the lock."""
+    base = releases_dir(workdir)
+    for name in os.listdir(base):
+        if name.startswith(INCOMING_PREFIX) or name.startswith(BROKEN_PREFIX):
+            remove_tree(os.path.join(base, name))
+
+
+def set_current(workdir, release_id):
+    """Point `current` at releases/<id> atomically: a new symlink renamed over the old one."""
+    tmp = os.path.join(workdir, ".current.tmp-%d" % os.getpid())
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    os.symlink(os.path.join("releases", release_id), tmp)
+    os.replace(tmp, os.path.join(workdir, "current"))
+    now = time.time()
+    os.utime(os.path.join(releases_dir(workdir), release_id), (now, now))
+    fsync_dir(workdir)
+
+
+def fsync_dir(path):
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def prune(workdir, keep):
+    """Keep the `keep` most recently activated releases; never the active one."""
+    active = active_release(workdir)
+    base = releases_dir(workdir)
+    names = [n for n in os.listdir(base) if not n.startswith(".") and os.path.isdir(os.path.join(base, n))]
+    names.sort(key=lambda n: os.stat(os.path.join(base, n)).st_mtime, reverse=True)
+    kept = [n for n in names if n == active][:1]
+    for name in names:
+        if name != active and len(kept) < max(int(keep), 1):
+            kept.append(name)
+    pruned = [n for n in names if n not in kept]
+    for name in pruned:
+        remove_tree(os.path.join(base, name))
+    return pruned
+
+
+def set_aside_broken(workdir, release_id):
+    base = releases_dir(workdir)
+    aside = os.path.join(base, "%s%s-%d" % (BROKEN_PREFIX, release_id, os.getpid()))
+    os.rename(os.path.join(base, release_id), aside)
+    remove_tree(aside)
+
+
+def activate_if_present(workdir, release_id, keep):
+    """(reply, None) when an intact copy is here (now active); else (None, why a copy was
+    rejected or None). Caller holds the lock."""
+    clean_incoming(workdir)
+    directory = os.path.join(releases_dir(workdir), release_id)
+    if not os.path.isdir(directory):
+        return None, None
+    problem = verify_release(directory, release_id)
+    if problem is not None:
+        set_aside_broken(workdir, release_id)  # never activated; the next copy replaces it
+        return None, problem
+    previous = active_release(workdir)
+    if previous != release_id:
+        set_current(workdir, release_id)
+    pruned = prune(workdir, keep)
+    return {"status": "unchanged" if previous == release_id else "activated",
+            "previous": previous, "pruned": pruned, "workdir": workdir}, None
+
+
+def op_sync(workdir, release_id, keep, lock_wait, take_lock):
+    """Activate the release if it is already here and intact; otherwise say it is missing."""
+    ensure_layout(workdir)
+    with maybe_lock(workdir, take_lock, "push", lock_wait):
+        reply, problem = activate_if_present(workdir, release_id, keep)
+        return reply or {"status": "missing", "replaced_broken": problem, "workdir": workdir}
+
+
+def op_push(workdir, release_id, keep, lock_wait, take_lock):
+    """sync + install in one process and one channel: when the release is missing, print
+    `{"need": ID}` and read the archive that the operator side then sends on stdin."""
+    ensure_layout(workdir)
+    with maybe_lock(workdir, take_lock, "push", lock_wait):
+        reply, problem = activate_if_present(workdir, release_id, keep)
+        if reply is not None:
+            return reply
+        sys.stdout.write(json.dumps({"need": release_id}) + "\n")
+        sys.stdout.flush()
+        reply = install_from_stdin(workdir, release_id, keep)
+        reply["replaced_broken"] = problem
+        return reply
+
+
+def receive_archive(stream, target, release_id):
+    """Unpack a tar stream whose first member is the manifest; check every file on the way."""
+    entries = None
+    seen = set()
+    with tarfile.open(fileobj=stream, mode="r|*") as archive:
+        for member in archive:
+            if not member.isfile():
+                raise AgentError("bad-archive", "archive member %r is not a regular file" % member.name)
+            data = archive.extractfile(member)
+            if entries is None:
+                if member.name != MANIFEST_NAME:
+                    raise AgentError("bad-archive", "archive does not start with %s" % MANIFEST_NAME)
+                manifest_bytes = data.read()
+                if manifest_id(manifest_bytes) != release_id:
+                    raise AgentError("bad-archive", "manifest does not hash to release %s" % release_id)
+                entries = parse_manifest(manifest_bytes)
+                with open(os.path.join(target, MANIFEST_NAME), "wb") as out:
+                    out.write(manifest_bytes)
+                continue
+            relpath = member.name
+            if relpath not in entries:
+                raise AgentError("bad-archive", "archive holds %r, which is not in the manifest" % relpath)
+            path = os.path.join(target, relpath)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            digest = hashlib.sha256()
+            with open(path, "wb") as out:
+                for chunk in iter(lambda: data.read(CHUNK), b""):
+                    digest.update(chunk)
+                    out.write(chunk)
+            os.chmod(path, 0o755 if member.mode & 0o111 else 0o644)
+            if digest.hexdigest() != entries[relpath]:
+                raise AgentError("hash-mismatch", "%s arrived with the wrong sha256" % relpath)
+            seen.add(relpath)
+    if entries is None:
+        raise AgentError("bad-archive", "empty archive")
+    missing = sorted(set(entries) - seen)
+    if missing:
+        raise AgentError("bad-archive", "archive lacks %d file(s), first %s" % (len(missing), missing[0]))
+
+
+def op_install(workdir, release_id, keep, lock_wait, take_lock):
+    """Receive the release on stdin, verify it, rename it into place, switch `current`."""
+    ensure_layout(workdir)
+    with maybe_lock(workdir, take_lock, "push", lock_wait):
+        clean_incoming(workdir)
+        return install_from_stdin(workdir, release_id, keep)
+
+
+def install_from_stdin(workdir, release_id, keep):
+    """Caller holds the lock."""
+    base = releases_dir(workdir)
+    incoming = os.path.join(base, "%s%s-%d" % (INCOMING_PREFIX, release_id, os.getpid()))
+    os.mkdir(incoming)
+    try:
+        # Checks every file's sha256 as it is written and that none is missing or extra, so
+        # the fresh directory needs no second pass.
+        receive_archive(sys.stdin.buffer, incoming, release_id)
+        final = os.path.join(base, release_id)
+        if os.path.isdir(final):
+            if verify_release(final, release_id) is None:
+                remove_tree(incoming)  # someone else already installed it intact
+                incoming = None
+            else:
+                set_aside_broken(workdir, release_id)
+        if incoming is not None:
+            os.rename(incoming, final)
+            fsync_dir(base)
+    except BaseException:
+        if incoming is not None:
+            remove_tree(incoming)
+        raise
+    previous = active_release(workdir)
+    set_current(workdir, release_id)
+    pruned = prune(workdir, keep)
+    return {"status": "uploaded", "previous": previous, "pruned": pruned, "workdir": workdir}
+
+
+def op_hold_lock(workdir, owner, lock_wait):
+    """Hold the layout lock until stdin reaches EOF (the operator side closed it or died)."""
+    ensure_layout(workdir)
+    with Lock(workdir, owner, lock_wait):
+        sys.stdout.write("locked\n")
+        sys.stdout.flush()
+        while sys.stdin.buffer.read(CHUNK):
+            pass
+    return {"status": "released", "workdir": workdir}
+
+
+def op_whereis(workdir):
+    return {"workdir": workdir, "active_release": active_release(workdir), "home": os.path.expanduser("~")}
+
+
+# ---------------------------------------------------------------- probe (hosts check)
+
+
+def os_name():
+    try:
+        with open("/etc/os-release") as handle:
+            for line in handle:
+                if line.startswith("PRETTY_NAME="):
+                    return line.split("=", 1)[1].strip().strip('"')
+    except OSError:
+        pass
+    return platform.system()
+
+
+def enable_site_packages():
+    """The agent runs with `python -S` (fast start); facts about installed packages need them."""
+    if sys.flags.no_site:
+        import site
+
+        site.main()
+
+
+def nvidia_gpus():
+    """GPU names and memory from nvidia-smi (no CUDA context, no torch import)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=20, check=True,
+        ).stdout.decode()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    gpus = []
+    for index, line in enumerate(l for l in out.splitlines() if l.strip()):
+        name, _, mib = line.rpartition(",")
+        try:
+            gpus.append({"index": index, "name": name.strip(), "memory_gib": round(float(mib) / 1024, 1)})
+        except ValueError:
+            continue
+    return gpus
+
+
+def torch_facts_static():
+    """torch version and CUDA build from its files, GPUs from nvidia-smi: no torch import."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torch")
+    except Exception as err:  # noqa: BLE001
+        return {"installed": False, "error": "%s: %s" % (type(err).__name__, err)}
+    if spec is None:
+        return {"installed": False, "error": "ModuleNotFoundError: No module named 'torch'"}
+    facts = {"installed": True, "version": "?", "cuda_build": None, "imported": False}
+    version_file = os.path.join(os.path.dirname(spec.origin or ""), "version.py")
+    try:
+        with open(version_file) as handle:
+            for line in handle:
+                key, _, value = line.partition("=")
+                key, value = key.strip().split(":")[0].strip(), value.strip().strip("'\"")
+                if key == "__version__":
+                    facts["version"] = value
+                elif key == "cuda" and value != "None":
+                    facts["cuda_build"] = value
+    except OSError:
+        pass
+    gpus = nvidia_gpus()
+    facts["gpus"] = gpus or []
+    facts["cuda_available"] = bool(facts["cuda_build"] and gpus)
+    if gpus is None:
+        facts["gpu_note"] = "nvidia-smi not found"
+    return facts
+
+
+def torch_facts():
+    try:
+        import torch
+    except Exception as err:  # noqa: BLE001 - any import failure is a fact to report
+        return {"installed": False, "error": "%s: %s" % (type(err).__name__, err)}
+    facts = {"installed": True, "imported": True, "version": getattr(torch, "__version__", "?"),
+             "cuda_build": getattr(torch.version, "cuda", None), "cuda_available": False, "gpus": []}
+    try:
+        facts["cuda_available"] = bool(torch.cuda.is_available())
+        if facts["cuda_available"]:
+            for index in range(torch.cuda.device_count()):
+                props = torch.cuda.get_device_properties(index)
+                facts["gpus"].append({"index": index, "name": props.name,
+                                      "memory_gib": round(props.total_memory / 2 ** 30, 1)})
+    except Exception as err:  # noqa: BLE001
+        facts["cuda_error"] = "%s: %s" % (type(err).__name__, err)
+    return facts
+
+
+def sglang_facts():
+    """Version and install path without running sglang's (heavy) package __init__."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("sglang")
+    except Exception as err:  # noqa: BLE001
+        return {"installed": False, "error": str(err)}
+    if spec is None:
+        return {"installed": False}
+    version = None
+    try:
+        from importlib import metadata
+
+        version = metadata.version("sglang")
+    except Exception:  # noqa: BLE001 - present on sys.path but without dist metadata
+        pass
+    locations = list(spec.submodule_search_locations or [])
+    return {"installed": True, "version": version, "path": locations[0] if locations else spec.origin}
+
+
+def free_disk(workdir):
+    probe = workdir
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    usage = shutil.disk_usage(probe)
+    return {"path": probe, "free_gib": round(usage.free / 2 ** 30, 2)}
+
+
+def op_probe(workdir, deep="0"):
+    """deep=1 imports torch and asks torch.cuda (seconds); otherwise static facts only."""
+    enable_site_packages()
+    return {
+        "hostname": socket.gethostname(),
+        "os": os_name(),
+        "kernel": platform.release(),
+        "python": {"version": platform.python_version(), "executable": sys.executable},
+        "torch": torch_facts() if deep == "1" else torch_facts_static(),
+        "sglang": sglang_facts(),
+        "disk": free_disk(workdir),
+        "workdir": workdir,
+        "active_release": active_release(workdir),
+    }
+
+
+# ---------------------------------------------------------------- entry point
+
+OPERATIONS = {
+    "push": op_push,
+    "sync": op_sync,
+    "install": op_install,
+    "hold-lock": op_hold_lock,
+    "whereis": op_whereis,
+    "probe": op_probe,
+}
+
+
+def main(argv):
+    if len(argv) < 2 or argv[0] not in OPERATIONS:
+        raise AgentError("usage", "usage: agent {%s} WORKDIR [ARGS...]" % ",".join(sorted(OPERATIONS)))
+    op, workdir, args = argv[0], resolve_workdir(argv[1]), argv[2:]
+    return OPERATIONS[op](workdir, *args)
+
+
+def run(argv):
+    try:
+        reply = main(argv)
+        reply["ok"] = True
+        code = 0
+    except AgentError as err:
+        reply, code = {"ok": False, "kind": err.kind, "error": str(err)}, 1
+    except OSError as err:
+        reply, code = {"ok": False, "kind": "os-error", "error": "%s: %s" % (err.filename or "", err.strerror or err)}, 1
+    sys.stdout.write(json.dumps(reply) + "\n")
+    sys.stdout.flush()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1:]))

@@ -1,0 +1,289 @@
+"""The host inventory (`hosts.yaml`): parsing, validation, defaults and host selection.
+
+Resolution of the file: `-i/--inventory` > `$DDTREE_OPS_INVENTORY` > `./hosts.yaml`; when none
+of these names an existing file, the embedded default inventory (one host, `local`) is used.
+Every error is a `ConfigError` whose message starts with the file and the field:
+`hosts.yaml: hosts.gpu-a.port: expected an integer, got 'x'`.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ddtree_ops.errors import ConfigError, UsageError
+
+INVENTORY_ENV = "DDTREE_OPS_INVENTORY"
+DEFAULT_INVENTORY_NAME = "hosts.yaml"
+EMBEDDED_INVENTORY_NAME = "<embedded default inventory>"
+ALL_HOSTS = "all"
+
+# Built-in values for keys that neither the host nor `defaults:` sets.
+BUILTIN_WORKDIR = "~/.ddtree-ops"
+BUILTIN_CONNECT_TIMEOUT_S = 10.0
+BUILTIN_COMMAND_TIMEOUT_S = 600.0
+
+
+class TransportKind(str, Enum):
+    SSH = "ssh"
+    LOCAL = "local"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False)
+
+
+class ModelSpec(_Strict):
+    """Which models a host evaluates with (used by smoke/bench stages)."""
+
+    target: str
+    drafter: str
+    block_size: int = Field(default=16, ge=1)
+    prompts: Optional[str] = None
+
+
+class _HostKeys(_Strict):
+    """Keys allowed both in `defaults:` and in a host entry."""
+
+    transport: Optional[TransportKind] = None
+    user: Optional[str] = None
+    port: Optional[int] = Field(default=None, ge=1, le=65535)
+    identity_file: Optional[str] = None
+    known_hosts: Optional[str] = None
+    ssh_config: Optional[str] = None
+    python: Optional[str] = None
+    workdir: Optional[str] = None
+    connect_timeout: Optional[float] = Field(default=None, gt=0)
+    command_timeout: Optional[float] = Field(default=None, gt=0)
+    models: Optional[ModelSpec] = None
+
+
+class HostEntry(_HostKeys):
+    hostname: Optional[str] = None
+    groups: list[str] = Field(default_factory=list)
+
+
+class InventoryFile(_Strict):
+    defaults: _HostKeys = Field(default_factory=_HostKeys)
+    hosts: dict[str, HostEntry]
+
+
+@dataclass(frozen=True)
+class Host:
+    """One resolved host. Local paths (identity_file, known_hosts, ssh_config) are absolute;
+    `python` and `workdir` are host paths and may start with `~` (resolved on the host)."""
+
+    name: str
+    transport: TransportKind
+    hostname: str  # what to connect to (may be an ssh_config alias)
+    user: Optional[str]
+    port: Optional[int]
+    identity_file: Optional[str]
+    known_hosts: Optional[str]
+    ssh_config: Optional[str]
+    python: str
+    workdir: str
+    connect_timeout: float
+    command_timeout: float
+    groups: tuple[str, ...] = ()
+    models: Optional[ModelSpec] = None
+
+    @property
+    def is_local(self) -> bool:
+        return self.transport is TransportKind.LOCAL
+
+    def target(self) -> str:
+        """`user@hostname:port` for display (only what is set)."""
+        if self.is_local:
+            return "(local)"
+        text = self.hostname
+        if self.user:
+            text = f"{self.user}@{text}"
+        if self.port:
+            text = f"{text}:{self.port}"
+        return text
+
+
+@dataclass
+class Inventory:
+    source: str  # the file as the operator named it, or EMBEDDED_INVENTORY_NAME
+    hosts: dict[str, Host] = field(default_factory=dict)
+
+    def groups(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for host in self.hosts.values():
+            for group in host.groups:
+                out.setdefault(group, []).append(host.name)
+        return out
+
+    def select(self, selection: str | Sequence[str] | None) -> list[Host]:
+        """Hosts named by `a,b,group` (names or groups, in inventory order); all when empty."""
+        if selection is None:
+            words: list[str] = []
+        elif isinstance(selection, str):
+            words = [w.strip() for w in selection.split(",") if w.strip()]
+        else:
+            words = [w.strip() for item in selection for w in item.split(",") if w.strip()]
+        if not words or ALL_HOSTS in words:
+            return list(self.hosts.values())
+        groups = self.groups()
+        wanted: set[str] = set()
+        for word in words:
+            if word in self.hosts:
+                wanted.add(word)
+            elif word in groups:
+                wanted.update(groups[word])
+            else:
+                known = ", ".join(sorted(set(self.hosts) | set(groups))) or "none"
+                raise UsageError(
+                    f"{self.source}: no host or group named {word!r} (known: {known})"
+                )
+        return [h for name, h in self.hosts.items() if name in wanted]
+
+
+EMBEDDED_INVENTORY: dict[str, Any] = {"hosts": {"local": {"transport": "local"}}}
+
+
+def inventory_path(explicit: str | os.PathLike[str] | None = None) -> Path | None:
+    """The inventory file to read, or None for the embedded default.
+
+    An explicitly named file (flag or environment) must exist; `./hosts.yaml` is optional."""
+    if explicit:
+        path = Path(explicit)
+        if not path.is_file():
+            raise ConfigError(f"{path}: inventory file not found (from -i/--inventory)")
+        return path
+    from_env = os.environ.get(INVENTORY_ENV)
+    if from_env:
+        path = Path(from_env)
+        if not path.is_file():
+            raise ConfigError(f"{path}: inventory file not found (from ${INVENTORY_ENV})")
+        return path
+    default = Path(DEFAULT_INVENTORY_NAME)
+    return default if default.is_file() else None
+
+
+def load_inventory(explicit: str | os.PathLike[str] | None = None) -> Inventory:
+    path = inventory_path(explicit)
+    if path is None:
+        return parse_inventory(EMBEDDED_INVENTORY, source=EMBEDDED_INVENTORY_NAME, base_dir=Path.cwd())
+    import yaml  # pyyaml is only needed when there is a file
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read inventory: {err}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{path}: {where}invalid YAML: {problem}") from None
+    return parse_inventory(data, source=str(path), base_dir=path.resolve().parent)
+
+
+def parse_inventory(data: Any, *, source: str, base_dir: Path) -> Inventory:
+    if data is None:
+        raise ConfigError(f"{source}: the file is empty (expected a mapping with `hosts:`)")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping with `hosts:`, got {type(data).__name__}")
+    try:
+        parsed = InventoryFile.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(f"{source}: {describe_validation_error(err)}") from None
+    if not parsed.hosts:
+        raise ConfigError(f"{source}: hosts: at least one host is required")
+    inventory = Inventory(source=source)
+    for name, entry in parsed.hosts.items():
+        inventory.hosts[name] = _resolve_host(name, entry, parsed.defaults, source, base_dir)
+    clashes = set(inventory.groups()) & set(inventory.hosts)
+    if clashes:
+        name = sorted(clashes)[0]
+        raise ConfigError(f"{source}: hosts.{name}: a group has the same name as this host")
+    return inventory
+
+
+def _resolve_host(name: str, entry: HostEntry, defaults: _HostKeys, source: str, base_dir: Path) -> Host:
+    if not name or name != name.strip() or "," in name or name == ALL_HOSTS:
+        raise ConfigError(f"{source}: hosts.{name!r}: invalid host name (no commas, no outer spaces, not 'all')")
+
+    def pick(key: str) -> Any:
+        own = getattr(entry, key)
+        return own if own is not None else getattr(defaults, key)
+
+    transport = pick("transport") or TransportKind.SSH
+    if transport is TransportKind.LOCAL:
+        import sys
+
+        # `defaults.python` describes the remote fleet; a local host runs our own interpreter
+        # unless its own entry names another.
+        python = entry.python or sys.executable
+    else:
+        python = pick("python") or "python3"
+    for group in entry.groups:
+        if not group or "," in group or group == ALL_HOSTS:
+            raise ConfigError(f"{source}: hosts.{name}.groups: invalid group name {group!r}")
+
+    def local_path(key: str) -> Optional[str]:
+        value = pick(key)
+        if value is None:
+            return None
+        path = Path(os.path.expanduser(value))
+        return str(path if path.is_absolute() else (base_dir / path))
+
+    return Host(
+        name=name,
+        transport=transport,
+        hostname=entry.hostname or name,
+        user=pick("user"),
+        port=pick("port"),
+        identity_file=local_path("identity_file"),
+        known_hosts=local_path("known_hosts"),
+        ssh_config=local_path("ssh_config"),
+        python=python,
+        workdir=pick("workdir") or BUILTIN_WORKDIR,
+        connect_timeout=pick("connect_timeout") or BUILTIN_CONNECT_TIMEOUT_S,
+        command_timeout=pick("command_timeout") or BUILTIN_COMMAND_TIMEOUT_S,
+        groups=tuple(entry.groups),
+        models=pick("models"),
+    )
+
+
+_EXPECTED = {
+    "int_parsing": "expected an integer",
+    "int_type": "expected an integer",
+    "int_from_float": "expected an integer",
+    "float_parsing": "expected a number",
+    "float_type": "expected a number",
+    "string_type": "expected a string",
+    "list_type": "expected a list",
+    "dict_type": "expected a mapping",
+    "model_type": "expected a mapping",
+    "model_attributes_type": "expected a mapping",
+    "bool_type": "expected true or false",
+    "bool_parsing": "expected true or false",
+}
+
+
+def describe_validation_error(err: ValidationError) -> str:
+    """The first pydantic error as `dotted.field: what was expected, got 'value'`."""
+    first = err.errors(include_url=False)[0]
+    where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    kind = first["type"]
+    value = first.get("input")
+    if kind == "extra_forbidden":
+        return f"{where}: unknown key (check the spelling)"
+    if kind == "missing":
+        return f"{where}: required key is missing"
+    if kind == "enum":
+        allowed = ", ".join(repr(k.value) for k in TransportKind)
+        return f"{where}: expected one of {allowed}, got {value!r}"
+    if kind in _EXPECTED:
+        return f"{where}: {_EXPECTED[kind]}, got {value!r}"
+    return f"{where}: {first['msg'].lower()}, got {value!r}"

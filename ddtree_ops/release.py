@@ -1,0 +1,140 @@
+"""Release bundles: what `push` sends, its sha256 manifest, and its content-addressed id.
+
+A bundle keeps the repository-relative layout (`src/ddtree/...`, `smoke/...`) so that
+`<workdir>/current/src` on `sys.path` imports our `ddtree` on the host. The manifest lists
+`<sha256>  <relpath>` per file, sorted; the release id is the first 16 hex digits of the
+manifest's sha256, so equal content gives an equal id on every machine.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import io
+import os
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from ddtree_ops.errors import UsageError
+
+MANIFEST_NAME = "MANIFEST.sha256"  # the host agent uses the same name
+RELEASE_ID_CHARS = 16
+# Repository-relative directories a release carries; missing optional ones are skipped.
+BUNDLE_DIRS: tuple[str, ...] = ("src/ddtree", "smoke")
+REQUIRED_DIR = "src/ddtree"
+_SKIPPED_DIRS = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
+_SKIPPED_SUFFIXES = (".pyc", ".pyo", ".swp")
+
+
+@dataclass(frozen=True)
+class BundleFile:
+    relpath: str  # posix, repository-relative
+    source: Path
+    sha256: str
+    size: int
+    executable: bool
+
+
+@dataclass
+class ReleaseBundle:
+    source_root: str  # where the files were read from, for messages
+    files: tuple[BundleFile, ...]
+    manifest: bytes
+    release_id: str
+    _archive: Optional[bytes] = field(default=None, repr=False)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def archive(self) -> bytes:
+        """One gzip'd tar, manifest first (the host checks each file against it as it arrives).
+
+        Built once and shared by every host of a push."""
+        if self._archive is None:
+            buffer = io.BytesIO()
+            with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1, format=tarfile.PAX_FORMAT) as tar:
+                _add_bytes(tar, MANIFEST_NAME, self.manifest, executable=False)
+                for entry in self.files:
+                    _add_bytes(tar, entry.relpath, entry.source.read_bytes(), executable=entry.executable)
+            self._archive = buffer.getvalue()
+        return self._archive
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, *, executable: bool) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode = 0o755 if executable else 0o644
+    info.mtime = 0  # deterministic archives
+    tar.addfile(info, io.BytesIO(data))
+
+
+def manifest_release_id(manifest: bytes) -> str:
+    return hashlib.sha256(manifest).hexdigest()[:RELEASE_ID_CHARS]
+
+
+def default_source_root() -> Path:
+    """The checkout (or install prefix) of the `ddtree` package this process runs with.
+
+    Located with find_spec, so ddtree (and torch) are not imported."""
+    spec = importlib.util.find_spec("ddtree")
+    if spec is None or not spec.submodule_search_locations:
+        raise UsageError("the ddtree package is not installed here; pass --source PATH to a checkout")
+    package_dir = Path(list(spec.submodule_search_locations)[0]).resolve()
+    if package_dir.parent.name == "src":
+        return package_dir.parent.parent  # editable install: the checkout
+    return package_dir.parent  # installed: its prefix holds ddtree/ (bundled as src/ddtree)
+
+
+def collect_files(source_root: Path) -> list[tuple[str, Path]]:
+    """(release relpath, local file) pairs, sorted by relpath."""
+    pairs: list[tuple[str, Path]] = []
+    package = source_root / REQUIRED_DIR
+    if not (package / "__init__.py").is_file():
+        alt = source_root / "ddtree"  # an installed package directory (site-packages/ddtree)
+        if not (alt / "__init__.py").is_file():
+            raise UsageError(f"--source {source_root}: no {REQUIRED_DIR}/__init__.py there")
+        pairs += _walk(alt, REQUIRED_DIR)
+    for rel_dir in BUNDLE_DIRS:
+        directory = source_root / rel_dir
+        if directory.is_dir():
+            pairs += _walk(directory, rel_dir)
+    return sorted(pairs)
+
+
+def _walk(directory: Path, prefix: str) -> list[tuple[str, Path]]:
+    pairs = []
+    for root, dirs, files in os.walk(directory):
+        dirs[:] = sorted(d for d in dirs if d not in _SKIPPED_DIRS and not d.startswith("."))
+        for name in files:
+            if name.startswith(".") or name.endswith(_SKIPPED_SUFFIXES):
+                continue
+            path = Path(root) / name
+            if not path.is_file():
+                continue
+            rel = path.relative_to(directory).as_posix()
+            pairs.append((f"{prefix}/{rel}", path))
+    return pairs
+
+
+def build_bundle(source: str | os.PathLike[str] | None = None) -> ReleaseBundle:
+    root = Path(source).expanduser().resolve() if source else default_source_root()
+    if source and not root.is_dir():
+        raise UsageError(f"--source {source}: not a directory")
+    files = []
+    for relpath, path in collect_files(root):
+        data = path.read_bytes()
+        files.append(
+            BundleFile(
+                relpath=relpath,
+                source=path,
+                sha256=hashlib.sha256(data).hexdigest(),
+                size=len(data),
+                executable=os.access(path, os.X_OK),
+            )
+        )
+    manifest = "".join(f"{f.sha256}  {f.relpath}\n" for f in files).encode("utf-8")
+    return ReleaseBundle(
+        source_root=str(root), files=tuple(files), manifest=manifest, release_id=manifest_release_id(manifest)
+    )

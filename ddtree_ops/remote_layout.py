@@ -1,0 +1,307 @@
+"""What ddtree-ops keeps on a host, and the operations on it (through the host agent).
+
+Layout under the host's `workdir` (default `~/.ddtree-ops`, `~` resolved on the host):
+
+    releases/<id>/      immutable releases (repository-relative layout + MANIFEST.sha256)
+    current             symlink -> releases/<id>, switched atomically
+    runs/<run-id>/      per-run result folders
+    deployments/        records of what was deployed into which Python environment
+    lock                flock()ed while the layout changes
+
+Every operation is one process of the host's Python running `hostside/agent.py`, which
+arrives on stdin behind a one-line bootstrap, so the command line stays short and the rest of
+stdin can carry a release archive on the same channel.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import posixpath
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, BinaryIO, Optional
+
+from ddtree_ops.errors import HostLocked, RemoteStepError
+from ddtree_ops.inventory import Host
+from ddtree_ops.release import ReleaseBundle
+from ddtree_ops.transport.base import CommandResult, Transport
+
+# Reads a length-prefixed script from stdin and runs it; what follows stays on stdin.
+BOOTSTRAP = (
+    "import sys;b=sys.stdin.buffer;n=int(b.readline());"
+    "exec(compile(b.read(n),'ddtree-ops-agent','exec'))"
+)
+DEFAULT_KEEP = 5
+DEFAULT_LOCK_WAIT_S = 30.0
+DEFAULT_MAX_HOLD_S = 6 * 3600.0
+
+
+def release_dir(workdir: str, release_id: str) -> str:
+    return posixpath.join(workdir, "releases", release_id)
+
+
+def current_dir(workdir: str) -> str:
+    return posixpath.join(workdir, "current")
+
+
+def run_dir(workdir: str, run_id: str) -> str:
+    return posixpath.join(workdir, "runs", run_id)
+
+
+def deployments_dir(workdir: str) -> str:
+    return posixpath.join(workdir, "deployments")
+
+
+@lru_cache(maxsize=1)
+def agent_source() -> bytes:
+    return (Path(__file__).parent / "hostside" / "agent.py").read_bytes()
+
+
+def agent_preamble() -> bytes:
+    source = agent_source()
+    return b"%d\n" % len(source) + source
+
+
+def agent_argv(host: Host, op: str, *args: str) -> list[str]:
+    """argv that runs one agent operation with the host's Python (by absolute path).
+
+    `-S` skips site-packages at start (3-5x faster start in a big ML environment); the
+    probe turns them on itself when it looks for torch and SGLang."""
+    return [host.python, "-S", "-c", BOOTSTRAP, op, host.workdir, *args]
+
+
+class _PayloadGate(io.RawIOBase):
+    """The stdin tail of a push: blocks until the agent says whether it needs the archive,
+    then yields the archive (`open_`) or EOF (`finish`). Never blocks past `timeout`."""
+
+    def __init__(self, payload: bytes, timeout: float):
+        self.payload = io.BytesIO(payload)
+        self.timeout = timeout
+        self.decided = threading.Event()
+        self.opened = False
+
+    def readable(self) -> bool:
+        return True
+
+    def open_(self) -> None:
+        self.opened = True
+        self.decided.set()
+
+    def finish(self) -> None:
+        self.decided.set()
+
+    def read(self, size: int = -1) -> bytes:
+        if not self.decided.wait(self.timeout) or not self.opened:
+            return b""
+        return self.payload.read(size if size and size > 0 else -1)
+
+
+class _Chain(io.RawIOBase):
+    """Several binary streams read back to back (agent source, then a payload)."""
+
+    def __init__(self, *streams: BinaryIO):
+        self.streams = list(streams)
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        while self.streams:
+            chunk = self.streams[0].read(size if size and size > 0 else 1 << 16)
+            if chunk:
+                return chunk
+            self.streams.pop(0)
+        return b""
+
+
+def parse_agent_reply(host: Host, op: str, result: CommandResult) -> dict[str, Any]:
+    """The agent's JSON reply, or a RemoteStepError that says what went wrong on which host."""
+    if result.exit_status == 127:
+        raise RemoteStepError(f"{host.name}: python not found at {host.python!r} (set `python:` in the inventory)")
+    if result.exit_status == 126:
+        raise RemoteStepError(f"{host.name}: python at {host.python!r} is not executable")
+    lines = result.stdout.strip().splitlines()
+    reply = None
+    if lines:
+        try:
+            reply = json.loads(lines[-1])
+        except ValueError:
+            reply = None
+    if not isinstance(reply, dict):
+        raise RemoteStepError(
+            f"{host.name}: agent {op} failed (exit {result.exit_status}) with {host.python}: {result.tail()}"
+        )
+    if not reply.get("ok"):
+        error_type = HostLocked if reply.get("kind") == "locked" else RemoteStepError
+        raise error_type(f"{host.name}: {op}: {reply.get('error')}")
+    return reply
+
+
+def call_agent(
+    transport: Transport,
+    host: Host,
+    op: str,
+    *args: str,
+    payload: Optional[BinaryIO] = None,
+    timeout: Optional[float] = None,
+) -> dict[str, Any]:
+    stdin = _Chain(io.BytesIO(agent_preamble()), payload) if payload is not None else agent_preamble()
+    result = transport.run(agent_argv(host, op, *args), stdin=stdin, timeout=timeout)
+    return parse_agent_reply(host, op, result)
+
+
+class PushAction(str, Enum):
+    UNCHANGED = "unchanged"  # the host already ran this release; nothing sent
+    ACTIVATED = "activated"  # it was there intact, `current` switched to it; nothing sent
+    UPLOADED = "uploaded"  # archive sent, verified on the host, activated
+
+
+@dataclass(frozen=True)
+class PushOutcome:
+    release_id: str
+    action: PushAction
+    previous: Optional[str]
+    workdir: str  # absolute on the host
+    bytes_sent: int = 0
+    pruned: tuple[str, ...] = field(default=())
+    replaced_broken: Optional[str] = None  # why an existing copy of this release was rejected
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "release": self.release_id,
+            "action": self.action.value,
+            "previous": self.previous,
+            "workdir": self.workdir,
+            "bytes_sent": self.bytes_sent,
+            "pruned": list(self.pruned),
+            "replaced_broken": self.replaced_broken,
+        }
+
+
+def ensure_release(
+    transport: Transport,
+    host: Host,
+    bundle: ReleaseBundle,
+    *,
+    keep: int = DEFAULT_KEEP,
+    take_lock: bool = True,
+    lock_wait_s: float = DEFAULT_LOCK_WAIT_S,
+    timeout: Optional[float] = None,
+) -> PushOutcome:
+    """Make `bundle` the active release on the host, sending it only if the host lacks an
+    intact copy (decided by hashes there). One agent process, one channel: the archive
+    follows on the same stdin only after the agent asks for it.
+
+    Pass `take_lock=False` inside `host_lock(...)`."""
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    limit = timeout if timeout is not None else host.command_timeout
+    archive = bundle.archive()
+    gate = _PayloadGate(archive, limit)
+
+    def on_line(line: str) -> None:
+        if line.startswith('{"need"'):
+            gate.open_()
+        elif line.startswith("{"):
+            gate.finish()
+
+    args = (bundle.release_id, str(keep), f"{lock_wait_s:g}", "1" if take_lock else "0")
+    try:
+        result = transport.run(
+            agent_argv(host, "push", *args),
+            stdin=_Chain(io.BytesIO(agent_preamble()), gate),
+            timeout=limit,
+            on_stdout_line=on_line,
+        )
+    finally:
+        gate.finish()
+    reply = parse_agent_reply(host, "push", result)
+    return PushOutcome(
+        release_id=bundle.release_id,
+        action=PushAction(reply["status"]),
+        previous=reply.get("previous"),
+        workdir=reply["workdir"],
+        bytes_sent=len(archive) if gate.opened else 0,
+        pruned=tuple(reply.get("pruned", ())),
+        replaced_broken=reply.get("replaced_broken"),
+    )
+
+
+def remote_workdir(transport: Transport, host: Host) -> str:
+    """The host's workdir as an absolute path (`~` resolved there)."""
+    return call_agent(transport, host, "whereis")["workdir"]
+
+
+def active_release(transport: Transport, host: Host) -> Optional[str]:
+    return call_agent(transport, host, "whereis")["active_release"]
+
+
+def probe_host(
+    transport: Transport, host: Host, *, deep: bool = False, timeout: Optional[float] = None
+) -> dict[str, Any]:
+    """Facts for `hosts check`, gathered by one process of the host's Python. `deep` imports
+    torch there and asks torch.cuda (seconds); otherwise torch is found without importing it
+    and GPUs come from nvidia-smi."""
+    return call_agent(transport, host, "probe", "1" if deep else "0", timeout=timeout)
+
+
+@contextmanager
+def host_lock(
+    transport: Transport,
+    host: Host,
+    *,
+    owner: str = "ddtree-ops",
+    wait_s: float = DEFAULT_LOCK_WAIT_S,
+    max_hold_s: float = DEFAULT_MAX_HOLD_S,
+) -> Iterator[None]:
+    """Hold `<workdir>/lock` on the host for the duration of the block.
+
+    A remote agent process holds an flock() until its stdin closes, so the lock is released
+    even if this process dies. Inside the block, call `ensure_release(..., take_lock=False)`.
+    Raises HostLocked when another holder keeps it longer than `wait_s`."""
+    read_fd, write_fd = os.pipe()
+    release_stream = os.fdopen(read_fd, "rb", buffering=0)
+    locked = threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def on_line(line: str) -> None:
+        if line.strip() == "locked":
+            locked.set()
+
+    def hold() -> None:
+        try:
+            outcome["result"] = transport.run(
+                agent_argv(host, "hold-lock", owner, f"{wait_s:g}"),
+                stdin=_Chain(io.BytesIO(agent_preamble()), release_stream),
+                timeout=max_hold_s,
+                on_stdout_line=on_line,
+            )
+        except BaseException as err:  # noqa: BLE001 - handed to the caller's thread
+            outcome["error"] = err
+        finally:
+            locked.set()
+
+    holder = threading.Thread(target=hold, name=f"lock-{host.name}", daemon=True)
+    holder.start()
+    locked.wait(wait_s + host.connect_timeout + 30)
+    if "result" in outcome or "error" in outcome or not locked.is_set():
+        os.close(write_fd)
+        holder.join(timeout=10)
+        release_stream.close()
+        if "error" in outcome:
+            raise outcome["error"]
+        if "result" in outcome:
+            parse_agent_reply(host, "hold-lock", outcome["result"])
+        raise HostLocked(f"{host.name}: could not take {host.workdir}/lock within {wait_s:g}s")
+    try:
+        yield
+    finally:
+        os.close(write_fd)  # EOF on the agent's stdin: it releases the lock and exits
+        holder.join(timeout=host.connect_timeout + 30)
+        release_stream.close()

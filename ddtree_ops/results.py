@@ -1,0 +1,442 @@
+"""The local run store: `runs/<run-id>/<host>/` with the raw event log, one JSON per stage and
+a `run.json`, written as events arrive so that whatever reached us survives a dying host, a
+dropped connection or Ctrl-C.
+
+Layout (the root is `--runs-dir`, else `$DDTREE_OPS_RUNS_DIR`, else `./runs`):
+
+    runs/<run-id>/run.json                 the run: hosts, stages, options, release, timings
+    runs/<run-id>/<host>/events.jsonl      every smoke record the host streamed, verbatim
+    runs/<run-id>/<host>/stages/<stage>.json   the stage_end record of each finished stage
+    runs/<run-id>/<host>/run.json          inventory entry, release id, versions, timings,
+                                           and the operator-side outcome (e.g. lost, error)
+    runs/<run-id>/<host>/remote/...        files fetched by `ddtree-ops collect`
+
+The record format is the one in `smoke/protocol.py` (this module reads it by field name, so
+the operator side does not need the host-side package on its path).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Iterable
+
+from ddtree_ops.errors import ConfigError, UsageError
+
+RUNS_DIR_ENV = "DDTREE_OPS_RUNS_DIR"
+DEFAULT_RUNS_DIR = "runs"
+_RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_STAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
+class StageStatus(str, Enum):
+    """Mirrors smoke.protocol.Status on the wire."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    SKIP = "skip"
+    NOT_RUN = "not_run"
+
+
+class HostOutcome(str, Enum):
+    PASS = "pass"  # every stage passed or skipped
+    FAIL = "fail"  # the runner finished and at least one stage failed
+    LOST = "lost"  # the host stopped answering mid-run: partial results
+    UNREACHABLE = "unreachable"  # never started (connect, push or runner start failed)
+    INTERRUPTED = "interrupted"  # stopped by the operator
+    PENDING = "pending"  # no outcome recorded yet (run in progress)
+
+
+def runs_root(override: str | os.PathLike[str] | None = None) -> Path:
+    return Path(override or os.environ.get(RUNS_DIR_ENV) or DEFAULT_RUNS_DIR)
+
+
+def new_run_id(now: float | None = None) -> str:
+    """Sortable by time, unique enough for concurrent operators: `20261130-172400-3f9a1c`."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now if now is not None else time.time()))
+    return f"{stamp}-{secrets.token_hex(3)}"
+
+
+def check_run_id(run_id: str) -> str:
+    if not _RUN_ID_RE.match(run_id) or ".." in run_id:
+        raise UsageError(f"run id {run_id!r}: expected letters, digits, '.', '_' or '-'")
+    return run_id
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{path}: unreadable run record: {err}") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def parse_record(line: str) -> dict[str, Any] | None:
+    """One smoke record from one line, or None for anything else (stray output)."""
+    line = line.strip()
+    if not line.startswith("{"):
+        return None
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    if isinstance(record, dict) and "event" in record and "v" in record:
+        return record
+    return None
+
+
+# ----------------------------------------------------------------------------- writing
+
+class HostRecorder:
+    """Writes one host's records as they arrive (thread-confined: one per host thread)."""
+
+    def __init__(self, host_dir: Path, host: str, meta: dict[str, Any]):
+        self.host_dir, self.host = host_dir, host
+        (host_dir / "stages").mkdir(parents=True, exist_ok=True)
+        self._events = open(host_dir / "events.jsonl", "a", encoding="utf-8")
+        self._stray = host_dir / "output.log"
+        self.meta: dict[str, Any] = {"host": host, **meta}
+        self.stage_states: dict[str, str] = {}  # stage -> "running" or its final status
+        self.planned: list[str] = []
+        self.run_end: dict[str, Any] | None = None
+        self._save_meta()
+
+    def feed_line(self, line: str) -> dict[str, Any] | None:
+        """Record one stdout line of the runner; returns the parsed record (None if stray)."""
+        record = parse_record(line)
+        if record is None:
+            if line.strip():
+                with self._stray.open("a", encoding="utf-8") as out:
+                    out.write(line.rstrip("\n") + "\n")
+            return None
+        self._events.write(line.strip() + "\n")  # verbatim: the raw event log
+        self._events.flush()
+        kind = record.get("event")
+        stage = record.get("stage")
+        if kind == "run_start":
+            self.planned = list(record.get("stages") or [])
+            for key in ("python", "torch", "executable", "release_root", "expected_release",
+                        "options", "stages", "keep_going", "stage_timeout_s", "error"):
+                if key in record:
+                    self.meta[key] = record[key]
+            self.meta["remote_started"] = record.get("time")
+            self._save_meta()
+        elif kind == "stage_start" and isinstance(stage, str):
+            self.stage_states[stage] = "running"
+        elif kind == "stage_end" and isinstance(stage, str) and _STAGE_RE.match(stage):
+            self.stage_states[stage] = str(record.get("status"))
+            write_json_atomic(self.host_dir / "stages" / f"{stage}.json", record)
+        elif kind == "run_end":
+            self.run_end = record
+            self.meta.update(remote_status=record.get("status"), counts=record.get("counts"),
+                             remote_duration_s=record.get("duration_s"),
+                             remote_exit_code=record.get("exit_code"))
+            self._save_meta()
+        return record
+
+    def note(self, **fields: Any) -> None:
+        """Operator-side facts: outcome, error, timings, push result."""
+        self.meta.update(fields)
+        self._save_meta()
+
+    def _save_meta(self) -> None:
+        write_json_atomic(self.host_dir / "run.json", self.meta)
+
+    def close(self) -> None:
+        self._events.close()
+
+
+class RunStore:
+    def __init__(self, root: Path):
+        self.root = root
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.root / check_run_id(run_id)
+
+    def create_run(self, run_id: str, meta: dict[str, Any]) -> Path:
+        path = self.run_dir(run_id)
+        path.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path / "run.json", {"run_id": run_id, **meta})
+        return path
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        path = self.run_dir(run_id) / "run.json"
+        data = read_json(path)
+        data.update(fields)
+        write_json_atomic(path, data)
+
+    def host_recorder(self, run_id: str, host: str, meta: dict[str, Any]) -> HostRecorder:
+        return HostRecorder(self.run_dir(run_id) / host, host, meta)
+
+    def list_runs(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir()
+                      if p.is_dir() and (p / "run.json").is_file() and _RUN_ID_RE.match(p.name))
+
+    def latest_run(self) -> str:
+        runs = self.list_runs()
+        if not runs:
+            raise UsageError(f"no runs under {self.root} (run `ddtree-ops smoke` first, or "
+                             f"point --runs-dir / ${RUNS_DIR_ENV} at your runs)")
+        return runs[-1]
+
+    def load(self, run_id: str | None = None) -> "RunRecord":
+        run_id = run_id or self.latest_run()
+        path = self.run_dir(run_id)
+        if not (path / "run.json").is_file():
+            known = ", ".join(self.list_runs()[-5:]) or "none"
+            raise UsageError(f"no run {run_id!r} under {self.root} (latest: {known})")
+        meta = read_json(path / "run.json")
+        hosts = meta.get("hosts") or sorted(p.name for p in path.iterdir() if p.is_dir())
+        return RunRecord(run_id=run_id, path=path, meta=meta,
+                         hosts={h: load_host(path / h, h) for h in hosts})
+
+
+# ----------------------------------------------------------------------------- reading
+
+@dataclass
+class StageRecord:
+    stage: str
+    index: int
+    status: StageStatus
+    reason: str = ""
+    duration_s: float = 0.0
+    metrics: dict[str, Any] = field(default_factory=dict)
+    tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    traceback: str | None = None
+    output_tail: str | None = None
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> "StageRecord":
+        try:
+            status = StageStatus(record.get("status"))
+        except ValueError:
+            status = StageStatus.FAIL
+        return cls(stage=str(record.get("stage")), index=int(record.get("index") or 0),
+                   status=status, reason=str(record.get("reason") or ""),
+                   duration_s=float(record.get("duration_s") or 0.0),
+                   metrics=dict(record.get("metrics") or {}),
+                   tables=dict(record.get("tables") or {}),
+                   traceback=record.get("traceback"), output_tail=record.get("output_tail"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "index": self.index, "status": self.status.value,
+                "reason": self.reason, "duration_s": self.duration_s, "metrics": self.metrics,
+                "tables": self.tables, "traceback": self.traceback,
+                "output_tail": self.output_tail}
+
+
+@dataclass
+class HostRecord:
+    host: str
+    meta: dict[str, Any]
+    stages: dict[str, StageRecord]  # in plan order
+    outcome: HostOutcome
+    error: str | None = None
+
+    def metric(self, stage: str, name: str) -> Any:
+        record = self.stages.get(stage)
+        if record is None:
+            return None
+        if name == "status":
+            return record.status.value
+        return record.metrics.get(name)
+
+
+@dataclass
+class RunRecord:
+    run_id: str
+    path: Path
+    meta: dict[str, Any]
+    hosts: dict[str, HostRecord]
+
+    def stage_names(self) -> list[str]:
+        names: list[str] = list(self.meta.get("stages") or [])
+        for host in self.hosts.values():
+            names += [s for s in host.stages if s not in names]
+        return names
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    with path.open(encoding="utf-8", errors="replace") as handle:
+        return [r for r in (parse_record(line) for line in handle) if r is not None]
+
+
+def load_host(host_dir: Path, host: str) -> HostRecord:
+    """A host's results from its folder; the event log is the truth, `collect` may have
+    replaced it with the host's own (more complete) copy."""
+    meta = read_json(host_dir / "run.json")
+    events = read_events(host_dir / "events.jsonl")
+    planned: list[str] = []
+    started: set[str] = set()
+    ended: dict[str, StageRecord] = {}
+    run_end = None
+    for record in events:
+        kind = record.get("event")
+        if kind == "run_start":
+            planned = [str(s) for s in record.get("stages") or []]
+        elif kind == "stage_start":
+            started.add(str(record.get("stage")))
+        elif kind == "stage_end":
+            stage_record = StageRecord.from_record(record)
+            ended[stage_record.stage] = stage_record
+        elif kind == "run_end":
+            run_end = record
+    for stage_file in sorted((host_dir / "stages").glob("*.json")):  # e.g. events lost
+        stage_record = StageRecord.from_record(read_json(stage_file))
+        ended.setdefault(stage_record.stage, stage_record)
+    outcome_note = meta.get("outcome")
+    error = meta.get("error")
+    stages: dict[str, StageRecord] = {}
+    order = planned + [s for s in sorted(ended, key=lambda s: ended[s].index) if s not in planned]
+    for index, stage in enumerate(order):
+        if stage in ended:
+            stages[stage] = ended[stage]
+        elif run_end is None and stage in started:
+            why = error or "the host stopped answering"
+            stages[stage] = StageRecord(stage, index, StageStatus.FAIL,
+                                        f"no result: {why} during this stage")
+        elif run_end is None:
+            stages[stage] = StageRecord(stage, index, StageStatus.NOT_RUN,
+                                        "not run: the run ended early")
+    if run_end is not None:
+        remote = run_end.get("status")
+        outcome = {"pass": HostOutcome.PASS, "interrupted": HostOutcome.INTERRUPTED}.get(
+            remote, HostOutcome.FAIL)
+    elif outcome_note in {o.value for o in HostOutcome}:
+        outcome = HostOutcome(outcome_note)
+    elif events:
+        outcome = HostOutcome.LOST
+    else:
+        outcome = HostOutcome.PENDING
+    return HostRecord(host=host, meta=meta, stages=stages, outcome=outcome, error=error)
+
+
+def hosts_exit_code(outcomes: Iterable[HostOutcome]) -> int:
+    """DESIGN.md: 0 all passed, 4 none reachable, 5 a stage failed (no host passed),
+    6 partial (some hosts passed, others failed or were lost), 130 interrupted."""
+    from ddtree_ops.errors import ExitCode
+
+    outcomes = list(outcomes)
+    if not outcomes:
+        return ExitCode.OK
+    if HostOutcome.INTERRUPTED in outcomes:
+        return ExitCode.INTERRUPTED
+    passed = sum(o is HostOutcome.PASS for o in outcomes)
+    if passed == len(outcomes):
+        return ExitCode.OK
+    if passed:
+        return ExitCode.PARTIAL
+    if all(o is HostOutcome.UNREACHABLE for o in outcomes):
+        return ExitCode.CONNECT
+    return ExitCode.REMOTE
+
+
+# ----------------------------------------------------------------------------- collect
+
+@dataclass
+class CollectSummary:
+    host: str
+    fetched: list[str] = field(default_factory=list)
+    unchanged: int = 0
+    merged_events: bool = False  # the host's own event log replaced ours (it had more)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fetched": self.fetched, "unchanged": self.unchanged,
+                "merged_events": self.merged_events}
+
+
+def _sha256_file(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 16), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _safe_relpath(text: Any) -> str | None:
+    if not isinstance(text, str) or not text or text.startswith("/") or "\\" in text:
+        return None
+    parts = text.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return None
+    return text
+
+
+def collect_host_files(transport: Any, host: str, list_argv: list[str], remote_run_dir: str,
+                       host_dir: Path, timeout: float) -> CollectSummary:
+    """Fetch the files a host kept for a run into `<host_dir>/remote/`, skipping those we
+    already hold (by sha256), then adopt the host's event log and stage records when they
+    are more complete than what streamed back. Idempotent; an interrupted collect resumes
+    where it stopped (each file lands under a temporary name and is renamed)."""
+    from ddtree_ops.errors import RemoteStepError
+
+    result = transport.run(list_argv, timeout=timeout)
+    if not result.ok:
+        raise RemoteStepError(f"{host}: cannot list the run's files (exit {result.exit_status}): "
+                              f"{result.tail()}")
+    summary = CollectSummary(host)
+    remote_root = host_dir / "remote"
+    for line in result.stdout.splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        relpath = _safe_relpath(entry.get("path")) if isinstance(entry, dict) else None
+        if relpath is None:
+            continue
+        local = remote_root / relpath
+        if local.is_file() and _sha256_file(local) == entry.get("sha256"):
+            summary.unchanged += 1
+            continue
+        local.parent.mkdir(parents=True, exist_ok=True)
+        transport.get_file(f"{remote_run_dir.rstrip('/')}/{relpath}", str(local), timeout=timeout)
+        summary.fetched.append(relpath)
+    summary.merged_events = adopt_remote_records(host_dir)
+    return summary
+
+
+def adopt_remote_records(host_dir: Path) -> bool:
+    """Use the host's own event log when it holds more records than the streamed one."""
+    import shutil
+
+    remote_events = host_dir / "remote" / "events.jsonl"
+    if not remote_events.is_file():
+        return False
+    theirs, ours = read_events(remote_events), read_events(host_dir / "events.jsonl")
+    if len(theirs) <= len(ours):
+        return False
+    tmp = host_dir / ".events.jsonl.tmp"
+    shutil.copyfile(remote_events, tmp)
+    os.replace(tmp, host_dir / "events.jsonl")
+    (host_dir / "stages").mkdir(exist_ok=True)
+    for stage_file in sorted((host_dir / "remote" / "stages").glob("*.json")):
+        if _STAGE_RE.match(stage_file.stem):
+            write_json_atomic(host_dir / "stages" / stage_file.name, read_json(stage_file))
+    meta = read_json(host_dir / "run.json")
+    meta["collected"] = time.time()
+    if any(r.get("event") == "run_end" for r in theirs):
+        meta.pop("outcome", None)  # the host finished: its run_end decides the outcome
+    write_json_atomic(host_dir / "run.json", meta)
+    return True

@@ -1,0 +1,133 @@
+"""The local transport: the `local` host runs commands here as subprocesses (no shell)."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import BinaryIO
+
+from ddtree_ops.errors import CommandTimeout, HostUnreachable, RemoteStepError
+from ddtree_ops.transport.base import CommandResult, LineHandler, StdinSource, Transport, expand_home
+
+_CHUNK = 1 << 16
+
+
+class LocalTransport(Transport):
+    def __init__(self, host_name: str, *, command_timeout: float = 600.0):
+        self.host_name = host_name
+        self.command_timeout = command_timeout
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        stdin: StdinSource = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        on_stdout_line: LineHandler | None = None,
+        on_stderr_line: LineHandler | None = None,
+    ) -> CommandResult:
+        argv = tuple(argv)
+        limit = timeout if timeout is not None else self.command_timeout
+        full_env = dict(os.environ)
+        if env:
+            full_env.update(env)
+        started = time.monotonic()
+        try:
+            proc = subprocess.Popen(
+                [expand_home(arg, os.path.expanduser("~")) for arg in argv],
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=full_env,
+                cwd=expand_home(cwd, os.path.expanduser("~")) if cwd else None,
+                start_new_session=True,  # so a timeout can kill the whole process group
+            )
+        except FileNotFoundError:
+            # Same status a shell gives, so callers treat local and SSH alike.
+            return CommandResult(self.host_name, argv, 127, "", f"{argv[0]}: command not found", 0.0)
+        except PermissionError:
+            return CommandResult(self.host_name, argv, 126, "", f"{argv[0]}: permission denied", 0.0)
+        except OSError as err:
+            raise HostUnreachable(self.host_name, f"cannot start {argv[0]!r}: {err}") from None
+
+        out_chunks: list[bytes] = []
+        err_chunks: list[bytes] = []
+        threads = [
+            threading.Thread(target=_pump_lines, args=(proc.stdout, out_chunks, on_stdout_line), daemon=True),
+            threading.Thread(target=_pump_lines, args=(proc.stderr, err_chunks, on_stderr_line), daemon=True),
+        ]
+        for thread in threads:
+            thread.start()
+        if stdin is not None:
+            # Not joined: a stdin source may block until the command's output decides (push).
+            threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
+        try:
+            status = proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise CommandTimeout(self.host_name, f"{argv[0]} ran longer than {limit:g}s; killed") from None
+        for thread in threads:
+            thread.join(timeout=5)
+        return CommandResult(
+            host=self.host_name,
+            argv=argv,
+            exit_status=status,
+            stdout=b"".join(out_chunks).decode("utf-8", "replace"),
+            stderr=b"".join(err_chunks).decode("utf-8", "replace"),
+            duration_s=time.monotonic() - started,
+        )
+
+    def put_stream(self, source: BinaryIO, argv: Sequence[str], *, timeout: float | None = None) -> CommandResult:
+        return self.run(argv, stdin=source, timeout=timeout)
+
+    def get_file(self, remote_path: str, local_path: str, *, timeout: float | None = None) -> None:
+        source = expand_home(remote_path, os.path.expanduser("~"))
+        tmp = f"{local_path}.part-{os.getpid()}"
+        try:
+            shutil.copyfile(source, tmp)
+            os.replace(tmp, local_path)
+        except OSError as err:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise RemoteStepError(f"{self.host_name}: cannot copy {remote_path}: {err.strerror}") from None
+
+    def close(self) -> None:
+        return None
+
+
+def _pump_lines(stream: BinaryIO, sink: list[bytes], handler: LineHandler | None) -> None:
+    for line in iter(stream.readline, b""):
+        sink.append(line)
+        if handler is not None:
+            handler(line.decode("utf-8", "replace").rstrip("\n"))
+    stream.close()
+
+
+def _feed(pipe: BinaryIO, source: bytes | BinaryIO) -> None:
+    try:
+        if isinstance(source, (bytes, bytearray)):
+            pipe.write(source)
+        else:
+            for chunk in iter(lambda: source.read(_CHUNK), b""):
+                pipe.write(chunk)
+    except (BrokenPipeError, ValueError):
+        pass  # the command stopped reading; its exit status tells the story
+    finally:
+        try:
+            pipe.close()
+        except OSError:
+            pass
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()

@@ -1,0 +1,424 @@
+"""The SSH transport (Paramiko), built around the traps measured in ssh-facts.md.
+
+- Host keys: the inventory's `known_hosts` (default ~/.ssh/known_hosts) with a reject policy.
+  `accept_new_host_keys=True` trusts an *unknown* key once and appends it to that file; a
+  *changed* key is always refused.
+- Every phase is bounded: TCP connect, banner + key exchange, auth and channel open by
+  `connect_timeout`; each command and transfer by its own deadline.
+- The socket is connected by us with TCP_NODELAY (Paramiko never sets it).
+- A channel that ends without an exit status (Paramiko's `-1`) is a lost connection.
+- ssh_config (`Host` aliases, HostName, User, Port, IdentityFile, ProxyJump) is honoured;
+  values set in the inventory win over ssh_config. `Match exec` is not supported.
+- Paramiko's exception zoo is classified once here into `ddtree_ops.errors` transport errors.
+"""
+from __future__ import annotations
+
+import base64
+import getpass
+import hashlib
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import BinaryIO, Optional
+
+from ddtree_ops.errors import (
+    AuthenticationFailed,
+    CommandTimeout,
+    ConnectionLost,
+    ConnectionRefused,
+    ConnectTimeout,
+    HostKeyRejected,
+    HostUnreachable,
+    RemoteStepError,
+    TransportError,
+)
+from ddtree_ops.inventory import Host
+from ddtree_ops.transport.base import CommandResult, LineHandler, StdinSource, Transport, shell_quote_argv
+
+
+def _import_paramiko_without_invoke():
+    """paramiko.config imports `invoke` (~190 ms, more than half of paramiko's import time)
+    only to evaluate `Match exec` in ssh_config, which we do not support. Hide it during the
+    import; anything imported later (Fabric) still gets the real invoke."""
+    import sys
+
+    if "invoke" in sys.modules:
+        import paramiko as module
+
+        return module
+    sys.modules["invoke"] = None  # type: ignore[assignment]  # makes `import invoke` fail fast
+    try:
+        import paramiko as module
+    finally:
+        del sys.modules["invoke"]
+    return module
+
+
+paramiko = _import_paramiko_without_invoke()
+
+_CHUNK = 1 << 16
+_POLL_S = 0.2
+_KNOWN_HOSTS_WRITE = threading.Lock()  # TOFU appends from several fan-out threads
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    """Where and as whom to connect, after ssh_config and the inventory are merged."""
+
+    alias: str
+    hostname: str
+    port: int
+    user: str
+    identity_files: tuple[str, ...]
+    proxy_jump: Optional[str]
+
+
+def _default_path(configured: Optional[str], fallback: str) -> Optional[str]:
+    if configured:
+        return configured
+    path = os.path.expanduser(fallback)
+    return path if os.path.exists(path) else None
+
+
+def resolve_target(host: Host, alias: Optional[str] = None, *, user: Optional[str] = None,
+                   port: Optional[int] = None) -> SshTarget:
+    """Merge ssh_config's entry for the alias under the inventory's explicit values."""
+    alias = alias or host.hostname
+    config_path = _default_path(host.ssh_config, "~/.ssh/config")
+    entry: dict = {}
+    if config_path and os.path.isfile(config_path):
+        try:
+            entry = paramiko.SSHConfig.from_path(config_path).lookup(alias)
+        except (OSError, paramiko.SSHException, ValueError) as err:
+            raise HostUnreachable(host.name, f"cannot read ssh_config {config_path}: {err}") from None
+    is_main = alias == host.hostname
+    identity = ([host.identity_file] if (is_main and host.identity_file) else []) or [
+        os.path.expanduser(p) for p in entry.get("identityfile", [])
+    ]
+    return SshTarget(
+        alias=alias,
+        hostname=entry.get("hostname", alias),
+        port=port or (host.port if is_main and host.port else int(entry.get("port", 22))),
+        user=user or (host.user if is_main and host.user else entry.get("user") or getpass.getuser()),
+        identity_files=tuple(identity),
+        proxy_jump=entry.get("proxyjump") if entry.get("proxyjump", "none").lower() != "none" else None,
+    )
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+class _UnknownHostKey(Exception):
+    def __init__(self, name: str, key: paramiko.PKey):
+        super().__init__(name)
+        self.name = name
+        self.key = key
+
+
+class _RejectUnknown(paramiko.MissingHostKeyPolicy):
+    def missing_host_key(self, client, hostname, key):  # noqa: D401 - paramiko hook
+        raise _UnknownHostKey(hostname, key)
+
+
+class _TrustOnFirstUse(paramiko.MissingHostKeyPolicy):
+    """Accept an unknown key once and record it; changed keys never reach this hook."""
+
+    def __init__(self, known_hosts: str):
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client, hostname, key):
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        with _KNOWN_HOSTS_WRITE:
+            os.makedirs(os.path.dirname(self.known_hosts) or ".", exist_ok=True)
+            with open(self.known_hosts, "a", encoding="ascii") as handle:
+                handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+def _tcp_connect(host_name: str, hostname: str, port: int, timeout: float) -> socket.socket:
+    try:
+        sock = socket.create_connection((hostname, port), timeout=timeout)
+    except ConnectionRefusedError:
+        raise ConnectionRefused(host_name, f"nothing listens on {hostname}:{port}") from None
+    except socket.gaierror as err:
+        raise HostUnreachable(host_name, f"cannot resolve {hostname!r}: {err.strerror}") from None
+    except (socket.timeout, TimeoutError):
+        raise ConnectTimeout(host_name, f"TCP connect to {hostname}:{port} took over {timeout:g}s") from None
+    except OSError as err:
+        raise HostUnreachable(host_name, f"{hostname}:{port}: {err.strerror or err}") from None
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _classify_handshake(host_name: str, where: str, err: BaseException, timeout: float,
+                        known_hosts: Optional[str]) -> TransportError:
+    """Paramiko's zoo -> one of our transport errors (the socket was already connected)."""
+    if isinstance(err, TransportError):
+        return err
+    if isinstance(err, _UnknownHostKey):
+        return HostKeyRejected(
+            host_name,
+            f"{err.name} is not in {known_hosts or 'any known_hosts file'} "
+            f"({err.key.get_name()} {fingerprint(err.key)}); verify it, then add it or pass "
+            f"--accept-new-host-keys to trust it on first use",
+        )
+    if isinstance(err, paramiko.BadHostKeyException):
+        return HostKeyRejected(
+            host_name,
+            f"the host key of {where} CHANGED (got {fingerprint(err.key)}, "
+            f"{known_hosts} has {fingerprint(err.expected_key)}); refusing to connect",
+        )
+    if isinstance(err, paramiko.AuthenticationException):
+        return AuthenticationFailed(host_name, f"{where}: {err}")
+    text = str(err)
+    if isinstance(err, (socket.timeout, TimeoutError)) or any(
+        marker in text for marker in ("banner", "No existing session", "timed out", "Negotiation")
+    ):
+        return ConnectTimeout(host_name, f"{where}: no SSH handshake within {timeout:g}s ({text or type(err).__name__})")
+    return ConnectionLost(host_name, f"{where}: connection closed during handshake ({type(err).__name__}: {text})")
+
+
+class SshTransport(Transport):
+    """One authenticated SSH connection to one host, reused for every command of a run."""
+
+    def __init__(self, host: Host, *, accept_new_host_keys: bool = False):
+        self.host_name = host.name
+        self.host = host
+        self.connect_timeout = host.connect_timeout
+        self.command_timeout = host.command_timeout
+        self.known_hosts = _default_path(host.known_hosts, "~/.ssh/known_hosts") or os.path.expanduser(
+            "~/.ssh/known_hosts"
+        )
+        self.accept_new_host_keys = accept_new_host_keys
+        self._clients: list[paramiko.SSHClient] = []  # jump hosts first, the target last
+        self.target = resolve_target(host)
+        try:
+            self._client = self._connect_chain(self.target)
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------ connect
+
+    def _new_client(self) -> paramiko.SSHClient:
+        client = paramiko.SSHClient()
+        if os.path.isfile(self.known_hosts):
+            try:
+                client.load_host_keys(self.known_hosts)
+            except (OSError, paramiko.SSHException, ValueError) as err:
+                raise HostKeyRejected(self.host_name, f"cannot read known_hosts {self.known_hosts}: {err}") from None
+        client.set_missing_host_key_policy(
+            _TrustOnFirstUse(self.known_hosts) if self.accept_new_host_keys else _RejectUnknown()
+        )
+        return client
+
+    def _jump_targets(self, target: SshTarget) -> list[SshTarget]:
+        if not target.proxy_jump:
+            return []
+        hops = []
+        for spec in target.proxy_jump.split(","):
+            user, _, rest = spec.rpartition("@")
+            alias, _, port = rest.partition(":")
+            hops.append(resolve_target(self.host, alias, user=user or None, port=int(port) if port else None))
+        return hops
+
+    def _connect_chain(self, target: SshTarget) -> paramiko.SSHClient:
+        sock = None
+        for hop in self._jump_targets(target) + [target]:
+            where = f"{hop.hostname}:{hop.port}"
+            if sock is None:
+                sock = _tcp_connect(self.host_name, hop.hostname, hop.port, self.connect_timeout)
+            client = self._new_client()
+            self._clients.append(client)
+            try:
+                for path in hop.identity_files:
+                    if not os.path.isfile(path):
+                        raise AuthenticationFailed(self.host_name, f"identity_file {path} does not exist")
+                client.connect(
+                    hop.hostname,
+                    port=hop.port,
+                    username=hop.user,
+                    key_filename=list(hop.identity_files) or None,
+                    look_for_keys=not hop.identity_files,
+                    allow_agent=bool(os.environ.get("SSH_AUTH_SOCK")),
+                    sock=sock,
+                    timeout=self.connect_timeout,
+                    banner_timeout=self.connect_timeout,
+                    auth_timeout=self.connect_timeout,
+                    channel_timeout=self.connect_timeout,
+                )
+            except Exception as err:  # noqa: BLE001 - classified right here, once
+                raise _classify_handshake(self.host_name, where, err, self.connect_timeout, self.known_hosts) from None
+            transport = client.get_transport()
+            transport.set_keepalive(15)
+            if hop is not target:
+                next_hop = (self._jump_targets(target) + [target])[len(self._clients)]
+                try:
+                    sock = transport.open_channel(
+                        "direct-tcpip", (next_hop.hostname, next_hop.port), ("127.0.0.1", 0),
+                        timeout=self.connect_timeout,
+                    )
+                except Exception as err:  # noqa: BLE001
+                    raise HostUnreachable(
+                        self.host_name, f"jump host {where} cannot reach {next_hop.hostname}:{next_hop.port}: {err}"
+                    ) from None
+        return self._clients[-1]
+
+    # ------------------------------------------------------------ commands
+
+    def _open_channel(self, argv: Sequence[str], env, cwd) -> tuple[paramiko.Channel, str]:
+        command = shell_quote_argv(argv)
+        if env:
+            # Inlined, so visible in `ps` on the host: never pass secrets this way.
+            command = "exec " + shell_quote_argv(["env", *(f"{k}={v}" for k, v in env.items()), *argv])
+        if cwd:
+            command = f"{shell_quote_argv(['cd', '--', cwd])} && {command}"
+        transport = self._client.get_transport()
+        if transport is None or not transport.is_active():
+            raise ConnectionLost(self.host_name, "the SSH connection is closed")
+        try:
+            channel = transport.open_session(timeout=self.connect_timeout)
+            channel.exec_command(command)
+        except Exception as err:  # noqa: BLE001
+            raise _classify_handshake(self.host_name, "opening a session", err, self.connect_timeout,
+                                      self.known_hosts) from None
+        return channel, command
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        stdin: StdinSource = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        on_stdout_line: LineHandler | None = None,
+        on_stderr_line: LineHandler | None = None,
+    ) -> CommandResult:
+        argv = tuple(argv)
+        limit = timeout if timeout is not None else self.command_timeout
+        started = time.monotonic()
+        channel, _ = self._open_channel(argv, env, cwd)
+        out = _LineCollector(on_stdout_line)
+        err = _LineCollector(on_stderr_line)
+        status = self._pump(channel, stdin, limit, argv, started, out.feed, err.feed)
+        return CommandResult(
+            host=self.host_name,
+            argv=argv,
+            exit_status=status,
+            stdout=out.finish(),
+            stderr=err.finish(),
+            duration_s=time.monotonic() - started,
+        )
+
+    def _pump(self, channel: paramiko.Channel, stdin: StdinSource, limit: float, argv, started: float,
+              on_out, on_err) -> int:
+        """Feed stdin, drain stdout/stderr, and wait for the exit status, all before the deadline."""
+        deadline = started + limit
+        channel.settimeout(limit)
+        writer = None
+        if stdin is not None:
+            writer = threading.Thread(target=_send_stdin, args=(channel, stdin), daemon=True)
+            writer.start()
+        else:
+            channel.shutdown_write()
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise CommandTimeout(self.host_name, f"{argv[0]} ran longer than {limit:g}s; channel closed")
+                select.select([channel], [], [], min(remaining, _POLL_S))
+                drained = False
+                while channel.recv_ready():
+                    on_out(channel.recv(_CHUNK))
+                    drained = True
+                while channel.recv_stderr_ready():
+                    on_err(channel.recv_stderr(_CHUNK))
+                    drained = True
+                if drained:
+                    continue
+                if channel.closed or (channel.exit_status_ready() and channel.eof_received):
+                    break
+                transport = channel.get_transport()
+                if transport is None or not transport.is_active():
+                    break
+        except CommandTimeout:
+            channel.close()
+            raise
+        except (OSError, EOFError, paramiko.SSHException) as err:
+            channel.close()
+            raise ConnectionLost(self.host_name, f"while running {argv[0]}: {type(err).__name__}: {err}") from None
+        status = channel.exit_status if channel.exit_status_ready() else -1
+        channel.close()
+        if status == -1:
+            raise ConnectionLost(self.host_name, f"{argv[0]} ended without an exit status (connection dropped)")
+        return status
+
+    def put_stream(self, source: BinaryIO, argv: Sequence[str], *, timeout: float | None = None) -> CommandResult:
+        return self.run(argv, stdin=source, timeout=timeout)
+
+    def get_file(self, remote_path: str, local_path: str, *, timeout: float | None = None) -> None:
+        limit = timeout if timeout is not None else self.command_timeout
+        started = time.monotonic()
+        argv = ("cat", "--", remote_path)
+        channel, _ = self._open_channel(argv, None, None)
+        tmp = f"{local_path}.part-{os.getpid()}-{threading.get_ident()}"
+        errors = _LineCollector(None)
+        try:
+            with open(tmp, "wb") as handle:
+                status = self._pump(channel, None, limit, argv, started, handle.write, errors.feed)
+            if status != 0:
+                raise RemoteStepError(f"{self.host_name}: cannot read {remote_path}: {errors.finish().strip()}")
+            os.replace(tmp, local_path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def close(self) -> None:
+        for client in reversed(self._clients):
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001 - close after a failure may itself raise
+                pass
+        self._clients = []
+
+
+class _LineCollector:
+    """Collects a byte stream and hands complete lines to an optional handler as they come."""
+
+    def __init__(self, handler: LineHandler | None):
+        self.handler = handler
+        self.chunks: list[bytes] = []
+        self.partial = b""
+
+    def feed(self, data: bytes) -> None:
+        self.chunks.append(data)
+        if self.handler is None:
+            return
+        self.partial += data
+        *lines, self.partial = self.partial.split(b"\n")
+        for line in lines:
+            self.handler(line.decode("utf-8", "replace"))
+
+    def finish(self) -> str:
+        if self.handler is not None and self.partial:
+            self.handler(self.partial.decode("utf-8", "replace"))
+            self.partial = b""
+        return b"".join(self.chunks).decode("utf-8", "replace")
+
+
+def _send_stdin(channel: paramiko.Channel, source: bytes | BinaryIO) -> None:
+    try:
+        if isinstance(source, (bytes, bytearray)):
+            channel.sendall(source)
+        else:
+            for chunk in iter(lambda: source.read(_CHUNK), b""):
+                channel.sendall(chunk)
+        channel.shutdown_write()
+    except (OSError, EOFError, paramiko.SSHException):
+        pass  # the command stopped reading or the connection died; the reader decides which

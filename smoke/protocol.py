@@ -1,0 +1,236 @@
+"""The stage protocol and the wire format of smoke records (host side; stdlib only).
+
+A stage is one module `smoke/stages/<name with '-' -> '_'>.py` that defines
+
+    NAME: str                  # the stage name, e.g. "tree-bench"
+    DESCRIPTION: str           # one line, shown by the CLI
+    def run(ctx: StageContext) -> StageResult
+
+and whose name is listed in `STAGE_ORDER` (the one place the default order lives). The runner
+measures the duration; an exception raised by `run` is the stage's failure, traceback kept.
+
+Every event the runner emits is one JSON object per line, on stdout and in
+`<workdir>/runs/<run-id>/events.jsonl` on the host. All records carry
+`v` (PROTOCOL_VERSION), `event` (an `EventKind` value), `run_id`, `host` and `time`
+(Unix seconds); the per-kind fields are listed at `EventKind`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Callable
+
+PROTOCOL_VERSION = 1
+
+# The default stage order; a stage whose module is missing from a release is left out of the
+# default selection (later issues add their stages by adding the file and the name here).
+STAGE_ORDER: tuple[str, ...] = (
+    "env",
+    "import",
+    "golden",
+    "invariants",
+    "tree-bench",
+    "lossless",
+    "decode-bench",
+    "plugin",
+    "sglang-e2e",
+)
+
+
+class Status(str, Enum):
+    """A stage's outcome. Stages return PASS, FAIL or SKIP; only the runner assigns NOT_RUN."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    SKIP = "skip"
+    NOT_RUN = "not_run"
+
+
+class EventKind(str, Enum):
+    """Event kinds and their fields (besides v, event, run_id, host, time):
+
+    RUN_START   stages [names], options {..}, release_root, expected_release, python,
+                pid, keep_going, stage_timeout_s
+    STAGE_START stage, index
+    LOG         stage, message
+    METRIC      stage, name, value
+    HEARTBEAT   stage (or null), elapsed_s (in the current stage)
+    STAGE_END   stage, index, status, reason, duration_s, metrics {..}, tables {name: [rows]},
+                traceback (str|null), output_tail (str|null: the stage's last output when it
+                crashed or hung)
+    RUN_END     status ("pass" | "fail" | "interrupted" | "error"), counts {status: n},
+                duration_s, exit_code
+    """
+
+    RUN_START = "run_start"
+    STAGE_START = "stage_start"
+    LOG = "log"
+    METRIC = "metric"
+    HEARTBEAT = "heartbeat"
+    STAGE_END = "stage_end"
+    RUN_END = "run_end"
+
+
+class RunStatus(str, Enum):
+    PASS = "pass"  # every stage passed or skipped
+    FAIL = "fail"  # at least one stage failed
+    INTERRUPTED = "interrupted"  # stopped by the operator (Ctrl-C / `runner.py stop`)
+    ERROR = "error"  # the runner could not start the plan (e.g. an unknown stage name)
+
+
+# Runner exit codes (mirror ddtree_ops.errors.ExitCode for the ones that apply on a host).
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_STAGE_FAILED = 5
+EXIT_INTERRUPTED = 130
+
+
+def stage_module_name(stage: str) -> str:
+    """`tree-bench` -> `tree_bench` (the module under smoke/stages/)."""
+    return stage.replace("-", "_")
+
+
+@dataclass
+class SmokeOptions:
+    """What the operator chose for this run; stages read what concerns them."""
+
+    budgets: list[int] = field(default_factory=lambda: [16, 32, 64, 128, 256, 512, 1024])
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 16])
+    seed: int = 0
+    repeat: int = 3  # timed calls per benchmark point (median reported)
+    extra: dict[str, Any] = field(default_factory=dict)  # stage-specific knobs, JSON values
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "budgets": list(self.budgets),
+            "batch_sizes": list(self.batch_sizes),
+            "seed": self.seed,
+            "repeat": self.repeat,
+            "extra": dict(self.extra),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "SmokeOptions":
+        known = {"budgets", "batch_sizes", "seed", "repeat", "extra"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"smoke options: unknown keys {unknown}")
+        opts = cls()
+        if "budgets" in data:
+            opts.budgets = [_non_negative_int("budgets", b) for b in data["budgets"]]
+        if "batch_sizes" in data:
+            opts.batch_sizes = [_positive_int("batch_sizes", b) for b in data["batch_sizes"]]
+        if "seed" in data:
+            opts.seed = int(data["seed"])
+        if "repeat" in data:
+            opts.repeat = _positive_int("repeat", data["repeat"])
+        if "extra" in data:
+            opts.extra = dict(data["extra"])
+        return opts
+
+
+def _non_negative_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"smoke options: {name}: expected an integer >= 0, got {value!r}")
+    return value
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"smoke options: {name}: expected an integer >= 1, got {value!r}")
+    return value
+
+
+@dataclass
+class StageResult:
+    status: Status
+    reason: str = ""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    @classmethod
+    def passed(cls, reason: str = "", **kw: Any) -> "StageResult":
+        return cls(Status.PASS, reason, **kw)
+
+    @classmethod
+    def failed(cls, reason: str, **kw: Any) -> "StageResult":
+        return cls(Status.FAIL, reason, **kw)
+
+    @classmethod
+    def skipped(cls, reason: str, **kw: Any) -> "StageResult":
+        return cls(Status.SKIP, reason, **kw)
+
+
+@dataclass
+class StageContext:
+    stage: str
+    device: str  # "cuda" if torch sees a GPU, else "cpu" ("none" when torch is missing)
+    options: SmokeOptions
+    host: dict[str, Any]  # the host's inventory entry as plain data (may hold `models`)
+    run_dir: Path  # <workdir>/runs/<run-id> on the host
+    release_root: Path  # <workdir>/current: the release under test
+    expected_release: str | None  # release id the operator pushed (None: not checked)
+    log: Callable[[str], None]
+    emit_metric: Callable[[str, Any], None]
+
+    @property
+    def artifacts_dir(self) -> Path:
+        """A per-stage folder for files worth keeping (fetched by `ddtree-ops collect`)."""
+        path = self.run_dir / "artifacts" / self.stage
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+
+def jsonable(value: Any, where: str) -> Any:
+    """Return `value` as plain JSON data (numbers, str, bool, None, lists, dicts).
+
+    Tensors/numpy scalars with `.item()`/`.tolist()` are converted; non-finite floats become
+    strings ("nan", "inf") so every line stays strict JSON. Anything else is a TypeError naming
+    `where` (e.g. `metric tree-bench.build_ms`).
+    """
+    if value is None or isinstance(value, (bool, str, int)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, dict):
+        return {str(k): jsonable(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, Enum):
+        return jsonable(value.value, where)
+    if hasattr(value, "tolist"):
+        return jsonable(value.tolist(), where)
+    if hasattr(value, "item"):
+        return jsonable(value.item(), where)
+    raise TypeError(f"{where}: not JSON-serialisable: {type(value).__name__} {value!r:.80}")
+
+
+def make_event(kind: EventKind, run_id: str, host: str, **fields: Any) -> dict[str, Any]:
+    record = {"v": PROTOCOL_VERSION, "event": kind.value, "run_id": run_id, "host": host,
+              "time": round(time.time(), 6)}
+    record.update(fields)
+    return record
+
+
+def encode_event(record: dict[str, Any]) -> str:
+    """One line of strict JSON (no NaN), without the newline."""
+    return json.dumps(jsonable(record, f"event {record.get('event')}"), allow_nan=False,
+                      separators=(",", ":"))
+
+
+def decode_event(line: str) -> dict[str, Any] | None:
+    """Parse one line; None for lines that are not a smoke record (e.g. stray output)."""
+    line = line.strip()
+    if not line.startswith("{"):
+        return None
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(record, dict) or "event" not in record or "v" not in record:
+        return None
+    return record

@@ -1,0 +1,519 @@
+"""The host-side smoke runner: `python <workdir>/current/smoke/runner.py run ...`.
+
+One Python start per host per run. The parent process (this script) imports torch and the
+release's `ddtree` once, then forks a worker that runs the selected stages in order and sends
+each event back over a pipe. The parent never runs stage code, so a stage that hangs (per-stage
+timeout) or kills the interpreter (abort, segfault) is reported as failed with its last output;
+the parent then reports the rest as not run, or (`--keep-going`) forks a fresh worker for them.
+Events go to stdout (one JSON line each) and to `<workdir>/runs/<run-id>/` on the host, so a
+run whose SSH channel dropped keeps going and its results can be fetched later (`collect`).
+
+Subcommands: `run` (the above), `stop` (SIGTERM the runner of a run: Ctrl-C on the operator
+side), `files` (list a run's files with sizes and sha256, for `collect`).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import json
+import multiprocessing
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    # Run as a script: import `smoke` and `ddtree` from the release this file belongs to,
+    # ahead of anything else on the host's sys.path (the script's own folder is dropped so
+    # `smoke/*.py` never shadows a top-level module).
+    _script_dir = os.path.dirname(os.path.abspath(__file__))
+    _release_root = os.path.dirname(_script_dir)
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _script_dir]
+    sys.path[:0] = [_release_root, os.path.join(_release_root, "src")]
+
+from smoke.protocol import (  # noqa: E402
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_STAGE_FAILED,
+    EXIT_USAGE,
+    STAGE_ORDER,
+    EventKind,
+    RunStatus,
+    SmokeOptions,
+    StageContext,
+    StageResult,
+    Status,
+    encode_event,
+    jsonable,
+    make_event,
+    stage_module_name,
+)
+
+DEFAULT_STAGE_TIMEOUT_S = 600.0
+HEARTBEAT_S = 5.0
+OUTPUT_TAIL_CHARS = 4000
+PID_FILE = "runner.pid"
+
+
+class Interrupted(Exception):
+    """SIGTERM/SIGINT reached the runner: stop the worker, keep what is recorded."""
+
+
+# ----------------------------------------------------------------------------- stage catalogue
+
+def stages_dir() -> Path:
+    return Path(__file__).resolve().parent / "stages"
+
+
+def available_stages() -> list[str]:
+    """Stages in STAGE_ORDER whose module exists in this release."""
+    folder = stages_dir()
+    return [s for s in STAGE_ORDER if (folder / f"{stage_module_name(s)}.py").is_file()]
+
+
+def resolve_stages(requested: list[str] | None) -> list[str]:
+    """The run plan: the requested names in the given order (any stage whose module is in
+    this release), or by default every available stage of STAGE_ORDER."""
+    if not requested:
+        return available_stages()
+    folder = stages_dir()
+    unknown = [s for s in requested
+               if not s or s.startswith("_") or not (folder / f"{stage_module_name(s)}.py").is_file()]
+    if unknown:
+        raise ValueError(f"unknown stage(s) {', '.join(map(repr, unknown))}; this release has: "
+                         f"{', '.join(available_stages())}")
+    seen: set[str] = set()
+    return [s for s in requested if not (s in seen or seen.add(s))]
+
+
+def load_stage(name: str) -> Any:
+    module = importlib.import_module(f"smoke.stages.{stage_module_name(name)}")
+    for attr in ("NAME", "DESCRIPTION", "run"):
+        if not hasattr(module, attr):
+            raise AttributeError(f"stage module {module.__name__} has no {attr}")
+    if module.NAME != name:
+        raise ValueError(f"stage module {module.__name__} declares NAME={module.NAME!r}, "
+                         f"expected {name!r}")
+    return module
+
+
+# ----------------------------------------------------------------------------- the worker
+
+def _die_with_parent() -> None:
+    """Linux: the worker gets SIGKILL when the runner dies, so no stage outlives a run."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _redirect_output(log_path: Path) -> None:
+    """Point fds 1 and 2 (Python, C extensions and faulthandler alike) at the stage's log."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _pick_device() -> str:
+    try:
+        import torch
+    except ImportError:
+        return "none"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def worker_main(conn: Any, plan: dict[str, Any], stages: list[str]) -> None:
+    """Run `stages` in order in this (forked) process; every event goes to `conn`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt stops
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _die_with_parent()
+    import faulthandler
+
+    run_dir = Path(plan["run_dir"])
+    logs = run_dir / "logs"
+    _redirect_output(logs / "worker.log")
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    options = SmokeOptions.from_dict(plan["options"])
+    device = _pick_device()
+    for stage in stages:
+        _redirect_output(logs / f"{stage}.log")
+        conn.send(("event", EventKind.STAGE_START, {"stage": stage}))
+        metrics: dict[str, Any] = {}
+
+        def log(message: str, _stage: str = stage) -> None:
+            print(f"[{_stage}] {message}", file=sys.stderr, flush=True)
+            conn.send(("event", EventKind.LOG, {"stage": _stage, "message": str(message)}))
+
+        def emit_metric(name: str, value: Any, _stage: str = stage,
+                        _metrics: dict[str, Any] = metrics) -> None:
+            value = jsonable(value, f"metric {_stage}.{name}")
+            _metrics[name] = value
+            conn.send(("event", EventKind.METRIC, {"stage": _stage, "name": name, "value": value}))
+
+        ctx = StageContext(
+            stage=stage, device=device, options=options, host=plan["host_entry"],
+            run_dir=run_dir, release_root=Path(plan["release_root"]),
+            expected_release=plan.get("expected_release"), log=log, emit_metric=emit_metric,
+        )
+        started = time.monotonic()
+        trace = None
+        try:
+            result = load_stage(stage).run(ctx)
+            if not isinstance(result, StageResult):
+                raise TypeError(f"stage {stage} returned {type(result).__name__}, "
+                                f"not StageResult")
+            status, reason = Status(result.status), result.reason
+            if status is Status.NOT_RUN:
+                raise ValueError(f"stage {stage} returned NOT_RUN (reserved for the runner)")
+            metrics.update(jsonable(result.metrics, f"stage {stage} metrics"))
+            tables = jsonable(result.tables, f"stage {stage} tables")
+        except BaseException as err:  # noqa: BLE001 - a stage's exception is its failure
+            trace = traceback.format_exc()
+            print(trace, file=sys.stderr, flush=True)
+            status, reason, tables = Status.FAIL, f"{type(err).__name__}: {err}", {}
+        sys.stdout.flush()
+        sys.stderr.flush()
+        conn.send(("end", stage, {
+            "status": status.value, "reason": reason,
+            "duration_s": round(time.monotonic() - started, 6),
+            "metrics": metrics, "tables": tables, "traceback": trace,
+        }))
+        if status is Status.FAIL and not plan["keep_going"]:
+            break
+    conn.send(("done", None, None))
+
+
+# ----------------------------------------------------------------------------- the parent
+
+class EventSink:
+    """Writes each event to stdout and to the run folder; a closed stdout (dropped SSH
+    channel) is noted and the run goes on writing files only."""
+
+    def __init__(self, run_dir: Path, run_id: str, host: str):
+        self.run_dir, self.run_id, self.host = run_dir, run_id, host
+        self.stdout_alive = True
+        (run_dir / "stages").mkdir(parents=True, exist_ok=True)
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self._events = open(run_dir / "events.jsonl", "a", encoding="utf-8")
+
+    def emit(self, kind: EventKind, **fields: Any) -> dict[str, Any]:
+        record = make_event(kind, self.run_id, self.host, **fields)
+        line = encode_event(record)
+        self._events.write(line + "\n")
+        self._events.flush()
+        if kind is EventKind.STAGE_END:
+            write_json_atomic(self.run_dir / "stages" / f"{record['stage']}.json", record)
+        if self.stdout_alive:
+            try:
+                sys.stdout.write(line + "\n")
+                sys.stdout.flush()
+            except (BrokenPipeError, OSError):
+                self.stdout_alive = False
+        return record
+
+    def close(self) -> None:
+        self._events.close()
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n",
+                   encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _output_tail(log_path: Path) -> str:
+    try:
+        with open(log_path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - OUTPUT_TAIL_CHARS))
+            return handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def _mp_context() -> Any:
+    methods = multiprocessing.get_all_start_methods()
+    # fork: the worker inherits the parent's torch import (no second import, no new Python).
+    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+
+
+def _preload() -> dict[str, Any]:
+    """Import torch and ddtree once in the parent, so forked workers share them."""
+    info: dict[str, Any] = {"python": sys.version.split()[0], "executable": sys.executable}
+    # Should anything ask torch about CUDA in this (pre-fork) process, let it ask NVML rather
+    # than initialise the driver: a driver initialised before fork() is unusable in the worker.
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+    except Exception as err:  # noqa: BLE001 - the env stage reports a broken torch
+        info["torch_error"] = f"{type(err).__name__}: {err}"
+    try:
+        import ddtree  # noqa: F401
+    except Exception as err:  # noqa: BLE001 - the import stage reports it
+        info["ddtree_error"] = f"{type(err).__name__}: {err}"
+    return info
+
+
+def _raise_interrupted(signum: int, _frame: Any) -> None:
+    raise Interrupted(signal.Signals(signum).name)
+
+
+class Supervisor:
+    """Runs the plan's stages through forked workers and turns every outcome into records."""
+
+    def __init__(self, plan: dict[str, Any], stages: list[str], sink: EventSink):
+        self.plan, self.sink = plan, sink
+        self.timeout_s = float(plan["stage_timeout_s"])
+        self.keep_going = bool(plan["keep_going"])
+        self.pending = list(stages)
+        self.index_of = {s: i for i, s in enumerate(stages)}
+        self.counts = {s.value: 0 for s in Status}
+        self.status = RunStatus.PASS
+        self.worker: Any = None
+        self.current: str | None = None  # the stage the worker is in
+        self.stage_started = time.monotonic()
+
+    def finish(self, stage: str, **fields: Any) -> None:
+        fields.setdefault("output_tail", None)
+        self.sink.emit(EventKind.STAGE_END, stage=stage, index=self.index_of[stage], **fields)
+        self.counts[fields["status"]] += 1
+        if fields["status"] == Status.FAIL.value:
+            self.status = RunStatus.FAIL
+        self.pending.remove(stage)
+
+    def fail_current(self, reason: str) -> None:
+        stage = self.current or (self.pending[0] if self.pending else None)
+        if stage is None:
+            return
+        elapsed = time.monotonic() - self.stage_started if self.current else 0.0
+        log_path = Path(self.plan["run_dir"]) / "logs" / f"{stage}.log"
+        self.finish(stage, status=Status.FAIL.value, reason=reason, duration_s=round(elapsed, 6),
+                    metrics={}, tables={}, traceback=None, output_tail=_output_tail(log_path))
+        self.current = None
+
+    def not_run(self, reason: str) -> None:
+        for stage in list(self.pending):
+            self.finish(stage, status=Status.NOT_RUN.value, reason=reason, duration_s=0.0,
+                        metrics={}, tables={}, traceback=None)
+
+    def stop_worker(self) -> None:
+        if self.worker is not None and self.worker.is_alive():
+            self.worker.kill()
+        if self.worker is not None:
+            self.worker.join(5.0)
+
+    def run(self) -> RunStatus:
+        try:
+            while self.pending:
+                before = len(self.pending)
+                lost = self._one_worker()
+                if lost:
+                    self.fail_current(lost)
+                elif len(self.pending) == before:  # never expected: guard against a loop
+                    self.not_run("not run: the worker finished without running it")
+                if self.status is RunStatus.FAIL and not self.keep_going:
+                    self.not_run("not run: an earlier stage failed (use --keep-going to run it)")
+        except Interrupted as why:
+            self.stop_worker()
+            if self.current is not None:
+                self.fail_current(f"interrupted ({why})")
+            self.not_run(f"not run: interrupted ({why})")
+            return RunStatus.INTERRUPTED
+        return self.status
+
+    def _one_worker(self) -> str:
+        """Fork a worker over the pending stages and relay its events until it finishes,
+        fails (without --keep-going), hangs or dies. Returns why it was lost, or ""."""
+        mp = _mp_context()
+        receiver, sender = mp.Pipe(duplex=False)
+        self.worker = mp.Process(target=worker_main, args=(sender, self.plan, list(self.pending)),
+                                 daemon=True)
+        self.worker.start()
+        sender.close()
+        self.current, last_event = None, time.monotonic()
+        try:
+            while True:
+                wait = HEARTBEAT_S
+                if self.current is not None:
+                    left = self.stage_started + self.timeout_s - time.monotonic()
+                    if left <= 0:
+                        return f"timed out after {self.timeout_s:g}s"
+                    wait = min(wait, left)
+                if not receiver.poll(wait):
+                    if time.monotonic() - last_event >= HEARTBEAT_S:
+                        elapsed = time.monotonic() - self.stage_started if self.current else 0.0
+                        self.sink.emit(EventKind.HEARTBEAT, stage=self.current,
+                                       elapsed_s=round(elapsed, 3))
+                        last_event = time.monotonic()
+                    continue
+                try:
+                    kind, what, fields = receiver.recv()
+                except (EOFError, OSError):
+                    self.worker.join(2.0)
+                    return f"worker {_describe_exit(self.worker.exitcode)}"
+                last_event = time.monotonic()
+                if kind == "done":
+                    return ""
+                if kind == "end":
+                    self.current = None
+                    self.finish(what, **fields)
+                    if fields["status"] == Status.FAIL.value and not self.keep_going:
+                        return ""
+                elif what is EventKind.STAGE_START:
+                    self.current, self.stage_started = fields["stage"], time.monotonic()
+                    self.sink.emit(what, stage=self.current, index=self.index_of[self.current])
+                else:
+                    self.sink.emit(what, **fields)
+        except BaseException:
+            self.stop_worker()  # interrupted: nothing more worth waiting for
+            raise
+        finally:
+            if self.current is None:
+                self.worker.join(5.0)  # it said done (or failed): let it exit on its own
+            self.stop_worker()  # a hung or silent worker is killed
+            receiver.close()
+
+
+def command_run(args: argparse.Namespace) -> int:
+    workdir = Path(os.path.expanduser(args.workdir))
+    run_dir = workdir / "runs" / args.run_id
+    release_root = Path(os.path.expanduser(args.release_root)) if args.release_root \
+        else workdir / "current"
+    sink = EventSink(run_dir, args.run_id, args.host)
+    (run_dir / PID_FILE).write_text(f"{os.getpid()}\n", encoding="utf-8")
+    signal.signal(signal.SIGTERM, _raise_interrupted)
+    signal.signal(signal.SIGINT, _raise_interrupted)
+    started = time.monotonic()
+    try:
+        try:
+            options = SmokeOptions.from_dict(json.loads(args.options or "{}"))
+            host_entry = json.loads(args.host_entry or "{}")
+            stages = resolve_stages(args.stages.split(",") if args.stages else None)
+        except ValueError as err:
+            sink.emit(EventKind.RUN_START, stages=[], options={}, error=str(err),
+                      release_root=str(release_root), expected_release=args.expected_release,
+                      python=sys.version.split()[0], pid=os.getpid(),
+                      keep_going=args.keep_going, stage_timeout_s=args.stage_timeout)
+            sink.emit(EventKind.RUN_END, status=RunStatus.ERROR.value, counts={},
+                      duration_s=0.0, exit_code=EXIT_USAGE, error=str(err))
+            print(f"runner: {err}", file=sys.stderr)
+            return EXIT_USAGE
+        preload = _preload()
+        plan = {
+            "run_dir": str(run_dir), "release_root": str(release_root),
+            "expected_release": args.expected_release, "options": options.to_dict(),
+            "host_entry": host_entry, "keep_going": args.keep_going,
+            "stage_timeout_s": args.stage_timeout,
+        }
+        meta = dict(stages=stages, options=options.to_dict(), release_root=str(release_root),
+                    expected_release=args.expected_release, pid=os.getpid(),
+                    keep_going=args.keep_going, stage_timeout_s=args.stage_timeout, **preload)
+        sink.emit(EventKind.RUN_START, **meta)
+        write_json_atomic(run_dir / "run.json", {"run_id": args.run_id, "host": args.host,
+                                                 **jsonable(meta, "run.json")})
+        supervisor = Supervisor(plan, stages, sink)
+        status, counts = supervisor.run(), supervisor.counts
+        code = {RunStatus.PASS: EXIT_OK, RunStatus.FAIL: EXIT_STAGE_FAILED,
+                RunStatus.INTERRUPTED: EXIT_INTERRUPTED}[status]
+        duration = round(time.monotonic() - started, 6)
+        sink.emit(EventKind.RUN_END, status=status.value, counts=counts, duration_s=duration,
+                  exit_code=code)
+        summary = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+        summary.update(status=status.value, counts=counts, duration_s=duration, exit_code=code)
+        write_json_atomic(run_dir / "run.json", summary)
+        return code
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        sink.close()
+        try:
+            (run_dir / PID_FILE).unlink()
+        except OSError:
+            pass
+
+
+def command_stop(args: argparse.Namespace) -> int:
+    """SIGTERM the runner of RUN_ID (it stops its worker and records the rest as not run)."""
+    pid_file = Path(os.path.expanduser(args.workdir)) / "runs" / args.run_id / PID_FILE
+    try:
+        pid = int(pid_file.read_text(encoding="utf-8").strip())
+    except (OSError, ValueError):
+        print(json.dumps({"stopped": False, "reason": "no runner for this run"}))
+        return EXIT_OK
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        print(json.dumps({"stopped": False, "reason": f"runner pid {pid} already gone"}))
+        return EXIT_OK
+    print(json.dumps({"stopped": True, "pid": pid}))
+    return EXIT_OK
+
+
+def command_files(args: argparse.Namespace) -> int:
+    """One JSON line per file of the run: path (relative), size, sha256."""
+    run_dir = Path(os.path.expanduser(args.workdir)) / "runs" / args.run_id
+    if not run_dir.is_dir():
+        print(f"runner: no run {args.run_id} under {run_dir.parent}", file=sys.stderr)
+        return EXIT_USAGE
+    for path in sorted(p for p in run_dir.rglob("*") if p.is_file()):
+        if path.name.startswith(".") or path.name == PID_FILE:
+            continue
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        print(json.dumps({"path": path.relative_to(run_dir).as_posix(),
+                          "size": path.stat().st_size, "sha256": digest}))
+    return EXIT_OK
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="runner.py", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the smoke stages")
+    run.add_argument("--run-id", required=True)
+    run.add_argument("--workdir", required=True)
+    run.add_argument("--host", default="local", help="the inventory name, for the records")
+    run.add_argument("--release-root", default=None, help="default: <workdir>/current")
+    run.add_argument("--expected-release", default=None, help="release id the operator pushed")
+    run.add_argument("--stages", default="", help="comma-separated; default: all available")
+    run.add_argument("--options", default="{}", help="SmokeOptions as JSON")
+    run.add_argument("--host-entry", default="{}", help="the inventory entry as JSON")
+    run.add_argument("--keep-going", action="store_true")
+    run.add_argument("--stage-timeout", type=float, default=DEFAULT_STAGE_TIMEOUT_S)
+    for name in ("stop", "files"):
+        cmd = sub.add_parser(name)
+        cmd.add_argument("--run-id", required=True)
+        cmd.add_argument("--workdir", required=True)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    return {"run": command_run, "stop": command_stop, "files": command_files}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,300 @@
+"""Stage `sglang-e2e`: SGLang serving with no speculation, DFlash, and DFlash + DDTree.
+
+Needs a GPU, SGLang, the deployed plugin (`ddtree-ops deploy`) and `models:` in the host's
+inventory entry (target, drafter, block_size, optional prompts file). Starts one server per
+variant (no speculation; DFLASH; DFLASH + DDTree at each selected budget), sends the prompts
+at temperature 0, compares every variant's tokens with the no-speculation run, and records
+acceptance length (SGLang's meta_info.spec_accept_length), tokens/s and wall time. Every
+server started is stopped (its whole process group), also on failure.
+
+A divergence from the no-speculation tokens is judged by the target's top-1/top-2 log-prob
+gap at that position (from the no-speculation run): below `near_tie_gap` it is a bf16
+near-tie (verify width changes GEMM shapes) and is reported, otherwise the stage fails.
+
+Knobs (options.extra): sglang_budgets (default: up to two of options.budgets with
+budget + 1 >= block_size, at most 256), sglang_max_new_tokens (128), sglang_port (31000),
+sglang_start_timeout_s (900), sglang_attention_backend ("flashinfer"), near_tie_gap (0.05),
+sglang_extra_args (list of extra server arguments).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from smoke.protocol import StageContext, StageResult
+
+NAME = "sglang-e2e"
+DESCRIPTION = "SGLang end to end: no speculation vs DFlash vs DFlash+DDTree (tokens, acceptance, tokens/s)"
+
+SHIPPED_PROMPTS = (
+    "Write a Python function that returns the n-th Fibonacci number iteratively.",
+    "Explain in three sentences why the sky is blue.",
+    "def quicksort(items):\n    \"\"\"Sort a list with quicksort.\"\"\"\n",
+    "List the first ten prime numbers, separated by commas.",
+    "Translate to French: The weather is nice today and we are going to the park.",
+    "Write a SQL query that returns the five most recent orders per customer.",
+    "Summarize the plot of Romeo and Juliet in two sentences.",
+    "Implement binary search in C and explain its complexity.",
+)
+DEFAULT_NEAR_TIE_GAP = 0.05  # nats between the target's top-1 and top-2 log-probs
+
+
+class ServerMode(Enum):
+    NO_SPEC = "no-spec"
+    DFLASH = "dflash"
+    DDTREE = "ddtree"
+
+
+@dataclass(frozen=True)
+class ServerVariant:
+    name: str
+    mode: ServerMode
+    budget: int | None = None
+
+    def env(self) -> dict[str, str]:
+        if self.mode is ServerMode.DDTREE:
+            return {"DDTREE_ENABLE": "1", "DDTREE_BUDGET": str(self.budget), "DDTREE_STRICT": "1"}
+        return {"DDTREE_ENABLE": "0"}
+
+
+@dataclass(frozen=True)
+class Divergence:
+    prompt: int
+    position: int  # first differing output token
+    expected: int | None  # no-speculation token (None: the variant produced more tokens)
+    got: int | None
+    gap: float | None  # target's top-1 minus top-2 log-prob there (None: unknown)
+
+    def near_tie(self, threshold: float) -> bool:
+        return self.gap is not None and self.gap < threshold
+
+
+@dataclass
+class VariantRun:
+    variant: ServerVariant
+    outputs: list[list[int]] = field(default_factory=list)
+    meta: list[dict[str, Any]] = field(default_factory=list)
+    wall_s: float = 0.0
+    start_s: float = 0.0
+
+
+def select_budgets(models: dict[str, Any], options_budgets: list[int], extra: dict[str, Any]) -> list[int]:
+    if "sglang_budgets" in extra:
+        return [int(b) for b in extra["sglang_budgets"]]
+    block = int(models.get("block_size", 16))
+    usable = [b for b in options_budgets if b + 1 >= block and b <= 256]
+    return usable[:2]
+
+
+def plan_variants(budgets: list[int]) -> list[ServerVariant]:
+    return [ServerVariant("no-spec", ServerMode.NO_SPEC), ServerVariant("dflash", ServerMode.DFLASH)] + [
+        ServerVariant(f"ddtree-b{b}", ServerMode.DDTREE, b) for b in budgets
+    ]
+
+
+def server_argv(python: str, models: dict[str, Any], variant: ServerVariant, port: int,
+                attention_backend: str, extra_args: list[str]) -> list[str]:
+    argv = [python, "-m", "sglang.launch_server", "--model-path", models["target"], "--host", "127.0.0.1",
+            "--port", str(port), "--attention-backend", attention_backend, "--page-size", "1",
+            "--enable-metrics"]
+    if variant.mode is not ServerMode.NO_SPEC:
+        argv += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", models["drafter"]]
+    return argv + list(extra_args)
+
+
+def first_divergence(reference: list[int], candidate: list[int]) -> int | None:
+    for index, (a, b) in enumerate(zip(reference, candidate)):
+        if a != b:
+            return index
+    if len(reference) != len(candidate):
+        return min(len(reference), len(candidate))
+    return None
+
+
+def top2_gap(meta: dict[str, Any], position: int) -> float | None:
+    """Top-1 minus top-2 log-prob at an output position, from SGLang's output_top_logprobs."""
+    rows = meta.get("output_top_logprobs") or []
+    if position >= len(rows) or not rows[position] or len(rows[position]) < 2:
+        return None
+    first, second = rows[position][0][0], rows[position][1][0]
+    return float(first) - float(second)
+
+
+def compare_runs(reference: VariantRun, candidate: VariantRun) -> list[Divergence]:
+    found = []
+    for index, (ref, got) in enumerate(zip(reference.outputs, candidate.outputs)):
+        position = first_divergence(ref, got)
+        if position is None:
+            continue
+        found.append(Divergence(
+            prompt=index, position=position,
+            expected=ref[position] if position < len(ref) else None,
+            got=got[position] if position < len(got) else None,
+            gap=top2_gap(reference.meta[index], position),
+        ))
+    return found
+
+
+def summarize(run: VariantRun) -> dict[str, Any]:
+    tokens = sum(len(o) for o in run.outputs)
+    accept = [m["spec_accept_length"] for m in run.meta if "spec_accept_length" in m]
+    return {
+        "variant": run.variant.name,
+        "tokens": tokens,
+        "wall_s": round(run.wall_s, 3),
+        "tokens_per_s": round(tokens / run.wall_s, 2) if run.wall_s > 0 else None,
+        "acceptance_length": round(sum(accept) / len(accept), 4) if accept else None,
+        "server_start_s": round(run.start_s, 1),
+    }
+
+
+# ----------------------------------------------------------------------------- server I/O
+
+
+def _http_json(url: str, payload: dict[str, Any] | None, timeout: float) -> Any:
+    data = None if payload is None else json.dumps(payload).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        body = response.read().decode()
+    return json.loads(body) if body.strip() else None
+
+
+def _wait_healthy(process: subprocess.Popen, port: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with status {process.returncode} before becoming healthy")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).read()
+            return
+        except (urllib.error.URLError, OSError):
+            time.sleep(2)
+    raise TimeoutError(f"server on port {port} not healthy after {timeout_s:.0f}s")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is not None:
+        return
+    for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_variant(ctx: StageContext, variant: ServerVariant, models: dict[str, Any], prompts: list[str],
+                *, port: int, max_new_tokens: int, start_timeout_s: float, attention_backend: str,
+                extra_args: list[str]) -> VariantRun:
+    log_path = ctx.artifacts_dir / f"server-{variant.name}.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDTREE_")}
+    env.update(variant.env())
+    argv = server_argv(sys.executable, models, variant, port, attention_backend, extra_args)
+    ctx.log(f"{variant.name}: {' '.join(argv)}")
+    run = VariantRun(variant)
+    started = time.monotonic()
+    with open(log_path, "wb") as log_file:
+        process = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            _wait_healthy(process, port, start_timeout_s)
+            run.start_s = time.monotonic() - started
+            sampling = {"temperature": 0, "max_new_tokens": max_new_tokens}
+            began = time.monotonic()
+            for prompt in prompts:
+                payload = {"text": prompt, "sampling_params": sampling}
+                if variant.mode is ServerMode.NO_SPEC:
+                    payload.update(return_logprob=True, top_logprobs_num=2)
+                reply = _http_json(f"http://127.0.0.1:{port}/generate", payload, timeout=600)
+                if "output_ids" not in reply:
+                    raise RuntimeError(f"{variant.name}: /generate reply has no output_ids (keys {sorted(reply)})")
+                run.outputs.append([int(t) for t in reply["output_ids"]])
+                run.meta.append(reply.get("meta_info", {}))
+            run.wall_s = time.monotonic() - began
+        finally:
+            _stop(process)
+    return run
+
+
+def load_prompts(models: dict[str, Any]) -> list[str]:
+    path = models.get("prompts")
+    if not path:
+        return list(SHIPPED_PROMPTS)
+    text = Path(os.path.expanduser(path)).read_text(encoding="utf-8")
+    return [json.loads(line)["prompt"] if line.lstrip().startswith("{") else line
+            for line in text.splitlines() if line.strip()]
+
+
+def missing_prerequisite(ctx: StageContext) -> str | None:
+    if ctx.device != "cuda":
+        return "no GPU on this host (torch sees no CUDA device)"
+    if not ctx.host.get("models"):
+        return "hosts.yaml gives no `models:` (target, drafter) for this host"
+    import importlib.util
+
+    if importlib.util.find_spec("sglang") is None:
+        return f"sglang is not installed in {sys.executable}"
+    return None
+
+
+def run(ctx: StageContext) -> StageResult:
+    reason = missing_prerequisite(ctx)
+    if reason:
+        return StageResult.skipped(reason)
+    from importlib.metadata import entry_points
+
+    if not any(ep.name == "ddtree" for ep in entry_points(group="sglang.srt.plugins")):
+        return StageResult.failed(f"the DDTree plugin is not deployed in {sys.executable} (run `ddtree-ops deploy`)")
+    models = dict(ctx.host["models"])
+    extra = ctx.options.extra
+    budgets = select_budgets(models, ctx.options.budgets, extra)
+    if not budgets:
+        return StageResult.failed(f"no budget with budget + 1 >= block size {models.get('block_size', 16)} selected")
+    prompts = load_prompts(models)
+    near_tie = float(extra.get("near_tie_gap", DEFAULT_NEAR_TIE_GAP))
+    runs: list[VariantRun] = []
+    for offset, variant in enumerate(plan_variants(budgets)):
+        runs.append(run_variant(
+            ctx, variant, models, prompts, port=int(extra.get("sglang_port", 31000)) + offset,
+            max_new_tokens=int(extra.get("sglang_max_new_tokens", 128)),
+            start_timeout_s=float(extra.get("sglang_start_timeout_s", 900)),
+            attention_backend=str(extra.get("sglang_attention_backend", "flashinfer")),
+            extra_args=[str(a) for a in extra.get("sglang_extra_args", [])],
+        ))
+    reference = runs[0]
+    table, failures = [], []
+    for run_ in runs:
+        row = summarize(run_)
+        divergences = compare_runs(reference, run_) if run_ is not reference else []
+        hard = [d for d in divergences if not d.near_tie(near_tie)]
+        row.update(divergent_prompts=len(divergences), near_ties=len(divergences) - len(hard))
+        table.append(row)
+        for d in hard:
+            failures.append(f"{run_.variant.name}: prompt {d.prompt} differs at token {d.position} "
+                            f"(expected {d.expected}, got {d.got}, top-2 gap {d.gap})")
+        ctx.emit_metric(f"{run_.variant.name}.tokens_per_s", row["tokens_per_s"])
+        ctx.emit_metric(f"{run_.variant.name}.acceptance_length", row["acceptance_length"])
+    base = table[0]["tokens_per_s"] or 0
+    for row in table:
+        row["speedup_vs_no_spec"] = round(row["tokens_per_s"] / base, 3) if base and row["tokens_per_s"] else None
+    if failures:
+        return StageResult.failed("; ".join(failures[:3]), tables={"sglang_e2e": table})
+    best = max(table[2:], key=lambda r: r["tokens_per_s"] or 0)
+    return StageResult.passed(
+        f"{len(prompts)} prompts identical to no speculation (near-ties allowed); best {best['variant']}: "
+        f"{best['speedup_vs_no_spec']}x, acceptance length {best['acceptance_length']}",
+        tables={"sglang_e2e": table},
+    )

@@ -1,0 +1,117 @@
+"""Stage `tree-bench`: the budget sweep of the tree builders on the host's device.
+
+For each budget (options.budgets, 16..1024 by default) and batch size (options.batch_sizes,
+1 and 16): the reference-exact heap builder and the public builder (batch 1, one request per
+call), the batched device builder (one call per batch), and the floor every builder pays,
+`torch.topk(k=budget)` + `torch.logsumexp` over the rows. Logits are drafter-shaped
+`[D=15, V]` float32 rows (V = options.extra["vocab"], default 32000). Medians of
+options.repeat timed calls after one warm-up; CUDA is synchronised around each call.
+
+Metrics: `build_ms.<builder>.bs<B>.b<budget>` (per request, median) and the `sweep` table
+(which also keeps the fastest call: on a shared machine it is the steadier figure).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable, NamedTuple
+
+from smoke.protocol import StageContext, StageResult
+
+NAME = "tree-bench"
+DESCRIPTION = "tree-build time vs budget (heap, public, batched, topk floor), batch 1 and 16"
+
+DEFAULT_VOCAB = 32000
+DEFAULT_DEPTH = 15  # block size 16 drafters
+
+
+class Timing(NamedTuple):
+    median_ms: float
+    min_ms: float  # the least disturbed call: steadier than the median on a shared machine
+
+
+def _timed(fn: Callable[[], Any], repeat: int, sync: Callable[[], None]) -> Timing:
+    """Wall time of `fn` in milliseconds over `repeat` calls (one untimed warm-up first)."""
+    fn()
+    sync()
+    samples = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()
+        sync()
+        samples.append((time.perf_counter() - started) * 1e3)
+    return Timing(statistics.median(samples), min(samples))
+
+
+def drafter_like_logits(torch: Any, batch: int, depth: int, vocab: int, seed: int,
+                        device: str) -> Any:
+    """[batch, depth, vocab] float32: random rows with a few peaked tokens, like a drafter's."""
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    logits = torch.randn(batch, depth, vocab, generator=generator)  # [bs, D, V] f32
+    peaks = torch.randint(0, vocab, (batch, depth, 4), generator=generator)  # [bs, D, 4] i64
+    logits.scatter_(2, peaks, torch.tensor([9.0, 7.5, 6.5, 6.0]).expand(batch, depth, 4))
+    return logits.to(device)
+
+
+def run(ctx: StageContext) -> StageResult:
+    import torch
+
+    import ddtree
+    from ddtree.build import BuildMethod
+
+    batched = getattr(ddtree, "build_ddtree_trees", None)
+    extra = ctx.options.extra
+    vocab = int(extra.get("vocab", DEFAULT_VOCAB))
+    depth = int(extra.get("depth", DEFAULT_DEPTH))
+    repeat = ctx.options.repeat
+    device = ctx.device
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    rows: list[dict[str, Any]] = []
+    metrics: dict[str, Any] = {"device": device, "vocab": vocab, "depth": depth,
+                               "repeat": repeat}
+    if device == "cuda":
+        metrics["gpu"] = torch.cuda.get_device_name(0)
+
+    def record(builder: str, batch: int, budget: int, timing: Timing, nodes: int | None) -> None:
+        per_request = timing.median_ms / batch
+        rows.append({"builder": builder, "batch_size": batch, "budget": budget,
+                     "call_ms": round(timing.median_ms, 4),
+                     "per_request_ms": round(per_request, 4),
+                     "per_request_min_ms": round(timing.min_ms / batch, 4), "nodes": nodes})
+        metrics[f"build_ms.{builder}.bs{batch}.b{budget}"] = round(per_request, 4)
+
+    for batch in ctx.options.batch_sizes:
+        logits = drafter_like_logits(torch, batch, depth, vocab, ctx.options.seed, device)
+        for budget in ctx.options.budgets:
+            k = max(1, min(budget, vocab))
+            floor_ms = _timed(lambda: (torch.topk(logits, k, dim=-1),
+                                       torch.logsumexp(logits, dim=-1)), repeat, sync)
+            nodes = None
+            if batch == 1:
+                one = logits[0]  # [D, V] f32
+                heap_ms = _timed(lambda: ddtree.build_ddtree_tree_from_logits(
+                    one, budget, method=BuildMethod.HEAP), repeat, sync)
+                tree = ddtree.build_ddtree_tree_from_logits(one, budget)
+                nodes = len(tree.parents) - 1
+                record("heap", 1, budget, heap_ms, nodes)
+                record("public", 1, budget, _timed(
+                    lambda: ddtree.build_ddtree_tree_from_logits(one, budget), repeat, sync),
+                    nodes)
+            if batched is not None:
+                record("batched", batch, budget,
+                       _timed(lambda: batched(logits, budget), repeat, sync), nodes)
+            record("floor", batch, budget, floor_ms, nodes)
+            ctx.log(f"bs {batch} budget {budget}: " + ", ".join(
+                f"{r['builder']} {r['per_request_ms']:.3f} ms" for r in rows
+                if r["batch_size"] == batch and r["budget"] == budget))
+    for budget in ctx.options.budgets:
+        heap = metrics.get(f"build_ms.heap.bs1.b{budget}")
+        public = metrics.get(f"build_ms.public.bs1.b{budget}")
+        if heap and public:
+            metrics[f"speedup.public_vs_heap.b{budget}"] = round(heap / public, 3)
+    note = "" if batched is not None else " (no batched builder in this release)"
+    largest = max(ctx.options.budgets, default=0)
+    summary = metrics.get(f"build_ms.public.bs1.b{largest}")
+    headline = f"public builder {summary:.3f} ms at budget {largest}" if summary else "swept"
+    return StageResult.passed(f"{headline} on {device}{note}", metrics=metrics,
+                              tables={"sweep": rows})

@@ -1,0 +1,45 @@
+"""`build_ddtree_tree_from_logits`: one draft tree from one request's drafter logits.
+
+Every method returns the same arrays as the reference heap for finite logits without exact
+ties (tie order among exactly equal logits follows `torch.topk`, which itself depends on k).
+"""
+from __future__ import annotations
+
+from enum import Enum
+
+import torch
+
+from ddtree.heap_build import build_heap_tree
+from ddtree.inputs import check_budget, check_logits_shape
+from ddtree.tree import DraftTree
+
+
+class BuildMethod(str, Enum):
+    HEAP = "heap"  # the plain best-first heap: the reference semantics, the oracle for tests
+    FAST = "fast"  # rows read lazily; heap loop (small budgets) or per-depth frontier (large)
+    AUTO = "auto"  # the fastest exact path for the input (today: FAST everywhere)
+
+
+def build_ddtree_tree_from_logits(
+    logits: torch.Tensor,  # [D, V] float32 / bfloat16 / float16, any device
+    budget: int,
+    method: BuildMethod | str = BuildMethod.AUTO,
+) -> DraftTree:
+    """The best-first DDTree of at most `budget` nodes (root excluded) over `D` depths.
+
+    Raises ValueError on NaN / +inf logits (naming the row), a negative budget, a wrong rank
+    or an empty vocabulary. A budget above the reachable tree gives the full reachable tree.
+    The returned tree lives on the host.
+    """
+    check_logits_shape(logits, rank=2)
+    budget = check_budget(budget)
+    try:
+        method = BuildMethod(method)
+    except ValueError:
+        choices = ", ".join(m.value for m in BuildMethod)
+        raise ValueError(f"method must be one of {choices}, got {method!r}") from None
+    if method is BuildMethod.HEAP:
+        return build_heap_tree(logits, budget)
+    from ddtree.frontier_build import build_fast_tree
+
+    return build_fast_tree(logits, budget)

@@ -1,0 +1,372 @@
+"""Model-agnostic decode loops: autoregressive, DFlash (linear verify) and DDTree (tree verify).
+
+All three run one request over a Hugging Face causal LM target (`HFTarget`) and return a
+`DecodeResult` shaped like one entry of the reference's saved runs (`acceptance_lengths`,
+`decode_rounds`, `num_output_tokens`, `time_per_output_token`, `stage_times`, ...), so the
+same metrics code reads ours and theirs.
+
+One round of DDTree, top to bottom:
+  draft        drafter -> logits [D, V] for the positions after the bonus token
+  tree_build   best-first tree under the budget (ddtree.build)
+  tree_compile token ids, positions start + depth, and the additive mask: every committed
+               row visible, tree rows visible only to their descendants
+  verify       one target forward over the N+1 tree tokens on top of the KV cache
+  commit       walk the tree with the target's choices, keep the accepted KV rows in place,
+               the target's choice at the last accepted node becomes the next bonus token
+Every committed token is the target's own choice (argmax at T=0, a sample from
+softmax(logits / T) otherwise), so the output is the target's, exactly at T=0.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from types import SimpleNamespace
+from typing import Any, NamedTuple, Sequence
+
+import torch
+
+from ddtree.build import BuildMethod, build_ddtree_tree_from_logits
+from ddtree.commit import commit_round
+from ddtree.drafters import DraftRequest, Drafter, check_drafter
+from ddtree.hf_target import HFTarget
+from ddtree.kvcache import crop_cache, keep_cache_rows
+from ddtree.verify import follow_verified_tree
+
+STAGE_ORDER: tuple[str, ...] = ("draft", "tree_build", "tree_compile", "verify", "commit")
+
+
+class DecodeMethod(str, Enum):
+    """The method keys the reference uses in its run files (DDTree adds `_tb<budget>`)."""
+
+    AUTOREGRESSIVE = "baseline"
+    DFLASH = "dflash"
+    DDTREE = "ddtree"
+
+
+def method_key(method: DecodeMethod, budget: int | None = None) -> str:
+    """`baseline`, `dflash`, `ddtree_tb64`: the keys of a reference run's `responses` items."""
+    if method is DecodeMethod.DDTREE:
+        if budget is None:
+            raise ValueError("a DDTree method key needs its budget")
+        return f"ddtree_tb{budget}"
+    return method.value
+
+
+@dataclass
+class DecodeConfig:
+    max_new_tokens: int
+    temperature: float = 0.0
+    stop_token_ids: Sequence[int] = ()
+    generator: torch.Generator | None = None  # drives sampling at T > 0 (device of the target)
+    save_round_trees: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+
+
+@dataclass
+class DecodeResult:
+    """One request's outcome, with the reference run file's per-method fields."""
+
+    output_ids: torch.Tensor  # [1, num_input_tokens + num_output_tokens] int64, CPU
+    num_input_tokens: int
+    num_output_tokens: int
+    time_to_first_token: float  # seconds: the prefill
+    time_per_output_token: float  # seconds: decode time (after the drafter's prefill) / tokens
+    acceptance_lengths: list[int]  # per round: accepted nodes, root included
+    decode_rounds: int
+    stage_times: dict[str, float]  # seconds per stage, summed over rounds
+    round_timestamps: list[float] = field(default_factory=list)  # seconds since decode start
+    round_trees: list[dict[str, Any]] | None = None
+
+    @property
+    def new_token_ids(self) -> list[int]:
+        return self.output_ids[0, self.num_input_tokens :].tolist()
+
+    def to_namespace(self) -> SimpleNamespace:
+        """The reference's record type (`types.SimpleNamespace`), e.g. to `torch.save` a run."""
+        return SimpleNamespace(**{name: getattr(self, name) for name in self.__dataclass_fields__})
+
+
+def choose_tokens(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+    """The target's decoding rule. logits [n, V] -> [n] int64 (one independent choice per row)."""
+    if temperature == 0.0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator).view(-1)
+
+
+class _Clock:
+    """perf_counter that first waits for queued GPU work, so stage times are real."""
+
+    def __init__(self, device: torch.device):
+        self._sync = device.type == "cuda"
+
+    def __call__(self) -> float:
+        if self._sync:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+
+class TreeInputs(NamedTuple):
+    input_ids: torch.Tensor  # [1, N+1] int64: root (bonus) then node tokens in pop order
+    position_ids: torch.Tensor  # [1, N+1] int64: start + depth
+    attention_mask: torch.Tensor  # [1, 1, N+1, past + N+1] additive, target dtype
+
+
+def compile_tree_inputs(
+    root_token: int,
+    node_token_ids: torch.Tensor,  # [N] int64
+    node_depths: torch.Tensor,  # [N] int64, 1..D
+    visibility: torch.Tensor,  # [N+1, N+1] bool: i sees j iff j is i or an ancestor
+    start: int,  # position of the root; also the number of committed rows in the cache
+    dtype: torch.dtype,
+    device: torch.device,
+) -> TreeInputs:
+    """The verify forward's inputs: every tree row sees all committed rows and its ancestors."""
+    n = 1 + int(node_token_ids.numel())
+    input_ids = torch.empty((1, n), dtype=torch.long)
+    input_ids[0, 0] = root_token
+    input_ids[0, 1:] = node_token_ids
+    position_ids = torch.empty((1, n), dtype=torch.long)
+    position_ids[0, 0] = 0
+    position_ids[0, 1:] = node_depths
+    position_ids += start
+    mask = torch.zeros((1, 1, n, start + n), dtype=dtype, device=device)
+    hidden = ~visibility.to(device)
+    mask[0, 0, :, start:].masked_fill_(hidden, torch.finfo(dtype).min)
+    return TreeInputs(input_ids.to(device), position_ids.to(device), mask)
+
+
+# --------------------------------------------------------------------------- the shared loop
+
+
+class _Request:
+    """Per-request state shared by the three loops: committed tokens, clock, records."""
+
+    def __init__(self, target: HFTarget, input_ids: torch.Tensor, config: DecodeConfig, stages: Sequence[str]):
+        if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
+            raise ValueError(f"input_ids must have shape [1, n >= 1], got {list(input_ids.shape)}")
+        self.target = target
+        self.config = config
+        self.device = target.device
+        self.clock = _Clock(self.device)
+        self.prompt = input_ids.to(self.device)
+        self.num_input = int(input_ids.shape[1])
+        self.generated: list[int] = []  # committed tokens, the pending bonus last
+        self.stage_times = {name: 0.0 for name in stages}
+        self.acceptance_lengths: list[int] = []
+        self.round_timestamps: list[float] = []
+        self.round_trees: list[dict[str, Any]] | None = [] if config.save_round_trees else None
+        self.stops = set(int(t) for t in config.stop_token_ids)
+        self._stop_checked = 0  # generated[:_stop_checked] holds no stop token
+        self.cache = target.new_cache()
+        self.time_to_first_token = 0.0
+        self.decode_start = 0.0
+
+    @property
+    def start(self) -> int:
+        """Position of the bonus token (= committed rows in the target cache)."""
+        return self.num_input + len(self.generated) - 1
+
+    def choose(self, logits: torch.Tensor) -> list[int]:
+        return choose_tokens(logits, self.config.temperature, self.config.generator).tolist()
+
+    def prefill(self, hidden_layer_ids: Sequence[int] = ()) -> torch.Tensor | None:
+        began = self.clock()
+        positions = torch.arange(self.num_input, device=self.device).unsqueeze(0)
+        out = self.target.forward(self.prompt, positions, self.cache, hidden_layer_ids=hidden_layer_ids,
+                                  last_only=True)  # logits of the last row only: [1, V], not [n, V]
+        self.generated.append(self.choose(out.logits[-1:])[0])
+        self.time_to_first_token = self.clock() - began
+        self.decode_start = self.clock()
+        return out.hidden
+
+    def done(self) -> bool:
+        """Stop at the length limit or once a stop token was committed (the bonus counts)."""
+        fresh = self.generated[self._stop_checked :]
+        self._stop_checked = len(self.generated)
+        if any(token in self.stops for token in fresh):
+            return True
+        # The reference loops while start < max_length, i.e. one round more once it already
+        # holds max_new_tokens tokens; that round's tokens are cut anyway, so we skip it.
+        return len(self.generated) >= self.config.max_new_tokens
+
+    def end_round(self, accepted: int) -> None:
+        self.acceptance_lengths.append(accepted)
+        self.round_timestamps.append(self.clock() - self.decode_start)
+
+    def result(self) -> DecodeResult:
+        tokens = self.generated[: self.config.max_new_tokens]
+        for i, token in enumerate(tokens):
+            if token in self.stops:
+                tokens = tokens[: i + 1]
+                break
+        decode_time = self.clock() - self.decode_start
+        output_ids = torch.cat([self.prompt.cpu(), torch.tensor([tokens], dtype=torch.long)], dim=1)
+        return DecodeResult(
+            output_ids=output_ids,
+            num_input_tokens=self.num_input,
+            num_output_tokens=len(tokens),
+            time_to_first_token=self.time_to_first_token,
+            time_per_output_token=decode_time / max(len(tokens), 1),
+            acceptance_lengths=self.acceptance_lengths,
+            decode_rounds=len(self.acceptance_lengths),
+            stage_times=self.stage_times,
+            round_timestamps=self.round_timestamps,
+            round_trees=self.round_trees,
+        )
+
+
+class _DraftFeed:
+    """Tracks what the drafter has not seen yet: committed tokens and their target features."""
+
+    def __init__(self, drafter: Drafter, req: _Request, prompt_hidden: torch.Tensor | None):
+        self.drafter = drafter
+        self.req = req
+        self.pending_ids = req.prompt  # [1, n_new]
+        self.pending_hidden = prompt_hidden  # [1, n_new, L*H] or None
+        self.first_call = True
+
+    def draft(self) -> torch.Tensor:
+        req = self.req
+        began = req.clock()
+        request = DraftRequest(self.pending_ids, self.pending_hidden, req.generated[-1], req.start)
+        logits = self.drafter.draft(request)  # [D, V]
+        expected = (self.drafter.block_size - 1, req.target.vocab_size)
+        if tuple(logits.shape) != expected:
+            raise ValueError(f"drafter returned logits of shape {list(logits.shape)}, expected {list(expected)}")
+        elapsed = req.clock() - began
+        if self.first_call:
+            # As in the reference: the drafter's first call also prefills its context, so it
+            # is left out of the draft stage and the decode clock restarts after it.
+            self.first_call = False
+            req.decode_start = req.clock()
+        else:
+            req.stage_times["draft"] += elapsed
+        return logits
+
+    def committed(self, token_ids: list[int], hidden: torch.Tensor | None) -> None:
+        """The round accepted `token_ids` (root first); `hidden` [1, len, L*H] their features."""
+        self.pending_ids = torch.tensor([token_ids], dtype=torch.long, device=self.req.device)
+        self.pending_hidden = hidden
+
+
+# --------------------------------------------------------------------------- the three methods
+
+
+@torch.inference_mode()
+def generate_autoregressive(target: HFTarget, input_ids: torch.Tensor, config: DecodeConfig) -> DecodeResult:
+    """Plain decoding, one target forward per token: the reference for losslessness."""
+    req = _Request(target, input_ids, config, ("draft", "verify", "commit"))
+    req.prefill()
+    while not req.done():
+        began = req.clock()
+        token = torch.tensor([[req.generated[-1]]], device=req.device)
+        position = torch.tensor([[req.start]], device=req.device)
+        out = target.forward(token, position, req.cache)
+        verified = req.clock()
+        req.stage_times["verify"] += verified - began
+        req.generated.append(req.choose(out.logits)[0])
+        req.stage_times["commit"] += req.clock() - verified
+        req.end_round(1)
+    return req.result()
+
+
+@torch.inference_mode()
+def generate_dflash(
+    target: HFTarget, drafter: Drafter, input_ids: torch.Tensor, config: DecodeConfig
+) -> DecodeResult:
+    """Linear speculative decoding: verify the drafter's greedy block [bonus, d1..dD]."""
+    check_drafter(drafter, target)
+    req = _Request(target, input_ids, config, ("draft", "verify", "commit"))
+    drafter.begin(target)
+    feed = _DraftFeed(drafter, req, req.prefill(drafter.target_layer_ids))
+    while not req.done():
+        draft_tokens = feed.draft().argmax(dim=-1)  # [D]: the drafter's greedy block
+        began = req.clock()
+        start = req.start
+        block = torch.cat([torch.tensor([req.generated[-1]], device=req.device), draft_tokens.to(req.device)])
+        positions = torch.arange(start, start + block.numel(), device=req.device).unsqueeze(0)
+        out = target.forward(block.unsqueeze(0), positions, req.cache, hidden_layer_ids=drafter.target_layer_ids)
+        verified = req.clock()
+        req.stage_times["verify"] += verified - began
+        posterior = req.choose(out.logits)  # [D+1]: the target's choice after each block prefix
+        drafted = block.tolist()
+        accepted = 1
+        while accepted < len(drafted) and drafted[accepted] == posterior[accepted - 1]:
+            accepted += 1
+        req.generated.extend(drafted[1:accepted] + [posterior[accepted - 1]])
+        crop_cache(req.cache, start + accepted)
+        feed.committed(drafted[:accepted], None if out.hidden is None else out.hidden[:, :accepted])
+        req.stage_times["commit"] += req.clock() - verified
+        req.end_round(accepted)
+    return req.result()
+
+
+@torch.inference_mode()
+def generate_ddtree(
+    target: HFTarget,
+    drafter: Drafter,
+    input_ids: torch.Tensor,
+    config: DecodeConfig,
+    budget: int,
+    build_method: BuildMethod = BuildMethod.AUTO,
+) -> DecodeResult:
+    """DDTree: verify a best-first tree of up to `budget` draft nodes in one target forward.
+
+    `build_method` picks the core's tree builder (all return the same tree; their speed differs
+    with the vocabulary and budget, see benchmarks/decode.py)."""
+    if budget < 0:
+        raise ValueError(f"budget must be >= 0, got {budget}")
+    check_drafter(drafter, target)
+    req = _Request(target, input_ids, config, STAGE_ORDER)
+    drafter.begin(target)
+    feed = _DraftFeed(drafter, req, req.prefill(drafter.target_layer_ids))
+    while not req.done():
+        draft_logits = feed.draft()
+
+        began = req.clock()
+        tree = build_ddtree_tree_from_logits(draft_logits, budget, build_method)
+        built = req.clock()
+        req.stage_times["tree_build"] += built - began
+
+        start = req.start
+        inputs = compile_tree_inputs(
+            req.generated[-1], tree.node_token_ids, tree.node_depths, tree.visibility,
+            start, target.dtype, req.device,
+        )
+        compiled = req.clock()
+        req.stage_times["tree_compile"] += compiled - built
+
+        out = target.forward(
+            inputs.input_ids, inputs.position_ids, req.cache,
+            attention_mask=inputs.attention_mask, hidden_layer_ids=drafter.target_layer_ids,
+        )
+        verified = req.clock()
+        req.stage_times["verify"] += verified - compiled
+
+        posterior = req.choose(out.logits)  # [N+1]: the target's choice at every tree node
+        accepted, bonus = follow_verified_tree(tree.child_maps, posterior)
+        commit = commit_round(inputs.input_ids[0], accepted, bonus)
+        req.generated.extend(commit.tokens[1:] + [commit.bonus_token])
+        keep = torch.tensor(commit.keep_indices, dtype=torch.long, device=req.device)  # [K] int64
+        keep_cache_rows(req.cache, start, keep)
+        feed.committed(commit.tokens, None if out.hidden is None else out.hidden.index_select(1, keep))
+        req.stage_times["commit"] += req.clock() - verified
+        if req.round_trees is not None:
+            req.round_trees.append({
+                "accepted_indices": commit.keep_indices,
+                "tree": {
+                    "node_token_ids": tree.node_token_ids.tolist(),
+                    "node_depths": tree.node_depths.tolist(),
+                    "parents": [int(p) for p in tree.parents],
+                },
+            })
+        req.end_round(commit.acceptance_length)
+    return req.result()
+

@@ -1,0 +1,399 @@
+"""The fast exact builder: a per-depth frontier over lazily normalised rows.
+
+Why it is exact. The best-first set is the `budget` best rank paths by (score desc, rank path
+lex asc). Any `budget` valid paths give a lower bound `floor` on the budget-th best score, so
+a path scoring below `floor` can be dropped early, and a row only needs the ranks whose
+log-prob can still lift its best frontier prefix to `floor`. Depth by depth:
+
+  frontier = kept paths of depth d-1;  row d-1 is normalised (one logsumexp) only if the best
+  frontier score can still reach `floor` (log-probs are <= 0);  the row's top-k is read with k
+  = how many ranks can still reach `floor`;  candidate scores are the reference's incremental
+  float64 chains (child: logw + lp[0]; next sibling: logw - lp[r] + lp[r+1]), computed for a
+  whole frontier at once by one sequential `cumsum`;  `floor` rises to the budget-th best.
+
+Rows the tree never reaches are not normalised, and most rows need a handful of ranks, not
+`budget` (the reference's `topk(k=budget)` over every row is its main CPU cost).
+
+The result is checked: every placed node's generator (previous sibling, or parent for rank 0)
+must be placed before it. That holds whenever scores never rise along a generator edge, which
+is what makes the reference's pop order equal to the sorted order; if float rounding ever
+breaks it, the heap oracle builds the tree instead.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from ddtree.heap_build import best_first, build_heap_tree
+from ddtree.inputs import check_rows_finite, raise_bad_row
+from ddtree.tree import DraftTree, make_draft_tree, root_only_tree
+
+_NEG_INF = float("-inf")
+
+
+def _slack(*values: float) -> float:
+    """Absolute margin for approximate (non-chain) score comparisons: over-reading is harmless."""
+    return 1e-5 * (1.0 + sum(abs(v) for v in values if math.isfinite(v)))
+
+
+class _Rows:
+    """Rows of [D, V] logits, normalised and top-k'd in chunks, only when the tree reaches them.
+
+    Each chunk is one batched call per op (a row at a time would cost more per row on a CPU).
+    The logsumexp is always taken over >= 2 rows (or all of a one-row input): torch reduces a
+    lone row with a thread-split sum, but each row of a multi-row call serially, as the
+    reference's [D, V] call does, so this keeps log-probs bit-equal to the reference.
+    """
+
+    def __init__(self, logits: torch.Tensor, rank_cap: int, budget: int):
+        self.logits = logits  # [D, V] any float dtype, any device
+        self.depth_limit = logits.shape[0]
+        self.rank_cap = rank_cap  # K = min(budget, V)
+        self.budget = budget
+        self.log_z: dict[int, float] = {}  # row -> float32 logsumexp (as a Python float)
+        self.log_probs: dict[int, torch.Tensor] = {}  # row -> [k] float32 host, sorted descending
+        self.ids: dict[int, torch.Tensor] = {}  # row -> [k] int64 host
+        self.dead_from = self.depth_limit  # first row without a finite logit
+        self.complete_above: dict[int, float] = {}  # row -> every usable rank with lp >= it is read
+
+    def _normalise(self, start: int, stop: int) -> None:
+        missing = [d for d in range(start, stop) if d not in self.log_z]
+        if not missing:
+            return
+        start, stop = missing[0], missing[-1] + 1
+        if stop - start == 1 and self.depth_limit > 1:
+            start, stop = (start, stop + 1) if stop < self.depth_limit else (start - 1, stop)
+        log_z = torch.logsumexp(self.logits[start:stop].float(), dim=-1)  # [c] float32
+        for offset, value in enumerate(log_z.tolist()):
+            row = start + offset
+            if math.isnan(value) or value == math.inf:
+                raise_bad_row(row, self.logits[row])
+            if value == _NEG_INF:
+                self.dead_from = min(self.dead_from, row)
+            self.log_z.setdefault(row, value)
+
+    def fetch(self, start: int, stop: int, floor: float, best: float, probe: int | None = None) -> None:
+        """Read rows [start, stop): the ranks any prefix scoring <= `best` needs to reach `floor`,
+        at most `probe` of them. `complete_above[d]` records what is known: every usable rank
+        with a log-prob >= it has been read (-inf: the whole usable row)."""
+        self._normalise(start, stop)
+        stop = min(stop, self.dead_from)
+        if start >= stop:
+            return
+        x = self.logits[start:stop].float()  # [c, V]
+        log_z = torch.tensor([self.log_z[d] for d in range(start, stop)], dtype=torch.float32)
+        caps = [min(self.rank_cap, self.budget - d) for d in range(start, stop)]  # rank r at depth d+1 needs r+d+1 <= budget
+        if floor == _NEG_INF:
+            counts, cuts = caps, [_NEG_INF] * len(caps)
+        else:
+            cut = (floor - best) + log_z.double()
+            cut -= 1e-5 * (1.0 + cut.abs())  # over-reading a few ranks is harmless
+            counts = (x >= cut.to(x.device, torch.float32).unsqueeze(1)).sum(dim=1).tolist()
+            cut_lp = (floor - best) - _slack(floor, best)
+            cuts = [cut_lp if c < cap else _NEG_INF for c, cap in zip(counts, caps)]
+            counts = [min(c, cap) for c, cap in zip(counts, caps)]
+        wanted = [min(c, probe) if probe else c for c in counts]
+        k = max(wanted)
+        if k == 0:
+            values = torch.empty(stop - start, 0, dtype=torch.float32)
+            ids = torch.empty(stop - start, 0, dtype=torch.int64)
+        else:
+            values, ids = torch.topk(x, k, dim=-1)
+            values, ids = values.to("cpu", torch.float32), ids.to("cpu", torch.int64)
+        log_probs = values - log_z.unsqueeze(1)  # [c, k] float32, the reference's own subtraction
+        finite = torch.isfinite(log_probs).sum(dim=1).tolist()  # drop zero-probability (-inf) tokens
+        for offset, d in enumerate(range(start, stop)):
+            n = min(wanted[offset], finite[offset])
+            self.log_probs[d] = log_probs[offset, :n]
+            self.ids[d] = ids[offset, :n]
+            truncated = wanted[offset] < counts[offset] and n == wanted[offset]
+            self.complete_above[d] = float(log_probs[offset, n - 1]) if truncated else cuts[offset]
+            if n < wanted[offset]:
+                self.complete_above[d] = _NEG_INF  # ran out of finite logits: the whole row
+
+    def top(self, d: int, threshold: float, k_cap: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """([k] float32 log-probs, [k] int64 ids): the fetched ranks with log-prob >= threshold."""
+        row = self.log_probs[d]
+        k = min(row.numel(), k_cap)
+        if threshold != _NEG_INF and k:
+            k = min(k, int((row >= threshold - _slack(threshold)).sum()))
+        return row[:k], self.ids[d][:k]
+
+
+class _LazyHeapRows:
+    """`best_first` row access over `_Rows`: rows 0-1 first, the rest in one chunk when the
+    tree first pops a depth-2 node (a tree that deep usually goes deeper)."""
+
+    def __init__(self, rows: _Rows):
+        self.rows = rows
+        self._lp: dict[int, list[float]] = {}
+        self._ids: dict[int, list[int]] = {}
+
+    def log_probs(self, d: int) -> list[float]:
+        if d not in self._lp:
+            rows = self.rows
+            if d >= rows.dead_from:
+                return []
+            if d not in rows.log_probs:
+                rows.fetch(d, min(rows.depth_limit, 2 if d < 2 else rows.depth_limit), _NEG_INF, 0.0)
+            if d >= rows.dead_from:
+                return []
+            self._lp[d] = rows.log_probs[d].tolist()
+            self._ids[d] = rows.ids[d].tolist()
+        return self._lp[d]
+
+    def ids(self, d: int) -> list[int]:
+        return self._ids[d]
+
+
+class _Block(NamedTuple):
+    """Candidates of one depth, prefix-major: gids first_gid.. in order; within a prefix the
+    ranks are 0, 1, 2, ... so a rank r > 0 candidate's previous sibling is gid - 1."""
+
+    depth: int
+    first_gid: int
+    parent_gid: torch.Tensor  # [G] int64, -1 = the root
+    rank: torch.Tensor  # [G] int64
+    token_ids: torch.Tensor  # [G] int64
+    scores: torch.Tensor  # [G] float64
+
+
+def chain_scores(base: torch.Tensor, log_probs: torch.Tensor) -> torch.Tensor:
+    """Reference scores of every (prefix, rank) pair, rounding included.
+
+    base: [F] float64 prefix scores; log_probs: [k] float64 (from float32), sorted descending.
+    Returns [F, k] float64 with s[:, 0] = base + lp[0], s[:, r] = s[:, r-1] - lp[r-1] + lp[r].
+    A CPU cumsum adds strictly left to right, so interleaving (-lp[r-1], +lp[r]) reproduces the
+    reference's sequence of float64 roundings.
+    """
+    k = log_probs.numel()
+    first = base + log_probs[0]
+    if k == 1:
+        return first.unsqueeze(1)
+    steps = torch.empty(base.numel(), 2 * k - 1, dtype=torch.float64)
+    steps[:, 0] = first
+    steps[:, 1::2] = -log_probs[:-1]
+    steps[:, 2::2] = log_probs[1:]
+    return steps.cumsum_(dim=1)[:, ::2]
+
+
+def ragged_chain_scores(
+    base: torch.Tensor,  # [F] float64 prefix scores, sorted descending
+    counts: torch.Tensor,  # [F] int64 ranks wanted per prefix, non-increasing, >= 1
+    log_probs: torch.Tensor,  # [k] float64 with k >= counts[0]
+) -> torch.Tensor:
+    """`chain_scores` for prefix f over ranks 0..counts[f]-1 only, flattened prefix-major.
+    Prefixes are grouped by the power of two above their count, so the work stays within
+    twice the output size instead of F * k."""
+    total = int(counts.sum())
+    width = log_probs.numel()
+    rank = torch.arange(width)
+    if base.numel() * width <= 2 * total + 4096:
+        return chain_scores(base, log_probs)[rank < counts.unsqueeze(1)]
+    bucket = torch.ceil(torch.log2(counts.double())).long()
+    _, sizes = torch.unique_consecutive(bucket, return_counts=True)
+    pieces, start = [], 0
+    for size in sizes.tolist():
+        part = slice(start, start + size)
+        w = min(width, 1 << int(bucket[start]))
+        rect = chain_scores(base[part], log_probs[:w])  # [size, w]
+        pieces.append(rect[rank[:w] < counts[part].unsqueeze(1)])
+        start += size
+    return torch.cat(pieces)
+
+
+def _ragged_ranks(counts: torch.Tensor) -> torch.Tensor:
+    """[sum(counts)] int64: 0..counts[0]-1, 0..counts[1]-1, ..."""
+    starts = torch.cumsum(counts, 0) - counts
+    return torch.arange(int(counts.sum())) - starts.repeat_interleave(counts)
+
+
+def _predicted_reach(best: float, floor: float, depth: int) -> int:
+    """How many rows from `depth` on the greedy chain will likely still reach `floor`, assuming
+    each further row costs it what the rows so far cost on average (a chunk-size guess only)."""
+    per_row = best / (depth - 1)  # <= 0
+    if per_row == 0.0:
+        return 1 << 30
+    return 1 + int((floor - best) / per_row)
+
+
+# Up to this budget the heap loop's Python pops cost less than the frontier's tensor-op
+# overhead per depth; both read rows lazily. Measured on the benchmark shapes (docs/core.md).
+LAZY_HEAP_MAX_BUDGET = 128
+
+
+def build_fast_tree(logits: torch.Tensor, budget: int) -> DraftTree:
+    """logits: [D, V] (checked by the caller); budget >= 0. The exact tree, rows read lazily:
+    a best-first heap for small budgets, the per-depth frontier for large ones."""
+    depth_limit, vocab = logits.shape
+    if budget == 0 or depth_limit == 0:
+        return root_only_tree()
+    check_rows_finite(logits)
+    rows = _Rows(logits, min(budget, vocab), budget)
+    if budget <= LAZY_HEAP_MAX_BUDGET:
+        return best_first(_LazyHeapRows(rows), depth_limit, budget)
+    return build_frontier_tree(logits, budget, rows)
+
+
+# Rows after the first are read `PROBE_RANKS` ranks at a time at first: a cheap top-k whose
+# tree gives a much better floor; the few rows that then need more are read again exactly.
+PROBE_RANKS = 32
+
+
+class _Pass(NamedTuple):
+    blocks: list[_Block]
+    total: int  # gids handed out
+    pool_gid: torch.Tensor  # [P] int64 candidates scoring >= floor
+    pool_score: torch.Tensor  # [P] float64
+    floor: float  # the budget-th best score among the candidates (or -inf)
+    best_prefix: dict[int, float]  # row -> best prefix score it was read for
+
+
+def build_frontier_tree(logits: torch.Tensor, budget: int, rows: _Rows | None = None) -> DraftTree:
+    """logits: [D, V] (checked by the caller); budget >= 1 and D >= 1."""
+    depth_limit, vocab = logits.shape
+    if rows is None:
+        check_rows_finite(logits)
+        rows = _Rows(logits, min(budget, vocab), budget)
+    while True:
+        result = _frontier_pass(rows, budget, depth_limit)
+        # A probed row is enough when its first unread rank cannot reach the floor.
+        stale = [
+            d
+            for d, best in result.best_prefix.items()
+            if rows.complete_above[d] >= result.floor - best - _slack(result.floor, best)
+        ]
+        if not stale:
+            return _assemble(logits, budget, result)
+        for d in stale:  # read exactly what the (now higher) floor needs; the next pass is exact
+            rows.fetch(d, d + 1, result.floor, result.best_prefix[d])
+
+
+def _frontier_pass(rows: _Rows, budget: int, depth_limit: int) -> _Pass:
+    blocks: list[_Block] = []
+    next_gid = 0
+    floor = _NEG_INF  # a lower bound on the budget-th best score
+    pool_gid = torch.empty(0, dtype=torch.int64)  # [P] candidates scoring >= floor
+    pool_score = torch.empty(0, dtype=torch.float64)  # [P]
+    frontier_gid = torch.tensor([-1], dtype=torch.int64)  # [F] the root
+    frontier_score = torch.zeros(1, dtype=torch.float64)  # [F] sorted descending
+    best_prefix: dict[int, float] = {}
+
+    for depth in range(1, depth_limit + 1):
+        best = float(frontier_score[0])
+        if best < floor:
+            break  # log-probs are <= 0: nothing deeper can reach the floor
+        if depth - 1 not in rows.log_probs:
+            if floor == _NEG_INF:
+                rows.fetch(depth - 1, depth, floor, best)
+            else:
+                span = _predicted_reach(best, floor, depth)
+                rows.fetch(depth - 1, min(depth_limit, depth - 1 + span), floor, best, probe=PROBE_RANKS)
+        if depth - 1 >= rows.dead_from:
+            break  # a row without a finite logit ends every path
+        best_prefix[depth - 1] = best
+        threshold = floor - best if floor != _NEG_INF else _NEG_INF
+        log_probs, token_ids = rows.top(depth - 1, threshold, budget - depth + 1)
+        k = log_probs.numel()
+        if k == 0:
+            break
+        lp = log_probs.double()
+        if floor == _NEG_INF:
+            counts = torch.full_like(frontier_gid, k)
+        else:  # ranks each prefix needs: lp[r] >= floor - score (a prefix of the sorted row)
+            reach = floor - frontier_score - _slack(floor)
+            counts = torch.searchsorted(-lp, -reach, right=True)  # [F] non-increasing
+            alive = int((counts > 0).sum())
+            if alive == 0:
+                break
+            frontier_gid, frontier_score, counts = frontier_gid[:alive], frontier_score[:alive], counts[:alive]
+        scores = ragged_chain_scores(frontier_score, counts, lp)  # [G] prefix-major
+        rank = _ragged_ranks(counts)  # [G]
+        blocks.append(_Block(depth, next_gid, frontier_gid.repeat_interleave(counts), rank, token_ids[rank], scores))
+        gids = torch.arange(next_gid, next_gid + scores.numel())
+        next_gid += scores.numel()
+
+        keep = scores >= floor
+        pool_gid = torch.cat([pool_gid, gids[keep]])
+        pool_score = torch.cat([pool_score, scores[keep]])
+        if pool_score.numel() >= budget:
+            floor = float(torch.topk(pool_score, budget, sorted=False).values.min())
+            above = pool_score >= floor
+            pool_gid, pool_score = pool_gid[above], pool_score[above]
+        frontier = keep & (scores >= floor)
+        frontier_score, order = torch.sort(scores[frontier], descending=True, stable=True)
+        frontier_gid = gids[frontier][order]
+        if frontier_gid.numel() == 0:
+            break
+
+    return _Pass(blocks, next_gid, pool_gid, pool_score, floor, best_prefix)
+
+
+def _assemble(logits: torch.Tensor, budget: int, result: _Pass) -> DraftTree:
+    blocks, total, pool_gid, pool_score = result.blocks, result.total, result.pool_gid, result.pool_score
+    if pool_gid.numel() == 0:
+        return root_only_tree()
+    parent = torch.empty(total, dtype=torch.int64)  # [G] gid of the parent, -1 = root
+    token = torch.empty(total, dtype=torch.int64)  # [G]
+    depth = torch.empty(total, dtype=torch.int64)  # [G]
+    rank = torch.empty(total, dtype=torch.int64)  # [G]
+    score = torch.empty(total, dtype=torch.float64)  # [G]
+    for block in blocks:
+        span = slice(block.first_gid, block.first_gid + block.scores.numel())
+        parent[span] = block.parent_gid
+        token[span] = block.token_ids
+        rank[span] = block.rank
+        depth[span] = block.depth
+        score[span] = block.scores
+
+    order = torch.sort(pool_score, descending=True, stable=True).indices
+    window = pool_score[order[: budget + 1]]
+    if bool((window[1:] == window[:-1]).any()):
+        order = _lex_order(pool_gid, pool_score, parent, rank, depth)
+    chosen = pool_gid[order[:budget]]  # [N] gids in pop order
+    count = chosen.numel()
+
+    position = torch.full((total,), -1, dtype=torch.int64)  # gid -> pop position
+    position[chosen] = torch.arange(count)
+    generator = torch.where(rank[chosen] > 0, chosen - 1, parent[chosen])
+    generator_position = torch.where(generator >= 0, position[generator.clamp(min=0)], -1)
+    placed_before = (generator < 0) | ((generator_position >= 0) & (generator_position < torch.arange(count)))
+    if not bool(placed_before.all()):
+        return build_heap_tree(logits, budget)  # scores rose along an edge: let the heap decide
+
+    parent_gid = parent[chosen]
+    parents = torch.where(parent_gid >= 0, position[parent_gid.clamp(min=0)] + 1, 0)
+    return make_draft_tree(
+        [-1] + parents.tolist(),
+        token[chosen],
+        depth[chosen],
+        score[chosen],
+    )
+
+
+def _lex_order(
+    pool_gid: torch.Tensor,  # [P] int64
+    pool_score: torch.Tensor,  # [P] float64
+    parent: torch.Tensor,  # [G] int64
+    rank: torch.Tensor,  # [G] int64
+    depth: torch.Tensor,  # [G] int64
+) -> torch.Tensor:
+    """Order of the pool by (score desc, rank path lexicographically asc): exact ties only."""
+    count = pool_gid.numel()
+    max_depth = int(depth[pool_gid].max())
+    paths = torch.full((count, max_depth), -1, dtype=torch.int64)  # [P, Dmax]; -1 sorts a prefix first
+    rows = torch.arange(count)
+    current = pool_gid.clone()
+    for _ in range(max_depth):
+        live = current >= 0
+        if not bool(live.any()):
+            break
+        node = current[live]
+        paths[rows[live], depth[node] - 1] = rank[node]
+        current = torch.where(live, parent[current.clamp(min=0)], -1)
+    order = torch.arange(count)
+    for column in reversed(range(max_depth)):
+        order = order[torch.sort(paths[order, column], stable=True).indices]
+    return order[torch.sort(pool_score[order], descending=True, stable=True).indices]

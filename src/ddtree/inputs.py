@@ -1,0 +1,49 @@
+"""Input checks shared by the builders: one-line errors that carry the bad value."""
+from __future__ import annotations
+
+import torch
+
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def check_budget(budget: object) -> int:
+    if isinstance(budget, bool) or not isinstance(budget, int):
+        raise TypeError(f"budget must be an int, got {budget!r} ({type(budget).__name__})")
+    if budget < 0:
+        raise ValueError(f"budget must be >= 0, got {budget}")
+    return budget
+
+
+def check_logits_shape(logits: object, rank: int, name: str = "logits") -> torch.Tensor:
+    """Rank, float dtype and a non-empty vocabulary; `rank` 2 is [D, V], 3 is [bs, D, V]."""
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(logits).__name__}")
+    layout = "[D, V]" if rank == 2 else "[bs, D, V]"
+    if logits.dim() != rank:
+        raise ValueError(
+            f"{name} must have rank {rank} {layout}, got rank {logits.dim()} with shape {tuple(logits.shape)}"
+        )
+    if logits.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"{name} must be float32, bfloat16, float16 or float64, got {logits.dtype}")
+    if logits.shape[-1] == 0:
+        raise ValueError(f"{name} has an empty vocabulary: shape {tuple(logits.shape)}")
+    return logits
+
+
+def raise_bad_row(row: int, row_values: torch.Tensor, name: str = "logits") -> None:
+    """Raise for a row that holds NaN or +inf (a zero-probability -inf is allowed)."""
+    if bool(torch.isnan(row_values).any()):
+        bad = int(torch.isnan(row_values).nonzero()[0, 0])
+        raise ValueError(f"{name} row {row} (depth {row + 1}) contains NaN (first at token {bad})")
+    if bool(torch.isposinf(row_values).any()):
+        bad = int(torch.isposinf(row_values).nonzero()[0, 0])
+        raise ValueError(f"{name} row {row} (depth {row + 1}) contains +inf (first at token {bad})")
+
+
+def check_rows_finite(logits: torch.Tensor, name: str = "logits") -> None:
+    """Every row free of NaN and +inf. One cheap sum pass; rows whose sum is not finite are
+    inspected closely (a -inf logit or an overflowing sum is fine)."""
+    sums = logits.sum(dim=-1, dtype=torch.float32)  # [D] a NaN or +inf makes its row's sum non-finite
+    suspect = (~torch.isfinite(sums)).nonzero().flatten().tolist()
+    for row in suspect:
+        raise_bad_row(row, logits[row], name)

@@ -1,0 +1,127 @@
+"""Per-method summaries of decode records: ours (`DecodeResult`) and the reference's run files.
+
+A record is anything with the reference's attributes (`acceptance_lengths`,
+`time_per_output_token`, `output_ids`, `num_input_tokens`); the reference stores
+`types.SimpleNamespace` objects, we store `DecodeResult`. The formulas are the reference's
+(`make_latex_table.py`): tau = mean over requests of the per-request mean acceptance length;
+speedup = mean AR time per output token / mean method time per output token.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass
+from statistics import mean
+from typing import Any, Mapping, Sequence
+
+from ddtree.metrics import acceptance_histogram, mean_acceptance_length
+
+AUTOREGRESSIVE_KEY = "baseline"
+
+
+def budget_of(method: str) -> int | None:
+    """`ddtree_tb64` -> 64; None for the other method keys."""
+    prefix = "ddtree_tb"
+    if method.startswith(prefix) and method[len(prefix):].isdigit():
+        return int(method[len(prefix):])
+    return None
+
+
+def tau(records: Sequence[Any]) -> float:
+    """The paper's tau; 0.0 when no request had a round (e.g. a stop token at prefill)."""
+    lengths = [list(r.acceptance_lengths) for r in records]
+    return mean_acceptance_length(lengths) if any(lengths) else 0.0
+
+
+def histogram_fractions(records: Sequence[Any]) -> dict[int, float]:
+    """Fraction of all rounds (over all requests) with each acceptance length 1..max."""
+    counts = acceptance_histogram([list(r.acceptance_lengths) for r in records])
+    total = sum(counts.values())
+    return {length: n / total for length, n in counts.items()} if total else {}
+
+
+def mean_time_per_output_token(records: Sequence[Any]) -> float:
+    return float(mean(float(r.time_per_output_token) for r in records))
+
+
+def new_tokens(record: Any) -> list[int]:
+    ids = record.output_ids  # [1, n] int64 in both ours and the reference's records
+    row = ids[0] if ids.dim() == 2 else ids
+    return [int(t) for t in row[int(record.num_input_tokens):].tolist()]
+
+
+def identical_fraction(records: Sequence[Any], reference: Sequence[Any]) -> float:
+    """Share of requests whose new tokens equal the autoregressive ones."""
+    if len(records) != len(reference):
+        raise ValueError(f"cannot compare {len(records)} requests with {len(reference)} autoregressive ones")
+    same = sum(new_tokens(a) == new_tokens(b) for a, b in zip(records, reference))
+    return same / len(records) if records else 1.0
+
+
+@dataclass
+class MethodSummary:
+    """One (dataset, model, temperature, method) cell: what baselines and decode-bench store."""
+
+    dataset: str
+    model: str
+    temperature: float
+    method: str  # "baseline", "dflash", "ddtree_tb<B>", or the paper's "ddtree_best"
+    budget: int | None
+    tau: float
+    speedup: float | None
+    time_per_output_token: float | None  # seconds
+    histogram: dict[int, float]  # acceptance length -> fraction of rounds
+    requests: int | None
+    identical_to_ar: float | None  # share of requests token-identical to AR (T=0 only)
+    stage_split: dict[str, float] | None = None  # stage -> share of summed stage time
+    source: str = ""
+
+    @property
+    def key(self) -> tuple[str, str, float, str]:
+        return (self.dataset, self.model, round(float(self.temperature), 6), self.method)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["histogram"] = {str(k): v for k, v in self.histogram.items()}
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "MethodSummary":
+        values = dict(data)
+        values["histogram"] = {int(k): float(v) for k, v in dict(values.get("histogram") or {}).items()}
+        return cls(**values)
+
+
+def stage_split(records: Sequence[Any]) -> dict[str, float]:
+    totals: Counter[str] = Counter()
+    for r in records:
+        for stage, seconds in dict(r.stage_times).items():
+            totals[stage] += float(seconds)
+    whole = sum(totals.values())
+    return {stage: (seconds / whole if whole else 0.0) for stage, seconds in totals.items()}
+
+
+def summarize_methods(
+    records_by_method: Mapping[str, Sequence[Any]],
+    dataset: str,
+    model: str,
+    temperature: float,
+    source: str = "",
+) -> list[MethodSummary]:
+    """One summary per method key; speedup and token identity relative to `baseline` if present."""
+    reference = records_by_method.get(AUTOREGRESSIVE_KEY)
+    ar_tpot = mean_time_per_output_token(reference) if reference else None
+    summaries = []
+    for method, records in records_by_method.items():
+        tpot = mean_time_per_output_token(records)
+        identical = None
+        if reference is not None and float(temperature) == 0.0:
+            identical = identical_fraction(records, reference)
+        summaries.append(MethodSummary(
+            dataset=dataset, model=model, temperature=float(temperature), method=method,
+            budget=budget_of(method), tau=tau(records),
+            speedup=(ar_tpot / tpot) if ar_tpot is not None and tpot > 0 else None,
+            time_per_output_token=tpot, histogram=histogram_fractions(records),
+            requests=len(records), identical_to_ar=identical, stage_split=stage_split(records),
+            source=source,
+        ))
+    return summaries

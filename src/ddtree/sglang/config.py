@@ -1,0 +1,116 @@
+"""Plugin configuration from DDTREE_* environment variables.
+
+A plugin cannot add fields to SGLang's ServerArgs (unknown argparse destinations are
+dropped), so the operator configures DDTree through the environment, which every process
+SGLang spawns inherits.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ddtree.sglang.errors import PluginConfigError
+
+ENV_PREFIX = "DDTREE_"
+OPS_PREFIX = "DDTREE_OPS_"  # the operator CLI's own variables, not ours
+ENV_ENABLE = "DDTREE_ENABLE"
+ENV_BUDGET = "DDTREE_BUDGET"
+ENV_TOPK = "DDTREE_TOPK"
+ENV_STRICT = "DDTREE_STRICT"
+ENV_METRICS_INTERVAL = "DDTREE_METRICS_INTERVAL"
+# Internal: written by hook H1 in the launcher process (the drafter block size B as SGLang
+# resolved it), inherited by the scheduler processes where the worker is built.
+ENV_DRAFT_BLOCK_SIZE = "DDTREE_DRAFT_BLOCK_SIZE"
+KNOWN_VARIABLES = frozenset(
+    {ENV_ENABLE, ENV_BUDGET, ENV_TOPK, ENV_STRICT, ENV_METRICS_INTERVAL, ENV_DRAFT_BLOCK_SIZE}
+)
+
+DEFAULT_BUDGET = 32
+DEFAULT_METRICS_INTERVAL = 50  # verify rounds between two metric log lines
+# Verify width N = budget + 1 is a CUDA-graph capture width and a mask side; keep it sane.
+MAX_BUDGET = 1024
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
+
+
+@dataclass(frozen=True)
+class DDTreeConfig:
+    enabled: bool = False
+    budget: int = DEFAULT_BUDGET  # draft nodes per tree (root excluded)
+    topk: int = DEFAULT_BUDGET  # per-depth candidates kept from the drafter, <= budget
+    strict: bool = True  # a hook that did not take stops the server
+    metrics_interval: int = DEFAULT_METRICS_INTERVAL  # 0 disables the periodic log line
+    draft_block_size: int | None = None  # B, set by hook H1 (None: H1 has not run)
+
+    @property
+    def verify_width(self) -> int:
+        """N: tokens per request in the target verify (the root + the budget)."""
+        return self.budget + 1
+
+    def as_env(self) -> dict[str, str]:
+        """The variables that reproduce this config (for launching servers, for records)."""
+        return {
+            ENV_ENABLE: "1" if self.enabled else "0",
+            ENV_BUDGET: str(self.budget),
+            ENV_TOPK: str(self.topk),
+            ENV_STRICT: "1" if self.strict else "0",
+            ENV_METRICS_INTERVAL: str(self.metrics_interval),
+        }
+
+
+def _parse_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise PluginConfigError(f"{name}: expected one of 1/0/true/false/yes/no/on/off, got {raw!r}")
+
+
+def _parse_int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip(), 10)
+    except ValueError:
+        raise PluginConfigError(f"{name}: expected an integer, got {raw!r}") from None
+    if not lo <= value <= hi:
+        raise PluginConfigError(f"{name}: must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def load_config(env: Mapping[str, str] | None = None) -> DDTreeConfig:
+    """Parse DDTREE_* variables; a bad value raises PluginConfigError naming the variable.
+
+    An unknown DDTREE_* name is an error too: a typo (DDTREE_BUDGTE) would otherwise run
+    the server with the default budget without anyone noticing.
+    """
+    env = os.environ if env is None else env
+    unknown = sorted(
+        k
+        for k in env
+        if k.startswith(ENV_PREFIX) and not k.startswith(OPS_PREFIX) and k not in KNOWN_VARIABLES
+    )
+    if unknown:
+        raise PluginConfigError(
+            f"{unknown[0]}: unknown variable (known: {', '.join(sorted(KNOWN_VARIABLES))})"
+        )
+    enabled = _parse_bool(env, ENV_ENABLE, False)
+    budget = _parse_int(env, ENV_BUDGET, DEFAULT_BUDGET, 1, MAX_BUDGET)
+    topk = _parse_int(env, ENV_TOPK, budget, 1, MAX_BUDGET)
+    if topk > budget:
+        # More candidates per depth than nodes in the whole tree can never be used.
+        raise PluginConfigError(f"{ENV_TOPK}: must be <= {ENV_BUDGET} ({budget}), got {topk}")
+    strict = _parse_bool(env, ENV_STRICT, True)
+    interval = _parse_int(env, ENV_METRICS_INTERVAL, DEFAULT_METRICS_INTERVAL, 0, 10**9)
+    block = _parse_int(env, ENV_DRAFT_BLOCK_SIZE, 0, 0, MAX_BUDGET + 1) or None
+    return DDTreeConfig(
+        enabled=enabled, budget=budget, topk=topk, strict=strict, metrics_interval=interval,
+        draft_block_size=block,
+    )

@@ -1,0 +1,208 @@
+"""What the plugin relies on in one SGLang version, and how to read it without importing SGLang.
+
+A manifest pins (1) the sha256 of every SGLang file we hook, subclass or call into, and
+(2) the names we use there, each with its parameter list in a canonical form. The same
+canonical form is produced statically (from the file's `ast`) by the gate and at runtime
+(from `inspect.signature`) by the self-check, so both compare against one string.
+
+Stdlib only: the gate runs on hosts before anything is installed, in any Python.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+
+class NameKind(Enum):
+    FUNCTION = "function"  # module-level def
+    METHOD = "method"  # def in a class body (first parameter dropped)
+    CLASSMETHOD = "classmethod"  # @classmethod in a class body (first parameter dropped)
+    CLASS = "class"  # a class must exist
+    FIELDS = "fields"  # a class must declare these annotated fields (dataclass inputs)
+    CONSTANT = "constant"  # a module-level NAME = <literal> with this exact value
+
+
+@dataclass(frozen=True)
+class RequiredName:
+    file: str  # relative to the `sglang` package directory, '/'-separated
+    qualname: str  # "_handle_dflash", "HookRegistry.register"
+    kind: NameKind
+    signature: str | None = None  # canonical parameter list, e.g. "(server_args)"
+    fields: tuple[str, ...] = ()  # for FIELDS
+    value: str | None = None  # repr() of the literal, for CONSTANT
+    why: str = ""  # what the plugin does with it (shown in findings)
+
+    @property
+    def module(self) -> str:
+        """Dotted module name: 'srt/plugins/__init__.py' -> 'sglang.srt.plugins'."""
+        parts = self.file[: -len(".py")].split("/")
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        return ".".join(["sglang", *parts])
+
+    @property
+    def label(self) -> str:
+        return f"{self.module}.{self.qualname}"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    sglang_version: str
+    file_sha256: dict[str, str] = field(default_factory=dict)  # relative path -> hex digest
+    names: tuple[RequiredName, ...] = ()
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 16), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------
+# Canonical parameter lists. Tokens: "a", "a=" (has a default), "/", "*", "*args", "**kw".
+
+
+def _join(tokens: list[str]) -> str:
+    return "(" + ", ".join(tokens) + ")"
+
+
+def signature_from_ast(node: ast.FunctionDef | ast.AsyncFunctionDef, *, drop_first: bool) -> str:
+    args = node.args
+    positional = [*args.posonlyargs, *args.args]
+    first_default = len(positional) - len(args.defaults)
+    tokens: list[str] = []
+    for index, arg in enumerate(positional):
+        tokens.append(arg.arg + ("=" if index >= first_default else ""))
+        if args.posonlyargs and index == len(args.posonlyargs) - 1:
+            tokens.append("/")
+    if args.vararg is not None:
+        tokens.append("*" + args.vararg.arg)
+    elif args.kwonlyargs:
+        tokens.append("*")
+    for arg, default in zip(args.kwonlyargs, args.kw_defaults):
+        tokens.append(arg.arg + ("=" if default is not None else ""))
+    if args.kwarg is not None:
+        tokens.append("**" + args.kwarg.arg)
+    if drop_first and positional:
+        tokens = tokens[1:]
+        if tokens and tokens[0] == "/":
+            tokens = tokens[1:]
+    return _join(tokens)
+
+
+def signature_from_callable(fn: object, *, drop_first: bool) -> str:
+    """The same canonical form for a live function (follows __wrapped__ through our hooks)."""
+    params = list(inspect.signature(fn).parameters.values())  # type: ignore[arg-type]
+    if drop_first and params:
+        params = params[1:]
+    tokens: list[str] = []
+    kinds = inspect.Parameter
+    saw_star = False
+    for index, param in enumerate(params):
+        if param.kind is kinds.VAR_POSITIONAL:
+            tokens.append("*" + param.name)
+            saw_star = True
+        elif param.kind is kinds.VAR_KEYWORD:
+            tokens.append("**" + param.name)
+        else:
+            if param.kind is kinds.KEYWORD_ONLY and not saw_star:
+                tokens.append("*")
+                saw_star = True
+            tokens.append(param.name + ("=" if param.default is not kinds.empty else ""))
+            is_last_posonly = param.kind is kinds.POSITIONAL_ONLY and (
+                index + 1 == len(params) or params[index + 1].kind is not kinds.POSITIONAL_ONLY
+            )
+            if is_last_posonly:
+                tokens.append("/")
+    return _join(tokens)
+
+
+# ---------------------------------------------------------------------------------------
+# Static lookup of a qualname in a parsed module.
+
+
+def _is_decorated(node: ast.AST, name: str) -> bool:
+    return any(
+        isinstance(dec, ast.Name) and dec.id == name
+        for dec in getattr(node, "decorator_list", [])
+    )
+
+
+def _find_in_body(body: list[ast.stmt], name: str) -> ast.AST | None:
+    found: ast.AST | None = None
+    for stmt in body:  # the last definition wins, as at runtime
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if stmt.name == name:
+                found = stmt
+        elif isinstance(stmt, ast.Assign):
+            if any(isinstance(t, ast.Name) and t.id == name for t in stmt.targets):
+                found = stmt
+        elif isinstance(stmt, ast.AnnAssign):
+            if isinstance(stmt.target, ast.Name) and stmt.target.id == name:
+                found = stmt
+    return found
+
+
+def find_definition(tree: ast.Module, qualname: str) -> ast.AST | None:
+    body: list[ast.stmt] = tree.body
+    node: ast.AST | None = None
+    for part in qualname.split("."):
+        node = _find_in_body(body, part)
+        if node is None:
+            return None
+        body = node.body if isinstance(node, ast.ClassDef) else []
+    return node
+
+
+def class_fields(node: ast.ClassDef) -> set[str]:
+    """Names assigned in a class body: dataclass fields, class attributes, enum members."""
+    names: set[str] = set()
+    for stmt in node.body:
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            names.add(stmt.target.id)
+        elif isinstance(stmt, ast.Assign):
+            names.update(t.id for t in stmt.targets if isinstance(t, ast.Name))
+    return names
+
+
+def describe_static(tree: ast.Module, required: RequiredName) -> tuple[bool, str]:
+    """(ok, what was found) for one required name in a parsed file."""
+    node = find_definition(tree, required.qualname)
+    if node is None:
+        return False, "not defined"
+    kind = required.kind
+    if kind in (NameKind.FUNCTION, NameKind.METHOD, NameKind.CLASSMETHOD):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return False, f"is a {type(node).__name__}, not a function"
+        if kind is NameKind.CLASSMETHOD and not _is_decorated(node, "classmethod"):
+            return False, "is no longer a classmethod"
+        found = signature_from_ast(node, drop_first=kind is not NameKind.FUNCTION)
+        if found != required.signature:
+            return False, f"signature {found}, expected {required.signature}"
+        return True, found
+    if kind is NameKind.CLASS:
+        return (True, "class") if isinstance(node, ast.ClassDef) else (False, "not a class")
+    if kind is NameKind.FIELDS:
+        if not isinstance(node, ast.ClassDef):
+            return False, "not a class"
+        missing = [name for name in required.fields if name not in class_fields(node)]
+        if missing:
+            return False, f"fields missing: {', '.join(missing)}"
+        return True, "fields present"
+    if kind is NameKind.CONSTANT:
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+            return False, "not a module-level assignment"
+        try:
+            value = repr(ast.literal_eval(node.value))
+        except ValueError:
+            return False, "not a literal"
+        if value != required.value:
+            return False, f"value {value}, expected {required.value}"
+        return True, value
+    raise AssertionError(f"unhandled kind {kind}")

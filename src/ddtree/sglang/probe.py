@@ -1,0 +1,150 @@
+"""Run in a host's Python environment: is the plugin discoverable, and do its hooks take?
+
+    python -m ddtree.sglang.probe [--allow-gate-findings]
+
+Prints one JSON object. Used by `ddtree-ops deploy` (from a fresh interpreter after
+installing), by the `plugin` smoke stage and by the tests. It runs SGLang's own
+`load_plugins()` with `sglang/__init__.py` bypassed (that file imports the whole frontend,
+which needs GPU-only dependencies) and DDTREE_ENABLE=1, DDTREE_STRICT=0, so that it can
+report every hook instead of stopping at the first.
+
+verdict: "hooks-applied"  every hook applied, every name checked at runtime matched;
+         "static-only"    SGLang's speculative modules cannot import here (a third-party
+                          dependency is missing, e.g. on a CPU host): the entry point ran,
+                          the hooks were registered, and the static gate passed;
+         "failed"         anything else (reasons say what).
+exit 0 unless the verdict is "failed" (then 1).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import types
+from enum import Enum
+from typing import Any
+
+PLUGIN_GROUP = "sglang.srt.plugins"
+PLUGIN_NAME = "ddtree"
+PLUGIN_VALUE = "ddtree.sglang.plugin:register"
+
+
+class Verdict(Enum):
+    HOOKS_APPLIED = "hooks-applied"
+    STATIC_ONLY = "static-only"
+    FAILED = "failed"
+
+
+def bypass_sglang_init() -> bool:
+    """Register a bare `sglang` package so `sglang.srt.*` imports skip sglang/__init__.py."""
+    if "sglang" in sys.modules:
+        return True
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    package = types.ModuleType("sglang")
+    package.__path__ = list(spec.submodule_search_locations)
+    package.__file__ = None
+    sys.modules["sglang"] = package
+    return True
+
+
+def entry_point_info() -> dict[str, Any]:
+    from importlib.metadata import entry_points
+
+    found = [ep for ep in entry_points(group=PLUGIN_GROUP) if ep.name == PLUGIN_NAME]
+    if not found:
+        return {"found": False}
+    ep = found[0]
+    return {
+        "found": True,
+        "value": ep.value,
+        "dist": ep.dist.name if ep.dist else None,
+        "count": len(found),
+    }
+
+
+def classify(
+    entry_point: dict[str, Any], gate: dict[str, Any], self_check: dict[str, Any] | None,
+    load_error: str | None, *, allow_gate_findings: bool,
+) -> tuple[Verdict, list[str]]:
+    """Pure: the verdict and its reasons from the probe's observations."""
+    reasons: list[str] = []
+    if not entry_point.get("found"):
+        reasons.append(f"entry point {PLUGIN_GROUP}:{PLUGIN_NAME} not discoverable")
+    elif entry_point.get("value") != PLUGIN_VALUE:
+        reasons.append(f"entry point points at {entry_point.get('value')}, expected {PLUGIN_VALUE}")
+    elif entry_point.get("count", 1) != 1:
+        reasons.append(f"{entry_point['count']} distributions declare {PLUGIN_GROUP}:{PLUGIN_NAME}")
+    if not gate.get("ok") and not allow_gate_findings:
+        reasons += [f"gate: {f['file']}: {f['kind']}: {f['detail']}" for f in gate.get("findings", [])]
+        if "error" in gate:
+            reasons.append(f"gate: {gate['error']}")
+    if load_error:
+        reasons.append(f"load_plugins() raised: {load_error}")
+    if self_check is None:
+        reasons.append("the plugin's self-check did not run (register() was not called by load_plugins)")
+        return Verdict.FAILED, reasons
+    missing: list[str] = []
+    for hook in self_check["hooks"]:
+        if hook["state"] == "applied":
+            continue
+        if hook["state"] == "unresolvable" and hook.get("missing_dependency"):
+            missing.append(hook["missing_dependency"])
+            continue
+        reasons.append(f"{hook['hook_id']} {hook['target']}: {hook['state']} ({hook['detail']})")
+    reasons += [f"{n['label']}: {n['detail']}" for n in self_check["names"] if not n["ok"]]
+    if reasons:
+        return Verdict.FAILED, reasons
+    if missing:
+        unique = ", ".join(sorted(set(missing)))
+        return Verdict.STATIC_ONLY, [f"SGLang's speculative modules cannot import here (missing: {unique}); static checks only"]
+    return Verdict.HOOKS_APPLIED, []
+
+
+def probe(*, allow_gate_findings: bool = False) -> dict[str, Any]:
+    os.environ["DDTREE_ENABLE"] = "1"
+    os.environ["DDTREE_STRICT"] = "0"
+    from ddtree.sglang.gate import find_package_dir, run_gate
+
+    package_dir = find_package_dir()
+    result: dict[str, Any] = {"python": sys.executable, "sglang_dir": str(package_dir) if package_dir else None}
+    result["entry_point"] = entry_point_info()
+    if package_dir is None:
+        result["gate"] = {"ok": False, "error": "sglang not found", "findings": []}
+        result["verdict"], result["reasons"] = Verdict.FAILED.value, ["sglang is not installed in this environment"]
+        return result
+    result["gate"] = run_gate(package_dir).to_dict()
+
+    bypass_sglang_init()
+    load_error = None
+    try:
+        from sglang.srt.plugins import load_plugins
+
+        load_plugins()
+    except Exception as err:  # noqa: BLE001 - reported as a reason
+        load_error = f"{type(err).__name__}: {err}"
+    from ddtree.sglang import selfcheck
+
+    report = selfcheck.LAST_REPORT.to_dict() if selfcheck.LAST_REPORT is not None else None
+    result["self_check"] = report
+    verdict, reasons = classify(
+        result["entry_point"], result["gate"], report, load_error, allow_gate_findings=allow_gate_findings
+    )
+    result["verdict"], result["reasons"] = verdict.value, reasons
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ddtree.sglang.probe", description=__doc__.splitlines()[0])
+    parser.add_argument("--allow-gate-findings", action="store_true", help="deploy --force: do not fail on gate findings")
+    args = parser.parse_args(argv)
+    result = probe(allow_gate_findings=args.allow_gate_findings)
+    print(json.dumps(result))
+    return 1 if result["verdict"] == Verdict.FAILED.value else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""DDTree metrics inside the server: accumulated on the device, read every N rounds.
+
+SGLang's built-in "accept rate" divides by N-1 (the verify width), which for a tree is the
+node budget, so it is not comparable with linear DFlash. We log the acceptance length
+(accepted tree indices per round, root included) and the tree size, and the tree-build time
+from CUDA events, with one host sync per `interval` rounds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    rounds: int
+    requests: int  # request-rounds
+    mean_acceptance_length: float  # accepted tree indices per request-round, root included
+    mean_tree_size: float  # tree tokens per request-round, root included
+    mean_build_ms: Optional[float]  # tree build + packing per round (None: not timed)
+
+    def line(self) -> str:
+        build = "n/a" if self.mean_build_ms is None else f"{self.mean_build_ms:.3f} ms"
+        return (
+            f"DDTree: {self.rounds} rounds, {self.requests} request-rounds, acceptance length "
+            f"{self.mean_acceptance_length:.3f}, tree size {self.mean_tree_size:.1f}, tree build {build}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class RoundMetrics:
+    """Device-side sums; `record` never syncs. `take()` syncs once and resets."""
+
+    def __init__(self, interval: int, device: torch.device | str,
+                 emit: Callable[[MetricsSnapshot], None]):
+        self.interval = interval
+        self.emit = emit
+        self._accepted = torch.zeros((), dtype=torch.int64, device=device)
+        self._tree_tokens = torch.zeros((), dtype=torch.int64, device=device)
+        self._requests = 0
+        self._rounds = 0
+        self._build_ms: list[Callable[[], float]] = []  # lazily read timings
+
+    def record(
+        self,
+        accept_lens: torch.Tensor,  # [bs] int accepted tree indices (root included)
+        tree_sizes: torch.Tensor,  # [bs] int tree tokens (root included)
+        build_ms: Optional[Callable[[], float]] = None,  # e.g. start.elapsed_time(end)
+    ) -> Optional[MetricsSnapshot]:
+        if self.interval <= 0:
+            return None
+        self._accepted += accept_lens.sum().to(torch.int64)
+        self._tree_tokens += tree_sizes.sum().to(torch.int64)
+        self._requests += int(accept_lens.shape[0])
+        self._rounds += 1
+        if build_ms is not None:
+            self._build_ms.append(build_ms)
+        if self._rounds < self.interval:
+            return None
+        snapshot = self.take()
+        self.emit(snapshot)
+        return snapshot
+
+    def take(self) -> MetricsSnapshot:
+        requests = max(self._requests, 1)
+        accepted = float(self._accepted.item())  # the sync: every recorded event is complete after it
+        tree_tokens = float(self._tree_tokens.item())
+        timings = [read() for read in self._build_ms]
+        snapshot = MetricsSnapshot(
+            rounds=self._rounds,
+            requests=self._requests,
+            mean_acceptance_length=accepted / requests,
+            mean_tree_size=tree_tokens / requests,
+            mean_build_ms=(sum(timings) / len(timings)) if timings else None,
+        )
+        self._accepted.zero_()
+        self._tree_tokens.zero_()
+        self._requests = self._rounds = 0
+        self._build_ms = []
+        return snapshot

@@ -1,0 +1,78 @@
+"""What DDTree supports inside SGLang, as pure checks (no sglang import).
+
+Each check raises UnsupportedSetupError with the reason, so the server stops at startup
+instead of serving linear DFlash or garbage.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ddtree.sglang.errors import UnsupportedSetupError
+
+# Backends that honour a custom tree mask in TARGET_VERIFY when captured with one.
+# FA3 and TRTLLM capture the verify graph mask-less: trees would attend to siblings.
+SUPPORTED_ATTENTION_BACKEND_CLASSES = frozenset({"FlashInferAttnBackend", "TritonAttnBackend"})
+SUPPORTED_ATTENTION_BACKEND_FLAGS = frozenset({"flashinfer", "triton"})
+SUPPORTED_PAGE_SIZE = 1
+
+
+@dataclass(frozen=True)
+class ServerSetup:
+    """The parts of SGLang's resolved server arguments DDTree cares about (None: not decided yet)."""
+
+    attention_backend: str | None
+    decode_attention_backend: str | None
+    page_size: int | None
+    pp_size: int
+    attn_dp: bool
+
+
+def check_server_setup(setup: ServerSetup) -> None:
+    for flag_name in ("attention_backend", "decode_attention_backend"):
+        value = getattr(setup, flag_name)
+        if value is not None and value not in SUPPORTED_ATTENTION_BACKEND_FLAGS:
+            raise UnsupportedSetupError(
+                f"DDTree: --{flag_name.replace('_', '-')} {value} cannot apply a tree mask in "
+                f"target verify (supported: {', '.join(sorted(SUPPORTED_ATTENTION_BACKEND_FLAGS))})"
+            )
+    if setup.page_size is not None and setup.page_size != SUPPORTED_PAGE_SIZE:
+        raise UnsupportedSetupError(
+            f"DDTree: --page-size {setup.page_size} is not supported yet (only 1): accepted "
+            "tree nodes are moved token by token to the front of the verify window"
+        )
+    if setup.pp_size != 1:
+        raise UnsupportedSetupError(f"DDTree: pipeline parallelism is not supported (pp_size={setup.pp_size})")
+    if setup.attn_dp:
+        raise UnsupportedSetupError("DDTree: DP attention is not supported")
+
+
+def check_attention_backend_class(class_name: str) -> None:
+    if class_name not in SUPPORTED_ATTENTION_BACKEND_CLASSES:
+        raise UnsupportedSetupError(
+            f"DDTree: attention backend {class_name} captures target verify without a tree mask "
+            f"(supported: {', '.join(sorted(SUPPORTED_ATTENTION_BACKEND_CLASSES))})"
+        )
+
+
+def plan_verify_width(*, block_size: int, budget: int) -> int:
+    """N = budget + 1. DFlash reserves 2N KV slots per request per round; the draft writes B
+    of them, so N >= B keeps the draft window inside the reserve."""
+    if block_size < 2:
+        raise UnsupportedSetupError(f"DDTree: drafter block size must be >= 2, got {block_size}")
+    width = budget + 1
+    if width < block_size:
+        raise UnsupportedSetupError(
+            f"DDTree: DDTREE_BUDGET={budget} gives verify width {width} < drafter block size "
+            f"{block_size}; use DDTREE_BUDGET >= {block_size - 1}"
+        )
+    return width
+
+
+def resolve_draft_block_size(explicit: int | None, from_drafter_config: int | None) -> int:
+    """The drafter block size B as SGLang's _handle_dflash resolves it (explicit flag first,
+    then the drafter's config, then 16)."""
+    if explicit is not None:
+        return int(explicit)
+    if from_drafter_config is not None:
+        return int(from_drafter_config)
+    return 16

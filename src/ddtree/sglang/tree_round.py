@@ -1,0 +1,128 @@
+"""The pure tensor steps of one DDTree round inside SGLang (no sglang import, CPU-testable).
+
+The worker (worker.py) is glue: it runs SGLang's forwards and kernels and calls these for
+everything in between. Tree building, verify-input packing and the keep-rows arithmetic
+come from the core (ddtree.batched / ddtree.verify / ddtree.commit).
+
+Index conventions (SGLang's, see eagle_utils.eagle_sample): the verify window of request b
+is flat rows b*N .. b*N + N-1; tree index 0 is the root (the bonus token carried from the
+previous round); `accept_index[b, j]` is the flat row of the j-th accepted tree index.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ddtree.batched import TreeBatch, build_ddtree_trees
+from ddtree.commit import keep_indices_batch
+from ddtree.verify import MaskLayout, VerifyInputs, build_verify_inputs, pack_custom_mask
+
+
+def draft_logits_from_hidden(
+    draft_hidden: torch.Tensor,  # [bs, B, H] the drafter's last hidden states for the block
+    head_weight: torch.Tensor,  # [V_org, H] the target's (unsharded) lm_head weight
+) -> torch.Tensor:
+    """[bs, B-1, V_org] draft logits: block position 0 is the bonus token, positions 1..B-1
+    score depths 1..D (D = B-1). Computed in the head's dtype, like SGLang's greedy head."""
+    bs, block, hidden = draft_hidden.shape
+    rows = draft_hidden[:, 1:, :].reshape(-1, hidden).to(head_weight.dtype)
+    return torch.matmul(rows, head_weight.T).view(bs, block - 1, head_weight.shape[0])
+
+
+def build_round_trees(draft_logits: torch.Tensor, budget: int, topk: int) -> TreeBatch:
+    """Trees for a batch. draft_logits: [bs, D, V]. A top-K cap below the budget needs a core
+    builder that takes per-row top-K log-probs; until then it is refused here, loudly."""
+    if topk != budget:
+        raise NotImplementedError(
+            f"DDTREE_TOPK={topk} < DDTREE_BUDGET={budget} needs a core builder over top-K "
+            "log-probs (ddtree.batched has only build_ddtree_trees(logits, budget))"
+        )
+    return build_ddtree_trees(draft_logits, budget)
+
+
+def pack_round_inputs(
+    trees: TreeBatch,
+    bonus_tokens: torch.Tensor,  # [bs] int64, each request's root
+    prefix_lens: torch.Tensor,  # [bs] int64 committed tokens (the root's position)
+    width: int,  # N
+    total_prefix: Optional[int] = None,  # sum(prefix_lens) on the host, if known (no sync)
+) -> tuple[VerifyInputs, torch.Tensor]:
+    """Verify inputs and SGLang's FULL-layout custom mask (flat bool,
+    sum_b N * (prefix_b + N)), the layout FlashInfer and Triton read in TARGET_VERIFY."""
+    inputs = build_verify_inputs(trees, bonus_tokens.to(torch.int64), prefix_lens.to(torch.int64), width=width)
+    mask = pack_custom_mask(inputs.tree_mask, prefix_lens, MaskLayout.FULL, total_prefix)
+    return inputs, mask
+
+
+@dataclass
+class TreeVerifyView:
+    """The attributes eagle_sample() reads from a verify input, for an irregular tree
+    (as NgramVerifyInput provides them): tree_topk = -1, max_tree_depth = N."""
+
+    draft_token: torch.Tensor  # [bs*N] int64
+    custom_mask: torch.Tensor  # flat bool, FULL layout
+    positions: torch.Tensor  # [bs*N] int64
+    retrieve_index: torch.Tensor  # [bs, N] int64
+    retrieve_next_token: torch.Tensor  # [bs, N] int64
+    retrieve_next_sibling: torch.Tensor  # [bs, N] int64
+    draft_token_num: int  # N
+    draft_probs: Optional[torch.Tensor] = None  # rejection sampling is refused at startup
+
+    @property
+    def max_tree_depth(self) -> int:
+        # A chain can use every node of the budget, so accept_index is [bs, N] wide.
+        return self.draft_token_num
+
+    @property
+    def tree_topk(self) -> int:
+        return -1
+
+    @classmethod
+    def from_inputs(cls, inputs: VerifyInputs, custom_mask: torch.Tensor) -> "TreeVerifyView":
+        return cls(
+            draft_token=inputs.draft_tokens(),
+            custom_mask=custom_mask,
+            positions=inputs.positions.reshape(-1),
+            retrieve_index=inputs.retrieve_index,
+            retrieve_next_token=inputs.retrieve_next_token,
+            retrieve_next_sibling=inputs.retrieve_next_sibling,
+            draft_token_num=inputs.width,
+        )
+
+
+def committed_tokens_and_bonus(
+    predict: torch.Tensor,  # [bs*N] int: the target's token written at each accepted row
+    accept_index: torch.Tensor,  # [bs, N] int flat rows, -1 padded
+    accept_lens: torch.Tensor,  # [bs] int accepted tree indices, root included (>= 1)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out_tokens [bs, N] int64, bonus [bs] int64). Row b's first accept_lens[b] entries are
+    the tokens this round commits: the accepted drafts, then the target's token after the
+    last accepted index, which is also next round's root (the bonus)."""
+    index = accept_index.to(torch.int64)
+    out_tokens = torch.where(index >= 0, predict.to(torch.int64)[index.clamp(min=0)], 0)
+    last = (accept_lens.to(torch.int64) - 1).clamp(min=0).unsqueeze(1)  # [bs, 1]
+    bonus = torch.gather(out_tokens, 1, last).squeeze(1)
+    return out_tokens, bonus
+
+
+def accepted_rows_first(
+    hidden: torch.Tensor,  # [bs*N, H] target hidden states of the verify window
+    accept_index: torch.Tensor,  # [bs, N] int flat rows, -1 padded
+    width: int,  # N
+) -> torch.Tensor:
+    """[bs*N, H]: row j of request b is the hidden state of its j-th accepted tree index
+    (rows past the accepted count repeat index 0 and are never committed). Feeds the draft
+    KV writer, which writes the first commit_lens rows of each request."""
+    keep, _counts = keep_indices_batch(accept_index.to(torch.int64), width)  # [bs, N] local rows
+    bs = keep.shape[0]
+    base = torch.arange(bs, device=keep.device).unsqueeze(1) * width
+    rows = (keep.clamp(min=0) + base).reshape(-1)
+    return hidden.index_select(0, rows)
+
+
+def front_positions(prefix_lens: torch.Tensor, width: int) -> torch.Tensor:
+    """[bs*N] int64: the positions of the window's front rows after the move (prefix + j)."""
+    offsets = torch.arange(width, device=prefix_lens.device, dtype=torch.int64)
+    return (prefix_lens.to(torch.int64).unsqueeze(1) + offsets).reshape(-1)

@@ -1,0 +1,376 @@
+"""DDTreeWorkerV2: SGLang 0.5.23's DFlashWorkerV2 with tree drafting and tree verification.
+
+Imported only by hook H2, inside SGLang scheduler processes on GPU hosts (it imports the
+heavy speculative modules at module level). Written against the 0.5.23 sources pinned in
+manifests/v0_5_23.py; it has NOT run on a GPU yet: docs/sglang-ddtree-roadmap.md lists what
+is verified and how.
+
+One decode round per batch (bs requests, drafter block size B, budget, N = budget + 1):
+1. draft  - the DFlash drafter runs one block of width B (bonus + B-1 mask tokens) under a
+            scoped spec override (speculative_num_draft_tokens = B); its hidden states at
+            positions 1..B-1 go through the target's lm_head: logits [bs, B-1, V];
+2. trees  - the core builds one best-first tree per request on the device
+            (ddtree.batched.build_ddtree_trees) and packs SGLang's verify inputs
+            (ddtree.verify: retrieve_index / next_token / next_sibling, FULL mask);
+3. verify - the target runs TARGET_VERIFY over the N-wide window with the tree mask;
+            SGLang's eagle_sample walks the tree (greedy or target-only sampling);
+4. commit - SGLang's move_accept_tokens_to_target_kvcache moves the accepted rows' KV to the
+            front of the window; the draft KV of the committed rows is rewritten from the
+            target hidden states of the accepted indices (as DFlash does for its prefix);
+            the bonus token is carried to the next round; new_seq_lens is published.
+Prefill (extend) and idle batches are DFlash's own path, unchanged.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Any, Iterator, Optional
+
+import torch
+
+from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+from sglang.srt.layers.logprob_processor import compute_spec_logprobs
+from sglang.srt.lora.layers import unwrap_lora_layer
+from sglang.srt.managers.scheduler import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import (
+    CaptureHiddenMode,
+    ForwardBatch,
+    ForwardMode,
+    enable_num_token_non_padded,
+)
+from sglang.srt.runtime_context import get_parallel, get_schedule, get_spec
+from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+from sglang.srt.speculative.dflash_worker_v2 import (
+    DFlashWorkerV2,
+    _resolve_dflash_embedding_module,
+)
+from sglang.srt.speculative.eagle_utils import eagle_sample
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.spec_utils import (
+    GrammarTree,
+    build_grammar_vocab_mask,
+    draft_tp_context,
+    move_accept_tokens_to_target_kvcache,
+)
+
+from ddtree.sglang.errors import HookSelfCheckError, UnsupportedSetupError
+from ddtree.sglang.hooks import active_config
+from ddtree.sglang.round_metrics import RoundMetrics
+from ddtree.sglang.tree_round import (
+    TreeVerifyView,
+    accepted_rows_first,
+    build_round_trees,
+    committed_tokens_and_bonus,
+    draft_logits_from_hidden,
+    front_positions,
+    pack_round_inputs,
+)
+
+logger = logging.getLogger("ddtree.sglang")
+
+
+class DDTreeWorkerV2(DFlashWorkerV2):
+    """DFLASH with DDTree: draft at the drafter's block size B, verify a tree of width N."""
+
+    def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any):
+        self.ddtree = active_config()
+        if self.ddtree.draft_block_size is None:
+            raise HookSelfCheckError(
+                "DDTree: hook H1 (sglang.srt.arg_groups.speculative_hook._handle_dflash) did not "
+                "run before the worker was built: DDTREE_DRAFT_BLOCK_SIZE is unset"
+            )
+        self.verify_width = int(get_spec().speculative_num_draft_tokens)  # N, set by H1
+        if self.verify_width != self.ddtree.verify_width:
+            raise HookSelfCheckError(
+                f"DDTree: speculative_num_draft_tokens is {self.verify_width}, H1 set "
+                f"{self.ddtree.verify_width} (DDTREE_BUDGET={self.ddtree.budget})"
+            )
+        self.draft_block = int(self.ddtree.draft_block_size)  # B
+        self._refuse_unsupported_before_init()
+        with self._draft_width():
+            # DFlash sizes the draft runner, its buffers and block size from the spec bag.
+            super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        if int(self.block_size) != self.draft_block:
+            raise HookSelfCheckError(f"DDTree: DFlash chose block size {self.block_size}, expected {self.draft_block}")
+        self.speculative_num_draft_tokens = self.verify_width
+        self._refuse_unsupported_after_init()
+        self._metrics = RoundMetrics(self.ddtree.metrics_interval, self.device, self._log_metrics)
+        if get_parallel().tp_rank == 0:
+            logger.info(
+                "DDTree worker ready: block size %d, budget %d, verify width %d",
+                self.draft_block, self.ddtree.budget, self.verify_width,
+            )
+
+    # ------------------------------------------------------------------ setup
+
+    @contextlib.contextmanager
+    def _draft_width(self) -> Iterator[None]:
+        """Scope in which the spec bag says B: everything that belongs to the drafter."""
+        with get_spec().override(speculative_num_draft_tokens=self.draft_block):
+            yield
+
+    def _refuse_unsupported_before_init(self) -> None:
+        spec = get_spec()
+        reasons = []
+        if int(get_schedule().page_size) != 1:
+            reasons.append(f"page size {get_schedule().page_size} (only 1)")
+        if get_parallel().attn_dp_enabled:
+            reasons.append("DP attention")
+        if int(get_parallel().tp_group.world_size) != 1:
+            reasons.append("tensor parallelism > 1 (the sharded top-K merge is not implemented)")
+        if spec.speculative_draft_window_size is not None:
+            reasons.append("--speculative-draft-window-size (compact draft cache)")
+        if spec.speculative_use_rejection_sampling or spec.speculative_use_block_verification:
+            reasons.append("rejection sampling / block verification (target-only tree sampling only)")
+        if self.verify_width < self.draft_block:
+            reasons.append(f"verify width {self.verify_width} < drafter block size {self.draft_block}")
+        if reasons:
+            raise UnsupportedSetupError("DDTree does not support: " + "; ".join(reasons))
+
+    def _refuse_unsupported_after_init(self) -> None:
+        reasons = []
+        if self.selector is not None or self.lilicorr is not None or self._is_domino:
+            reasons.append("selector / LiLiCorr / Domino drafters (DDTree needs the drafter's logits)")
+        lm_head = unwrap_lora_layer(getattr(self.target_worker.model_runner.model, "lm_head", None))
+        if lm_head is None or not hasattr(lm_head, "weight") or lm_head.weight.dtype not in (
+            torch.float16, torch.bfloat16, torch.float32
+        ):
+            reasons.append("a target lm_head without a dense weight (quantized heads)")
+        if reasons:
+            raise UnsupportedSetupError("DDTree does not support: " + "; ".join(reasons))
+
+    def _maybe_build_draft_sampler(self):
+        # DFlash folds an argmax head into the draft CUDA graph; DDTree needs full logits.
+        return None
+
+    def init_attention_backends(self):
+        with self._draft_width():
+            super().init_attention_backends()
+        if self._need_mamba_verify_commit:
+            raise UnsupportedSetupError("DDTree does not support hybrid (mamba) targets")
+
+    def init_cuda_graphs(self):
+        with self._draft_width():
+            super().init_cuda_graphs()
+
+    # ------------------------------------------------------------------ one round
+
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
+        if batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle():
+            return super().forward_batch_generation(
+                batch, on_publish=on_publish, grammar_barrier=grammar_barrier, pp_proxy_tensors=pp_proxy_tensors
+            )
+        if batch.spec_info is None or not isinstance(batch.spec_info, DFlashDraftInputV2):
+            raise RuntimeError("DDTree expected DFlashDraftInputV2 state on the running batch")
+        self._validate_phase1_sampling_support(batch)
+        draft_input = batch.spec_info
+        batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
+        bs = len(batch.seq_lens)
+        width, block = self.verify_width, self.draft_block
+        prefix_lens = batch.seq_lens  # [bs] committed tokens; the root sits at this position
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+
+        # The N-wide verify window (prepare_for_decode reserved 2N slots per request).
+        window_locs = assign_extend_cache_locs_func(
+            req_pool_indices=batch.req_pool_indices, req_to_token=req_to_token,
+            start_offset=prefix_lens, end_offset=prefix_lens + width,
+            batch_size=bs, draft_token_num=width, device=self.device,
+        )  # [bs*N]
+        draft_hidden = self._draft_block_hidden(batch, draft_input, window_locs, bs)  # [bs, B, H]
+
+        timer = _EventTimer(self.device)
+        lm_head = unwrap_lora_layer(self.target_worker.model_runner.model.lm_head)
+        vocab = int(self.model_runner.model_config.vocab_size)
+        logits = draft_logits_from_hidden(draft_hidden, lm_head.weight[:vocab])  # [bs, B-1, V]
+        trees = build_round_trees(logits, self.ddtree.budget, self.ddtree.topk)
+        inputs, custom_mask = pack_round_inputs(trees, draft_input.bonus_tokens, prefix_lens, width)
+        build_ms = timer.stop()
+        del logits
+
+        grammar_tree = None
+        if batch.has_grammar:  # host copy of the links, as NGRAM does (slow path, documented)
+            grammar_tree = GrammarTree.from_host(
+                inputs.retrieve_next_token.cpu(), inputs.retrieve_next_sibling.cpu(), inputs.input_ids.cpu()
+            )
+
+        logits_output, can_run_cuda_graph, target_out = self._target_verify(
+            batch, draft_input, inputs, custom_mask, window_locs, prefix_lens, bs
+        )
+        grammar_mask = None
+        if grammar_tree is not None:
+            grammar_mask = build_grammar_vocab_mask(
+                reqs=batch.reqs, tree=grammar_tree, sampling_info=batch.sampling_info,
+                device=logits_output.next_token_logits.device, barrier=grammar_barrier,
+            )
+        view = TreeVerifyView.from_inputs(inputs, custom_mask)
+        predict, accept_lens, accept_index = eagle_sample(
+            view, batch, logits_output, grammar_mask, watermark_state=self.model_runner.watermark_state,
+        )  # [bs*N] int32, [bs] int32 (root included), [bs, N] int32 flat rows
+        out_tokens, bonus = committed_tokens_and_bonus(predict, accept_index, accept_lens)
+        new_seq_lens = prefix_lens + accept_lens.to(prefix_lens.dtype)
+
+        # Accepted rows' target KV to the window front (accept_lens - 1 = drafts only).
+        batch.out_cache_loc = window_locs
+        move_accept_tokens_to_target_kvcache(
+            batch, accept_index, accept_lens - 1, self.target_worker.model_runner.token_to_kv_pool_allocator
+        )
+        if batch.return_logprob:
+            compute_spec_logprobs(batch, logits_output, predict, accept_index=accept_index)
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+
+        # Draft KV of the committed rows, from the target hidden states of the accepted indices.
+        hidden = logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DDTree verify requires target hidden states, but got None")
+        # Graph replay may append padding rows: only the bs*N real rows are ours.
+        front_hidden = accepted_rows_first(hidden[: bs * width], accept_index, width)
+        cache_loc = self._draft_write_ids(self._target_plan)
+        self._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=front_hidden,
+            cache_loc=cache_loc,
+            cache_loc_2d=cache_loc.view(bs, width),
+            positions=front_positions(prefix_lens, width),
+            commit_lens=accept_lens.to(torch.int32),
+        )
+        logits_output.hidden_states = None
+        self._metrics.record(accept_lens, inputs.tree_sizes, build_ms)
+
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=out_tokens.reshape(-1),
+            accept_lens=accept_lens.to(torch.int32),
+            can_run_cuda_graph=can_run_cuda_graph,
+            next_draft_input=self._make_next_draft_input_decode(bonus_tokens=bonus, new_seq_lens=new_seq_lens),
+            speculative_num_draft_tokens=width,
+            new_seq_lens=new_seq_lens,
+            routed_experts_output=target_out.routed_experts_output,
+            indexer_topk_output=target_out.indexer_topk_output,
+        )
+
+    def _draft_block_hidden(self, batch, draft_input, window_locs, bs: int) -> torch.Tensor:
+        """Run the drafter over [bonus, mask x (B-1)] at positions prefix..prefix+B-1, writing
+        its KV into the first B slots of the window. Returns hidden states [bs, B, H]."""
+        block, width = self.draft_block, self.verify_width
+        self._ensure_draft_block_buffers(bs)
+        block_ids = self._draft_block_ids_buf[:bs]  # [bs, B] int64
+        block_ids.fill_(int(self._mask_token_id))
+        block_ids[:, 0].copy_(draft_input.bonus_tokens)
+        positions_2d = self._draft_block_positions_buf[:bs]  # [bs, B] int64
+        torch.add(batch.seq_lens.unsqueeze(1), self._block_pos_offsets, out=positions_2d)
+        draft_locs = window_locs.view(bs, width)[:, :block].reshape(-1)  # [bs*B]
+
+        target_model = self.target_worker.model_runner.model
+        embed = unwrap_lora_layer(_resolve_dflash_embedding_module(self.draft_model, target_model))
+        if self._full_embed_gpu is not None:
+            noise = torch.nn.functional.embedding(block_ids, self._full_embed_gpu)
+        else:
+            noise = embed(block_ids)
+        if self._noise_embed_scale != 1.0:
+            noise = noise * self._noise_embed_scale
+
+        seq_lens_cpu = self._draft_seq_lens_cpu_buf[:bs]
+        if batch.seq_lens_cpu is not None:
+            seq_lens_cpu.copy_(batch.seq_lens_cpu)
+            seq_lens_cpu.add_(block)
+        elif draft_input.nxt_kv_lens_cpu is not None:
+            seq_lens_cpu.copy_(draft_input.nxt_kv_lens_cpu)
+        else:
+            for i, req in enumerate(batch.reqs):
+                seq_lens_cpu[i] = req.kv.kv_allocated_len
+        translator = self.target_worker.model_runner.kv_index_translator
+        draft_plan = translator.plan(
+            req_pool_indices=batch.req_pool_indices, seq_lens=batch.seq_lens,
+            seq_lens_cpu=batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu,
+            write_virtual=draft_locs, read_extent=block,
+        )
+        forward_batch = ForwardBatch(
+            forward_mode=ForwardMode.TARGET_VERIFY,
+            batch_size=bs,
+            input_ids=block_ids.flatten(),
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=batch.seq_lens,
+            out_cache_loc=draft_locs,
+            seq_lens_sum=int(seq_lens_cpu.sum()),
+            seq_lens_cpu=seq_lens_cpu,
+            positions=positions_2d.reshape(-1),
+            input_embeds=noise.view(-1, noise.shape[-1]),
+            spec_algorithm=SpeculativeAlgorithm.DFLASH,
+            spec_info=self._draft_block_spec_info,
+            capture_hidden_mode=CaptureHiddenMode.NULL,
+            num_token_non_padded=(
+                torch.full((), bs * block, dtype=torch.int32, device=self.device)
+                if enable_num_token_non_padded() else None
+            ),
+            global_num_token_non_padded_cpu=bs * block,
+            can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph,
+        )
+        draft_plan.bind(forward_batch, self.draft_model_runner.kv_index_translator)
+        with torch.inference_mode(), draft_tp_context(self.draft_parallel_layout), self._draft_width():
+            draft_out = self.draft_model_runner.forward(forward_batch)
+        hidden = draft_out.logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DDTree: the DFlash drafter returned no hidden states")
+        return hidden.view(bs, block, -1)
+
+    def _target_verify(self, batch, draft_input, inputs, custom_mask, window_locs, prefix_lens, bs: int):
+        width = self.verify_width
+        translator = self.target_worker.model_runner.kv_index_translator
+        self._target_plan = translator.plan(
+            req_pool_indices=batch.req_pool_indices, seq_lens=prefix_lens,
+            seq_lens_cpu=batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu,
+            write_virtual=window_locs, read_extent=width,
+        )
+        verify_input = DFlashVerifyInput(
+            draft_token=inputs.draft_tokens(),
+            positions=inputs.positions.reshape(-1),
+            draft_token_num=width,
+            custom_mask=custom_mask,
+            capture_hidden_mode=CaptureHiddenMode.FULL,
+            kv_loc_plan=self._target_plan,
+        )
+        batch.out_cache_loc = window_locs
+        seq_lens_cpu_backup, seq_lens_sum_backup = batch.seq_lens_cpu, batch.seq_lens_sum
+        if seq_lens_cpu_backup is not None:  # host bound for planning: prefix + the window
+            batch.seq_lens_cpu = seq_lens_cpu_backup + width
+            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        elif draft_input.nxt_kv_lens_cpu is not None:
+            batch.seq_lens_cpu = draft_input.nxt_kv_lens_cpu
+            batch.seq_lens_sum = int(draft_input.nxt_kv_lens_sum)
+        verify_forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
+        batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu_backup, seq_lens_sum_backup
+        target_out = self.target_worker.forward_batch_generation(
+            batch=None, forward_batch=verify_forward_batch, is_verify=True, skip_attn_backend_init=True,
+        )
+        logits_output = target_out.logits_output
+        target_lp = self._target_logits_processor
+        if target_lp is not None and target_lp.is_deferred_shard(logits_output.next_token_logits):
+            logits_output.next_token_logits = target_lp.finish_deferred_gather(logits_output.next_token_logits)
+        return logits_output, target_out.can_run_cuda_graph, target_out
+
+    def _log_metrics(self, snapshot: Any) -> None:
+        if get_parallel().tp_rank == 0:
+            logger.info(snapshot.line())
+
+
+class _EventTimer:
+    """Tree-build time from CUDA events, read only when the metrics are logged (no sync here)."""
+
+    def __init__(self, device: Any):
+        self.cuda = torch.device(device).type == "cuda"
+        if self.cuda:
+            self.start = torch.cuda.Event(enable_timing=True)
+            self.end = torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            self.t0 = time.perf_counter()
+
+    def stop(self) -> Optional[Any]:
+        if self.cuda:
+            self.end.record()
+            start, end = self.start, self.end
+            return lambda: start.elapsed_time(end)
+        elapsed = (time.perf_counter() - self.t0) * 1e3
+        return lambda: elapsed

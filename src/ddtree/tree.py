@@ -1,0 +1,82 @@
+"""`DraftTree`: one DDTree draft tree, the shape every other part of the core reads.
+
+Index 0 is the root (the bonus token, not counted in the budget); nodes 1..N follow in pop
+order, so a parent always has a smaller index than its children.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DraftTree:
+    parents: list[int]  # len N+1; parents[0] == -1, parents[i] < i
+    node_token_ids: torch.Tensor  # [N] int64, pop order
+    node_depths: torch.Tensor  # [N] int64, values 1..D
+    node_scores: torch.Tensor  # [N] float64 logw (sum of log-probabilities on the path)
+    child_maps: list[dict[int, int]]  # len N+1; child_maps[i][token_id] = child index
+    visibility: torch.Tensor  # [N+1, N+1] bool; [i, j] iff j is i or an ancestor of i
+
+    @property
+    def num_nodes(self) -> int:
+        """Draft nodes, root excluded."""
+        return len(self.parents) - 1
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.node_depths.max()) if self.num_nodes else 0
+
+
+def root_only_tree() -> DraftTree:
+    """The tree of a zero budget or an empty draft: the root alone."""
+    return make_draft_tree(
+        [-1],
+        torch.empty(0, dtype=torch.int64),
+        torch.empty(0, dtype=torch.int64),
+        torch.empty(0, dtype=torch.float64),
+    )
+
+
+def make_draft_tree(
+    parents: list[int],
+    node_token_ids: torch.Tensor,  # [N] int64
+    node_depths: torch.Tensor,  # [N] int64
+    node_scores: torch.Tensor,  # [N] float64
+) -> DraftTree:
+    """Derive `child_maps` and `visibility` from the pop-order arrays (host tensors)."""
+    count = len(parents)
+    tokens = node_token_ids.tolist()
+    child_maps: list[dict[int, int]] = [{} for _ in range(count)]
+    for index in range(1, count):
+        child_maps[parents[index]][tokens[index - 1]] = index
+    max_depth = int(node_depths.max()) if count > 1 else 0
+    return DraftTree(
+        parents=parents,
+        node_token_ids=node_token_ids,
+        node_depths=node_depths,
+        node_scores=node_scores,
+        child_maps=child_maps,
+        visibility=ancestor_visibility(torch.tensor(parents, dtype=torch.int64), max_depth),
+    )
+
+
+def ancestor_visibility(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """Ancestor-or-self mask from a parent array.
+
+    parents: [..., N+1] int64, root (and detached padding) = -1, parents[i] < i.
+    Returns [..., N+1, N+1] bool. One gather per tree level: `max_depth` steps, no per-node loop.
+    """
+    size = parents.shape[-1]
+    rows = torch.arange(size, device=parents.device)
+    ancestor = rows.expand_as(parents).clone()  # [..., N+1] current ancestor of each node
+    # A node with no parent points at itself, so walking past the root (or a detached
+    # padding node) stays put and only re-marks the diagonal.
+    step = torch.where(parents < 0, rows.expand_as(parents), parents)
+    visibility = torch.zeros(*parents.shape, size, dtype=torch.bool, device=parents.device)
+    visibility.scatter_(-1, ancestor.unsqueeze(-1), True)
+    for _ in range(max_depth):
+        ancestor = torch.gather(step, -1, ancestor)
+        visibility.scatter_(-1, ancestor.unsqueeze(-1), True)
+    return visibility

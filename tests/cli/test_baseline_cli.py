@@ -1,0 +1,83 @@
+"""`ddtree-ops baseline import` / `baseline paper` through the real CLI entry point."""
+from __future__ import annotations
+
+import json
+import os
+import types
+
+import torch
+
+from ddtree_ops.cli.app import main
+
+
+def run_file(path, dataset="gsm8k", temperature=0.0):
+    def rec(tokens, lengths, tpot):
+        return types.SimpleNamespace(
+            output_ids=torch.tensor([[1, 2] + tokens]), num_input_tokens=2, num_output_tokens=len(tokens),
+            time_to_first_token=0.0, time_per_output_token=tpot, acceptance_lengths=lengths,
+            decode_rounds=len(lengths), stage_times={"verify": 1.0}, round_timestamps=[], round_trees=None,
+        )
+
+    torch.save({
+        "responses": [{"baseline": rec([3, 4, 5], [1, 1, 1], 0.03), "dflash": rec([3, 4, 5], [3], 0.01),
+                       "ddtree_tb32": rec([3, 4, 5], [3], 0.006)}],
+        "block_size": 16, "draft_attn_implementation": "flash_attention_2", "target_attn_implementation": "sdpa",
+        "args": {"dataset": dataset, "model_name_or_path": "Qwen/Qwen3-4B", "temperature": temperature},
+    }, path)
+    return path
+
+
+def test_import_writes_a_json_baseline(tmp_path, capsys):
+    out = tmp_path / "out" / "baseline.json"
+    runs = [run_file(tmp_path / "a.pt"), run_file(tmp_path / "b.pt", dataset="mbpp")]
+    assert main(["baseline", "import", *map(str, runs), "-o", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["format"] == "ddtree-ops-baseline/1"
+    cells = {(e["dataset"], e["method"]): e for e in doc["entries"]}
+    assert len(cells) == 6
+    tree = cells[("gsm8k", "ddtree_tb32")]
+    assert tree["tau"] == 3.0 and tree["speedup"] == 5.0 and tree["model"] == "Qwen3-4B"
+    assert tree["histogram"] == {"1": 0.0, "2": 0.0, "3": 1.0} and tree["identical_to_ar"] == 1.0
+    assert [s["file"] for s in doc["sources"]] == ["a.pt", "b.pt"]
+    assert "wrote 6 baseline entries" in capsys.readouterr().err
+
+
+def test_import_prints_to_stdout_without_output(tmp_path, capsys):
+    assert main(["baseline", "import", str(run_file(tmp_path / "a.pt"))]) == 0
+    assert json.loads(capsys.readouterr().out)["entries"][0]["dataset"] == "gsm8k"
+
+
+def test_a_malicious_file_is_refused_with_exit_3_and_nothing_is_written(tmp_path, capsys):
+    sentinel = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {sentinel}",))
+
+    evil = tmp_path / "evil.pt"
+    torch.save({"responses": [{"baseline": Payload()}], "args": {}}, evil)
+    out = tmp_path / "baseline.json"
+    out.write_text("previous baseline\n")
+    good = run_file(tmp_path / "good.pt")
+    assert main(["baseline", "import", str(good), str(evil), "-o", str(out)]) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "evil.pt: refused: the file names the global" in err
+    assert not sentinel.exists()
+    assert out.read_text() == "previous baseline\n"  # untouched
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".baseline.json")] == []
+
+
+def test_not_a_reference_run_and_missing_file(tmp_path, capsys):
+    odd = tmp_path / "odd.pt"
+    torch.save({"weights": torch.zeros(2)}, odd)
+    assert main(["baseline", "import", str(odd)]) == 3
+    assert "odd.pt: not a reference run: missing key 'responses'" in capsys.readouterr().err
+    assert main(["baseline", "import", str(tmp_path / "none.pt")]) == 3
+    assert "none.pt: no such file" in capsys.readouterr().err
+
+
+def test_paper_baseline_command(tmp_path):
+    out = tmp_path / "paper.json"
+    assert main(["baseline", "paper", "-o", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert any(e["method"] == "ddtree_tb1024" and e["tau"] == 10.975 for e in doc["entries"])

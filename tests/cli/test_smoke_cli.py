@@ -1,0 +1,282 @@
+"""`ddtree-ops smoke`, `report`, `collect` and `bench` through the real CLI entry point on
+the local transport: a real push into a scratch workdir and the real host-side runner."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ddtree_ops.cli.app import main
+
+REPO = Path(__file__).resolve().parents[2]
+QUICK = ["--budgets", "16,64", "--batch-sizes", "1,2", "--repeat", "1"]
+
+EXTRA_STAGES = {
+    "broken": 'NAME = "broken"\nDESCRIPTION = "raises"\n'
+              'def run(ctx):\n    raise RuntimeError("broken on purpose")\n',
+    "hang": 'NAME = "hang"\nDESCRIPTION = "hangs"\nimport time\n'
+            'def run(ctx):\n    print("hanging now", flush=True)\n    time.sleep(3600)\n',
+}
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory) -> Path:
+    """A copy of this checkout's release files plus two purpose-built stages."""
+    root = tmp_path_factory.mktemp("checkout")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(REPO / "src" / "ddtree", root / "src" / "ddtree", ignore=ignore)
+    shutil.copytree(REPO / "smoke", root / "smoke", ignore=ignore)
+    for name, code in EXTRA_STAGES.items():
+        (root / "smoke" / "stages" / f"{name}.py").write_text(code)
+    return root
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch) -> Path:
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(yaml.safe_dump(
+        {"hosts": {"local": {"transport": "local", "workdir": str(tmp_path / "wd")}}}))
+    monkeypatch.setenv("DDTREE_OPS_INVENTORY", str(inventory))
+    monkeypatch.setenv("DDTREE_OPS_RUNS_DIR", str(tmp_path / "runs"))
+    return tmp_path
+
+
+def run_json(args: list[str], capsys) -> tuple[int, dict]:
+    code = main([*args, "--json"])
+    out = capsys.readouterr().out
+    return code, json.loads(out)
+
+
+def test_full_smoke_on_local_passes_and_is_stored(env, capsys):
+    code, doc = run_json(["smoke", "--stages", "env,import,golden,invariants,tree-bench", *QUICK],
+                         capsys)
+    assert code == 0 and doc["exit_code"] == 0, doc["failures"]
+    stages = doc["hosts"]["local"]["stages"]
+    assert {s: v["status"] for s, v in stages.items()} == {
+        "env": "pass", "import": "pass", "golden": "pass", "invariants": "pass",
+        "tree-bench": "pass"}
+    assert doc["hosts"]["local"]["outcome"] == "pass" and doc["failures"] == []
+    assert {(r["builder"], r["batch_size"], r["budget"]) for r in doc["sweep"]} >= {
+        ("heap", 1, 16), ("public", 1, 64), ("batched", 2, 64), ("floor", 2, 16)}
+    host_dir = env / "runs" / doc["run_id"] / "local"
+    assert {p.stem for p in (host_dir / "stages").glob("*.json")} == set(stages)
+    meta = json.loads((host_dir / "run.json").read_text())
+    assert meta["release"] == doc["release"] == meta["push"]["release"]
+    assert meta["inventory"]["transport"] == "local" and meta["torch"]
+    import_record = json.loads((host_dir / "stages" / "import.json").read_text())
+    assert import_record["metrics"]["release"] == doc["release"]
+    # the host kept the same records under <workdir>/runs/<run-id>/
+    remote = env / "wd" / "runs" / doc["run_id"]
+    assert (remote / "events.jsonl").read_text().splitlines() == \
+        (host_dir / "events.jsonl").read_text().splitlines()
+
+    # report: latest run by default, same document
+    code, report = run_json(["report"], capsys)
+    assert code == 0 and report["run_id"] == doc["run_id"]
+    assert report["hosts"] == doc["hosts"]
+    assert main(["report", doc["run_id"]]) == 0
+    text = capsys.readouterr().out
+    assert "golden" in text and "tree-bench: build time per request" in text
+
+
+def test_failing_stage_exit_5_with_reason_and_not_run_rest(env, checkout, capsys):
+    code, doc = run_json(["smoke", "--source", str(checkout), "--stages", "env,broken,golden"],
+                         capsys)
+    assert code == 5
+    stages = doc["hosts"]["local"]["stages"]
+    assert [stages[s]["status"] for s in ("env", "broken", "golden")] == ["pass", "fail", "not_run"]
+    assert doc["failures"][0]["reason"] == "RuntimeError: broken on purpose"
+    assert doc["failures"][0]["stage"] == "broken"
+    code = main(["smoke", "--source", str(checkout), "--stages", "broken,golden", "--keep-going"])
+    captured = capsys.readouterr()
+    assert code == 5
+    assert "FAIL local / broken: RuntimeError: broken on purpose" in captured.out
+    assert "pass" in captured.out  # golden ran after the failure
+
+
+def test_hanging_stage_is_stopped_by_the_stage_timeout(env, checkout, capsys):
+    code, doc = run_json(["smoke", "--source", str(checkout), "--stages", "hang,env",
+                          "--stage-timeout", "2", "--keep-going"], capsys)
+    assert code == 5
+    stages = doc["hosts"]["local"]["stages"]
+    assert stages["hang"]["status"] == "fail"
+    assert stages["hang"]["reason"] == "timed out after 2s"
+    assert stages["env"]["status"] == "pass"
+    record = json.loads((env / "runs" / doc["run_id"] / "local" / "stages" / "hang.json").read_text())
+    assert "hanging now" in record["output_tail"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--stages", "env,nosuch"], "--stages: unknown stage(s) nosuch"),
+    (["--budgets", "16,x"], "--budgets: expected comma-separated integers >= 0, got 'x'"),
+    (["--batch-sizes", "0"], "--batch-sizes: expected comma-separated integers >= 1, got '0'"),
+])
+def test_bad_options_are_usage_errors(env, capsys, args, message):
+    assert main(["smoke", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_report_baseline_and_plot(env, capsys, tmp_path):
+    code, doc = run_json(["smoke", "--stages", "env,golden,tree-bench", *QUICK], capsys)
+    assert code == 0, doc["failures"]
+    measured = doc["sweep"][0]
+    metric = f"tree-bench.build_ms.{measured['builder']}.bs{measured['batch_size']}.b{measured['budget']}"
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump({"metrics": [
+        {"metric": "golden.status", "expected": "pass"},
+        {"metric": metric, "expected": measured["per_request_ms"] * 2, "better": "lower"},
+        {"metric": "env.gpu_count", "expected": 0, "hosts": ["local"]},
+    ]}))
+    code, report = run_json(["report", "--baseline", str(good)], capsys)
+    assert code == 0 and report["baseline"]["regressions"] == 0
+    assert len(report["baseline"]["comparisons"]) == 3
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"metrics": [
+        {"metric": metric, "expected": measured["per_request_ms"] / 1000, "tolerance": 0.1,
+         "better": "lower"},
+        {"metric": "golden.nosuch", "expected": 1},
+    ]}))
+    assert main(["report", "--baseline", str(bad)]) == 5
+    err = capsys.readouterr().err
+    assert f"regression: {metric} on local: expected" in err
+    assert f"measured {measured['per_request_ms']!r}" in err
+    assert "golden.nosuch on local: expected 1, measured None (not measured)" in err
+
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump({"metrics": [{"metric": "nodot", "expected": 1}]}))
+    assert main(["report", "--baseline", str(broken)]) == 3
+    assert f"{broken}: metrics[0].metric: expected '<stage>.<name>', got 'nodot'" in \
+        capsys.readouterr().err
+
+    plots = tmp_path / "plots"
+    assert main(["report", "--plot", str(plots)]) == 0
+    pngs = sorted(p.name for p in plots.glob("*.png"))
+    assert pngs == ["tree-build-vs-budget-bs1.png", "tree-build-vs-budget-bs2.png"]
+    assert (plots / pngs[0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_without_runs_is_a_usage_error(env, capsys):
+    assert main(["report"]) == 2
+    assert "no runs under" in capsys.readouterr().err
+    assert main(["report", "nope-123"]) == 2
+
+
+def test_collect_is_idempotent_and_adopts_missing_records(env, capsys):
+    code, doc = run_json(["smoke", "--stages", "env,golden"], capsys)
+    assert code == 0, doc["failures"]
+    run_id = doc["run_id"]
+    host_dir = env / "runs" / run_id / "local"
+    # Simulate a stream cut short: only the first two records made it back.
+    events = (host_dir / "events.jsonl").read_text().splitlines()
+    (host_dir / "events.jsonl").write_text("\n".join(events[:2]) + "\n")
+    shutil.rmtree(host_dir / "stages")
+    code, first = run_json(["collect", run_id], capsys)
+    assert code == 0
+    result = first["hosts"]["local"]["result"]
+    assert "events.jsonl" in result["fetched"] and "logs/golden.log" in result["fetched"]
+    assert result["merged_events"] is True
+    code, second = run_json(["collect", run_id], capsys)
+    assert code == 0
+    again = second["hosts"]["local"]["result"]
+    assert again["fetched"] == [] and again["unchanged"] == len(result["fetched"])
+    assert again["merged_events"] is False
+    code, report = run_json(["report", run_id], capsys)
+    assert report["hosts"]["local"]["stages"]["golden"]["status"] == "pass"
+
+
+def test_bench_runs_the_sweep_and_plots(env, capsys, tmp_path):
+    code, doc = run_json(["bench", "--budgets", "16", "--batch-sizes", "1", "--repeat", "1",
+                          "--plot", str(tmp_path / "p")], capsys)
+    assert code == 0 and doc["command"] == "bench"
+    assert set(doc["hosts"]["local"]["stages"]) >= {"env", "tree-bench"}
+    assert {r["builder"] for r in doc["sweep"]} == {"heap", "public", "batched", "floor"}
+    assert (tmp_path / "p" / "tree-build-vs-budget-bs1.png").is_file()
+
+
+def test_ctrl_c_stops_the_runner_and_keeps_what_arrived(env, checkout):
+    argv = [sys.executable, "-m", "ddtree_ops", "smoke", "--source", str(checkout),
+            "--stages", "env,hang,golden", "--json"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=env)
+    runs = env / "runs"
+    deadline = time.monotonic() + 60
+    hang_log = None
+    while time.monotonic() < deadline:  # wait until the host is inside `hang`
+        logs = list((env / "wd" / "runs").glob("*/logs/hang.log"))
+        if logs and "hanging now" in logs[0].read_text():
+            hang_log = logs[0]
+            break
+        time.sleep(0.2)
+    assert hang_log is not None, proc.stderr.read() if proc.poll() is not None else "no hang"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    doc = json.loads(out)
+    stages = doc["hosts"]["local"]["stages"]
+    assert stages["env"]["status"] == "pass"
+    assert stages["hang"]["status"] == "fail" and "interrupted" in stages["hang"]["reason"]
+    assert stages["golden"]["status"] == "not_run"
+    assert doc["hosts"]["local"]["outcome"] == "interrupted"
+    # the runner is gone: its pid file was removed when it stopped
+    assert not (hang_log.parent.parent / "runner.pid").exists()
+    assert list(runs.iterdir())
+
+
+def test_no_push_tests_the_active_release(env, capsys):
+    code, first = run_json(["smoke", "--stages", "env"], capsys)
+    assert code == 0
+    code, doc = run_json(["smoke", "--no-push", "--stages", "import,golden"], capsys)
+    assert code == 0
+    assert doc["release"] is None
+    record = json.loads((env / "runs" / doc["run_id"] / "local" / "stages" / "import.json").read_text())
+    assert record["metrics"]["release"] == first["release"]
+    assert record["metrics"]["expected_release"] is None
+
+
+def test_live_view_renders_hosts_and_stages():
+    from rich.console import Console
+
+    from ddtree_ops.cli.smoke import SmokeView
+
+    view = SmokeView("smoke", ["gpu-[a]", "b"], quiet=True)
+    view.record("gpu-[a]", {"event": "run_start", "stages": ["env", "golden"]})
+    view.record("gpu-[a]", {"event": "stage_start", "stage": "env"})
+    view.record("gpu-[a]", {"event": "log", "stage": "env", "message": "torch [2.13]"})
+    view.record("gpu-[a]", {"event": "stage_end", "stage": "env", "status": "pass"})
+    view.record("gpu-[a]", {"event": "stage_start", "stage": "golden"})
+    view.phase("b", "failed", "b: connection refused")
+    console = Console(width=160, color_system=None, record=True)
+    console.print(view._render())
+    text = console.export_text()
+    assert "gpu-[a]" in text and "torch [2.13]" in text
+    assert "pass" in text and "running" in text and "failed" in text
+
+
+def test_no_push_on_a_host_without_a_release_fails_with_the_reason(env, capsys):
+    code, doc = run_json(["smoke", "--no-push", "--stages", "env"], capsys)
+    assert code == 5
+    assert doc["hosts"]["local"]["outcome"] == "fail"
+    [failure] = doc["failures"]
+    assert failure["host"] == "local" and failure["stage"] == "-"
+    assert "the runner ended without a result" in failure["reason"]
+    assert "runner.py" in failure["reason"]
+
+
+def test_a_missing_host_python_is_reported(env, capsys, monkeypatch, tmp_path):
+    inventory = tmp_path / "bad-python.yaml"
+    inventory.write_text(yaml.safe_dump({"hosts": {"local": {
+        "transport": "local", "workdir": str(tmp_path / "wd2"),
+        "python": str(tmp_path / "no" / "python")}}}))
+    code, doc = run_json(["smoke", "-i", str(inventory), "--stages", "env"], capsys)
+    assert code == 5  # the host answered; its python did not
+    assert doc["hosts"]["local"]["outcome"] == "fail"
+    assert str(tmp_path / "no" / "python") in doc["failures"][0]["reason"]

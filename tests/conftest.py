@@ -1,0 +1,38 @@
+"""Shared fixtures. `sshd_fleet` starts real sshd processes on 127.0.0.1 (see tests/sshd_fleet.py)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # so tests can `from sshd_fleet import ...`
+
+from sshd_fleet import SshdFleet, sshd_available  # noqa: E402
+
+
+@pytest.fixture
+def sshd_fleet(tmp_path_factory):
+    """Factory: `sshd_fleet(n, python=..., connect_timeout=2, command_timeout=30) -> SshdFleet`.
+
+    Every sshd (and its sessions) started through it is killed at teardown."""
+    if not sshd_available():
+        pytest.skip("OpenSSH sshd/ssh-keygen not installed (scripts/bootstrap.sh installs them)")
+    fleets: list[SshdFleet] = []
+
+    def start(n: int = 1, **options) -> SshdFleet:
+        fleet = SshdFleet(tmp_path_factory.mktemp("fleet"), **options)
+        fleets.append(fleet)
+        return fleet.start(n)
+
+    yield start
+    for fleet in fleets:
+        fleet.stop()
+
+
+@pytest.fixture
+def isolated_cwd(tmp_path, monkeypatch):
+    """Run with an empty cwd and no $DDTREE_OPS_INVENTORY, so the embedded inventory applies."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DDTREE_OPS_INVENTORY", raising=False)
+    return tmp_path

@@ -1,0 +1,256 @@
+"""`deploy` / `rollback` over real SSH into a real virtual environment that has the real
+sglang==0.5.23 installed with pip --no-deps (torch borrowed, as a GPU host has it).
+
+Every assertion about the environment is made on its site-packages listing with sha256 of
+every file (bytecode included): rollback must restore it byte for byte."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from ddtree_ops.cli.app import main
+from ddtree_ops.deploy import installer_stdin
+from ddtree_ops.release import build_bundle
+from ddtree_ops.remote_layout import BOOTSTRAP
+from sglang_plugin.dist import make_sglang_venv, site_listing
+
+pytestmark = [pytest.mark.sshd, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+TARGETS = (
+    "sglang.srt.arg_groups.speculative_hook._handle_dflash",
+    "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker",
+    "sglang.srt.speculative.dflash_utils.resolve_dflash_verify_mask_policy",
+)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """(venv python, a frozen snapshot of the checkout to deploy from)."""
+    root = tmp_path_factory.mktemp("sglang-env")
+    python = make_sglang_venv(root)
+    snapshot = root / "checkout"
+    for rel in ("src/ddtree", "smoke"):
+        shutil.copytree(REPO / rel, snapshot / rel, ignore=shutil.ignore_patterns("__pycache__"))
+    return python, snapshot
+
+
+@pytest.fixture
+def host(sshd_fleet, env):
+    python, _ = env
+    fleet = sshd_fleet(1, python=str(python), command_timeout=120)
+    return fleet, fleet.write_inventory(), fleet.hosts[0]
+
+
+def run_cli(capsys, inventory: Path, snapshot: Path, *args: str) -> tuple[int, dict]:
+    command = args[0]
+    code = main([command, "-i", str(inventory), "--source", str(snapshot), "--json", *args[1:]])
+    out = capsys.readouterr().out
+    return code, json.loads(out)
+
+
+def fresh_python(python: Path, code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd="/",
+                          env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1", **env}, timeout=120)
+
+
+LOAD_PLUGINS = """
+import json, sys, types, importlib.util
+spec = importlib.util.find_spec("sglang")
+pkg = types.ModuleType("sglang"); pkg.__path__ = list(spec.submodule_search_locations); sys.modules["sglang"] = pkg
+from importlib.metadata import entry_points
+eps = [(ep.value, ep.dist.name) for ep in entry_points(group="sglang.srt.plugins")]
+from sglang.srt.plugins import load_plugins
+from sglang.srt.plugins.hook_registry import HookRegistry
+load_plugins()
+hooks = {t: [(h.__module__, s.plugin_name, s.dist_name) for _, h, s in hs] for t, hs in HookRegistry._hooks.items()}
+import ddtree
+print(json.dumps({"eps": eps, "hooks": hooks, "ddtree": ddtree.__file__}))
+"""
+
+
+PLUGIN_STAGE = """
+import json, sys
+from pathlib import Path
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/src"]
+from smoke.protocol import SmokeOptions, StageContext
+from smoke.stages.plugin import run
+ctx = StageContext(stage="plugin", device="cpu", options=SmokeOptions(), host={}, run_dir=Path("/tmp"),
+                   release_root=Path(sys.argv[1]), expected_release=None, log=print, emit_metric=lambda n, v: None)
+result = run(ctx)
+print(json.dumps({"status": result.status.value, "reason": result.reason, "metrics": result.metrics}))
+"""
+
+
+def plugin_stage(python: Path, snapshot: Path) -> dict:
+    done = subprocess.run([str(python), "-c", PLUGIN_STAGE, str(snapshot)], capture_output=True, text=True, cwd="/",
+                          env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_deploy_verify_redeploy_and_rollback_restore_the_listing(host, env, capsys):
+    fleet, inventory, h0 = host
+    python, snapshot = env
+    before = site_listing(python)
+    stage = plugin_stage(python, snapshot)
+    assert stage["status"] == "skip" and "the plugin is not deployed in" in stage["reason"]
+    assert stage["metrics"]["gate_ok"] is True
+
+    code, doc = run_cli(capsys, inventory, snapshot, "deploy")
+    assert code == 0, doc
+    result = doc["hosts"]["h0"]["result"]
+    assert (result["action"], result["verdict"], result["forced"]) == ("installed", "static-only", False)
+    assert result["sglang"].startswith("0.5.23 at ")
+    after = site_listing(python)
+    added = sorted(set(after) - set(before))
+    release = doc["release"]
+    assert added == sorted([
+        "ddtree_sglang_plugin.pth",
+        *(f"ddtree_sglang_plugin-0.1.0+{release}.dist-info/{n}" for n in ("INSTALLER", "METADATA", "RECORD", "entry_points.txt")),
+    ])
+    assert {k: v for k, v in after.items() if k in before} == before  # nothing else changed
+
+    # A fresh interpreter of that environment: the entry point is there and SGLang's own
+    # load_plugins() runs our register(), which registers the three hooks.
+    seen = fresh_python(python, LOAD_PLUGINS, DDTREE_ENABLE="1", DDTREE_STRICT="0")
+    assert seen.returncode == 0, seen.stderr[-2000:]
+    facts = json.loads(seen.stdout.strip().splitlines()[-1])
+    assert facts["eps"] == [["ddtree.sglang.plugin:register", "ddtree_sglang_plugin"]]
+    for target in TARGETS:
+        assert facts["hooks"][target] == [["ddtree.sglang.hooks", "ddtree", "ddtree_sglang_plugin"]]
+    assert facts["ddtree"].startswith(str(h0.workdir / "deployments"))
+    record = json.loads(Path(result["record"]).read_text())
+    assert record["release"] == release and set(record["files"]) == {str(Path(result["adds"][0]).parent / a) for a in added}
+
+    # The `plugin` smoke stage sees the deployment (static-only on this CPU host).
+    stage = plugin_stage(python, snapshot)
+    assert stage["status"] == "pass", stage
+    assert stage["reason"].startswith("SGLang's speculative modules cannot import here (missing: msgspec, psutil)")
+    assert stage["metrics"]["deployed_release"] == release
+    assert stage["metrics"]["hooks"] == {"H1": "unresolvable", "H2": "unresolvable", "H3": "unresolvable"}
+
+    # Same release again: nothing changes.
+    code, doc = run_cli(capsys, inventory, snapshot, "deploy")
+    assert code == 0 and doc["hosts"]["h0"]["result"]["action"] == "unchanged"
+    assert site_listing(python) == after
+
+    code, doc = run_cli(capsys, inventory, snapshot, "rollback")
+    assert code == 0
+    assert doc["hosts"]["h0"]["result"]["action"] == "rolled-back"
+    assert site_listing(python) == before
+    assert not list((h0.workdir / "deployments").iterdir())
+    code, doc = run_cli(capsys, inventory, snapshot, "rollback")
+    assert (code, doc["hosts"]["h0"]["result"]["action"]) == (0, "nothing-deployed")
+
+
+def test_dry_run_changes_nothing(host, env, capsys):
+    _, inventory, h0 = host
+    python, snapshot = env
+    before = site_listing(python)
+    code, doc = run_cli(capsys, inventory, snapshot, "deploy", "--dry-run")
+    assert code == 0, doc
+    result = doc["hosts"]["h0"]["result"]
+    assert result["action"] == "would install" and len(result["adds"]) == 5
+    assert site_listing(python) == before
+    assert not h0.workdir.exists()  # no release pushed, no lock taken, no record
+
+
+def test_a_tampered_hooked_file_is_refused_unless_forced(host, env, capsys):
+    _, inventory, h0 = host
+    python, snapshot = env
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    hooked = site / "sglang" / "srt" / "speculative" / "spec_info.py"
+    original = hooked.read_bytes()
+    hooked.write_bytes(original + b"\n# patched by someone\n")
+    try:
+        before = site_listing(python)
+        code, doc = run_cli(capsys, inventory, snapshot, "deploy")
+        assert code == 5
+        error = doc["hosts"]["h0"]["error"]
+        assert f"{hooked}: hash-mismatch" in error
+        assert site_listing(python) == before
+
+        code, doc = run_cli(capsys, inventory, snapshot, "deploy", "--force")
+        assert code == 0, doc
+        result = doc["hosts"]["h0"]["result"]
+        assert result["forced"] is True and result["gate_findings"][0].startswith(f"{hooked}: hash-mismatch")
+        assert json.loads(Path(result["record"]).read_text())["forced"] is True
+        assert run_cli(capsys, inventory, snapshot, "rollback")[0] == 0
+        assert site_listing(python) == before
+    finally:
+        hooked.write_bytes(original)
+
+
+def test_an_unknown_sglang_version_is_refused(host, env, capsys):
+    _, inventory, _ = host
+    python, snapshot = env
+    metadata = next(Path(p) for p in Path(python).parents[1].glob("lib/python*/site-packages/sglang-0.5.23.dist-info/METADATA"))
+    original = metadata.read_bytes()
+    metadata.write_bytes(original.replace(b"Version: 0.5.23", b"Version: 0.5.24", 1))
+    try:
+        before = site_listing(python)
+        code, doc = run_cli(capsys, inventory, snapshot, "deploy")
+        assert code == 5
+        assert "unknown-version: sglang 0.5.24 is not supported (supported: 0.5.23)" in doc["hosts"]["h0"]["error"]
+        assert site_listing(python) == before
+    finally:
+        metadata.write_bytes(original)
+
+
+def test_a_deploy_killed_half_way_is_undone_by_rollback_and_by_the_next_deploy(host, env, capsys):
+    _, inventory, h0 = host
+    python, snapshot = env
+    before = site_listing(python)
+    assert main(["push", "-i", str(inventory), "--source", str(snapshot)]) == 0
+    capsys.readouterr()
+    bundle = build_bundle(snapshot)
+
+    def killed_install() -> None:
+        done = subprocess.run([str(python), "-c", BOOTSTRAP, "install", str(h0.workdir), bundle.release_id, "0"],
+                              input=installer_stdin(bundle, "install"), capture_output=True,
+                              env={"PATH": "/usr/bin:/bin", "DDTREE_DEPLOY_FAULT": "after-pth"}, cwd="/", timeout=120)
+        assert done.returncode == 137, done.stderr
+        assert site_listing(python) != before  # the .pth is there, the record is not
+
+    killed_install()
+    code, doc = run_cli(capsys, inventory, snapshot, "rollback")
+    assert code == 0 and doc["hosts"]["h0"]["result"]["action"] == "recovered"
+    assert site_listing(python) == before
+
+    killed_install()
+    code, doc = run_cli(capsys, inventory, snapshot, "deploy")
+    assert code == 0, doc
+    result = doc["hosts"]["h0"]["result"]
+    assert result["action"] == "installed" and result["recovered"]["removed"]
+    assert run_cli(capsys, inventory, snapshot, "rollback")[0] == 0
+    assert site_listing(python) == before
+
+
+def test_concurrent_deploys_are_serialised_by_the_host_lock(host, env):
+    _, inventory, _ = host
+    python, snapshot = env
+    before = site_listing(python)
+    cli = [str(REPO / ".venv" / "bin" / "ddtree-ops")] if (REPO / ".venv" / "bin" / "ddtree-ops").exists() \
+        else ["ddtree-ops"]
+    outcomes: list[dict] = []
+
+    def deploy() -> None:
+        done = subprocess.run([*cli, "deploy", "-i", str(inventory), "--source", str(snapshot), "--json"],
+                              capture_output=True, text=True, timeout=300)
+        outcomes.append({"code": done.returncode, **json.loads(done.stdout)})
+
+    threads = [threading.Thread(target=deploy) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [o["code"] for o in outcomes] == [0, 0]
+    assert sorted(o["hosts"]["h0"]["result"]["action"] for o in outcomes) == ["installed", "unchanged"]
+    assert main(["rollback", "-i", str(inventory), "--source", str(snapshot)]) == 0
+    assert site_listing(python) == before

@@ -1,0 +1,165 @@
+"""`ddtree-ops smoke` against a real loopback sshd fleet: a full run on several hosts, a
+failing stage, a hanging stage, a host killed mid-run (exit 6, the others' results intact),
+`collect` over SSH, and `report --json` / `--baseline` exit codes."""
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ddtree_ops.cli.app import main
+
+pytestmark = [pytest.mark.sshd, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+
+EXTRA_STAGES = {
+    "broken": 'NAME = "broken"\nDESCRIPTION = "raises"\n'
+              'def run(ctx):\n    raise ValueError("broken on " + ctx.host["name"])\n',
+    "hang": 'NAME = "hang"\nDESCRIPTION = "hangs"\nimport time\n'
+            'def run(ctx):\n    print("hanging on", ctx.host["name"], flush=True)\n'
+            '    time.sleep(3600)\n',
+    "slow": 'NAME = "slow"\nDESCRIPTION = "takes a few seconds"\nimport time\n'
+            'from smoke.protocol import StageResult\n'
+            'def run(ctx):\n    print("slow stage started", flush=True)\n'
+            '    time.sleep(4)\n    return StageResult.passed("done")\n',
+}
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("checkout")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(REPO / "src" / "ddtree", root / "src" / "ddtree", ignore=ignore)
+    shutil.copytree(REPO / "smoke", root / "smoke", ignore=ignore)
+    for name, code in EXTRA_STAGES.items():
+        (root / "smoke" / "stages" / f"{name}.py").write_text(code)
+    return root
+
+
+@pytest.fixture
+def runs(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("DDTREE_OPS_RUNS_DIR", str(tmp_path / "runs"))
+    return tmp_path / "runs"
+
+
+def smoke_json(args: list[str], capsys) -> tuple[int, dict]:
+    code = main(["smoke", *args, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_full_smoke_on_three_hosts_then_collect_and_report(sshd_fleet, runs, capsys, tmp_path):
+    fleet = sshd_fleet(3)
+    inventory = str(fleet.write_inventory())
+    code, doc = smoke_json(["-i", inventory, "--stages", "env,import,golden,invariants"], capsys)
+    assert code == 0, doc["failures"]
+    assert set(doc["hosts"]) == {"h0", "h1", "h2"}
+    for name, host in doc["hosts"].items():
+        assert host["outcome"] == "pass"
+        assert [host["stages"][s]["status"] for s in ("env", "import", "golden", "invariants")] \
+            == ["pass"] * 4
+    for host in fleet.hosts:
+        record = json.loads((runs / doc["run_id"] / host.name / "stages" / "import.json").read_text())
+        assert record["metrics"]["release"] == doc["release"]
+        assert record["metrics"]["resolved_root"].startswith(str(host.workdir))
+        on_host = host.workdir / "runs" / doc["run_id"] / "events.jsonl"
+        assert on_host.read_text().splitlines() == \
+            (runs / doc["run_id"] / host.name / "events.jsonl").read_text().splitlines()
+
+    assert main(["collect", doc["run_id"], "-i", inventory, "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    fetched = first["hosts"]["h1"]["result"]["fetched"]
+    assert "logs/golden.log" in fetched and "stages/invariants.json" in fetched
+    assert (runs / doc["run_id"] / "h1" / "remote" / "logs" / "golden.log").read_text() == \
+        (fleet.hosts[1].workdir / "runs" / doc["run_id"] / "logs" / "golden.log").read_text()
+    assert main(["collect", doc["run_id"], "-i", inventory, "--json"]) == 0
+    second = json.loads(capsys.readouterr().out)
+    assert all(h["result"]["fetched"] == [] for h in second["hosts"].values())
+
+    assert main(["report", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["run_id"] == doc["run_id"] and report["exit_code"] == 0
+    baseline = tmp_path / "baseline.yaml"
+    baseline.write_text(yaml.safe_dump({"metrics": [
+        {"metric": "invariants.trees", "expected": 10**6, "better": "higher"}]}))
+    assert main(["report", "--baseline", str(baseline)]) == 5
+    err = capsys.readouterr().err
+    for name in ("h0", "h1", "h2"):
+        assert f"regression: invariants.trees on {name}: expected 1000000, measured 84" in err
+
+
+def test_failing_and_hanging_stages_over_ssh(sshd_fleet, runs, capsys, checkout):
+    fleet = sshd_fleet(2)
+    inventory = str(fleet.write_inventory())
+    code, doc = smoke_json(["-i", inventory, "--source", str(checkout), "--stages",
+                            "env,broken,hang,golden", "--keep-going", "--stage-timeout", "3"],
+                           capsys)
+    assert code == 5
+    for name in ("h0", "h1"):
+        stages = doc["hosts"][name]["stages"]
+        assert stages["broken"]["status"] == "fail"
+        assert stages["broken"]["reason"] == f"ValueError: broken on {name}"
+        assert stages["hang"]["status"] == "fail"
+        assert stages["hang"]["reason"] == "timed out after 3s"
+        assert stages["golden"]["status"] == "pass"
+        record = json.loads((runs / doc["run_id"] / name / "stages" / "hang.json").read_text())
+        assert f"hanging on {name}" in record["output_tail"]
+        assert "Traceback" in json.loads(
+            (runs / doc["run_id"] / name / "stages" / "broken.json").read_text())["traceback"]
+
+
+def test_a_host_killed_mid_run_gives_exit_6_and_keeps_the_others(sshd_fleet, runs, capsys,
+                                                                  checkout):
+    fleet = sshd_fleet(3, command_timeout=60)
+    inventory = str(fleet.write_inventory())
+    victim = fleet.hosts[1]
+
+    def kill_when_slow_starts() -> None:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if list((victim.workdir / "runs").glob("*/logs/slow.log")):
+                victim.kill()
+                return
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=kill_when_slow_starts, daemon=True)
+    killer.start()
+    code, doc = smoke_json(["-i", inventory, "--source", str(checkout), "--stages",
+                            "env,slow,golden"], capsys)
+    killer.join(5)
+    assert code == 6
+    for name in ("h0", "h2"):
+        assert doc["hosts"][name]["outcome"] == "pass"
+        assert {s["status"] for s in doc["hosts"][name]["stages"].values()} == {"pass"}
+    lost = doc["hosts"]["h1"]
+    assert lost["outcome"] == "lost"
+    assert lost["stages"]["env"]["status"] == "pass"  # what arrived before the kill is kept
+    assert lost["stages"]["slow"]["status"] == "fail"
+    assert lost["stages"]["slow"]["reason"].startswith("no result:")
+    assert lost["stages"]["golden"]["status"] == "not_run"
+    assert any(f["host"] == "h1" for f in doc["failures"])
+    assert (runs / doc["run_id"] / "h1" / "stages" / "env.json").is_file()
+    for name in ("h0", "h2"):
+        assert (runs / doc["run_id"] / name / "stages" / "golden.json").is_file()
+
+
+def test_an_unreachable_host_is_partial_and_alone_is_exit_4(sshd_fleet, runs, capsys):
+    from sshd_fleet import free_port
+
+    fleet = sshd_fleet(1)
+    dead = {"dead": {"hostname": "127.0.0.1", "port": free_port()}}
+    inventory = str(fleet.write_inventory(extra_hosts=dead))
+    code, doc = smoke_json(["-i", inventory, "--stages", "env"], capsys)
+    assert code == 6
+    assert doc["hosts"]["h0"]["outcome"] == "pass"
+    assert doc["hosts"]["dead"]["outcome"] == "unreachable"
+    assert doc["hosts"]["dead"]["stages"] == {}
+    [failure] = doc["failures"]
+    assert failure["host"] == "dead" and "refused" in failure["reason"]
+    code, doc = smoke_json(["-i", inventory, "-H", "dead", "--stages", "env"], capsys)
+    assert code == 4

@@ -1,0 +1,183 @@
+"""Parity of the fast and batched builders with the heap oracle, and brute-force optimality.
+
+FAST vs HEAP: exact equality (parents, tokens, depths, float64 scores) wherever no row holds
+two equal logits, exact score ties between paths included; with tied logits the token chosen
+among equals follows torch.topk, whose order depends on k, so there the tree shape and the
+scores must agree. Batched vs HEAP: the same arrays for continuous random logits (scores to
+1e-12: plain float64 sums); where path scores can tie exactly (grids, arbitrary floats) it
+orders equal scores differently, so there the sorted scores must agree.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ddtree import BuildMethod, build_ddtree_tree_from_logits, build_ddtree_trees, validate_tree
+from ddtree.heap_build import top_log_probs
+
+
+def rows_have_ties(logits: torch.Tensor) -> bool:
+    finite = logits.float()
+    for row in finite:
+        values = row[torch.isfinite(row)]
+        if values.unique().numel() != values.numel():
+            return True
+    return False
+
+
+def shape_of(tree):
+    return tree.parents, tree.node_depths.tolist()
+
+
+def assert_same(expected, actual, exact_scores=True):
+    assert actual.parents == expected.parents
+    assert actual.node_token_ids.tolist() == expected.node_token_ids.tolist()
+    assert actual.node_depths.tolist() == expected.node_depths.tolist()
+    if exact_scores:
+        assert actual.node_scores.tolist() == expected.node_scores.tolist()
+    else:
+        assert torch.allclose(actual.node_scores, expected.node_scores, rtol=1e-12, atol=1e-12)
+
+
+def check_case(logits: torch.Tensor, budget: int, batched: bool = True, score_ties: bool = False) -> None:
+    heap = build_ddtree_tree_from_logits(logits, budget, method=BuildMethod.HEAP)
+    fast = build_ddtree_tree_from_logits(logits, budget, method=BuildMethod.FAST)
+    validate_tree(heap, budget=budget, logits=logits)
+    validate_tree(fast, budget=budget, logits=logits)
+    tied = rows_have_ties(logits)
+    if tied:
+        assert shape_of(fast) == shape_of(heap)
+        assert fast.node_scores.tolist() == heap.node_scores.tolist()
+    else:
+        assert_same(heap, fast)
+    if batched:
+        tree = build_ddtree_trees(logits.unsqueeze(0), budget).tree(0)
+        validate_tree(tree, budget=budget, logits=logits)
+        if tied or score_ties:
+            assert torch.allclose(tree.node_scores.sort().values, heap.node_scores.sort().values, rtol=1e-12, atol=1e-12)
+        else:
+            assert_same(heap, tree, exact_scores=False)
+
+
+def random_logits(rng: random.Random, depth: int, vocab: int, kind: str, dtype=torch.float32) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    if kind == "flat":
+        logits = torch.randn(depth, vocab, generator=generator) * rng.choice([0.05, 1.0, 4.0])
+    elif kind == "peaked":  # drafter-like: one dominant token per row, a long tail
+        logits = torch.randn(depth, vocab, generator=generator) * 2.0
+        logits[torch.arange(depth), torch.randint(0, vocab, (depth,), generator=generator)] += rng.choice([3.0, 8.0, 30.0])
+    elif kind == "huge":  # log-probs in the thousands: float64 chains round differently
+        logits = torch.randn(depth, vocab, generator=generator) * 3000.0
+    else:  # "masked": some zero-probability tokens, sometimes whole rows
+        logits = torch.randn(depth, vocab, generator=generator)
+        logits[torch.rand(depth, vocab, generator=generator) < 0.4] = float("-inf")
+    if dtype != torch.float32:
+        # distinct values per row survive the narrow dtype: a permutation of a coarse grid
+        grid = torch.stack([torch.randperm(vocab, generator=generator) for _ in range(depth)]).float()
+        logits = (grid * rng.choice([0.125, 0.5])).to(dtype)
+    return logits
+
+
+KINDS = ["flat", "peaked", "huge", "masked"]
+
+
+@pytest.mark.parametrize("block", range(6))
+def test_seeded_sweep_small_shapes(block):
+    """3000 random cases over small shapes: V < budget, D = 1, budget 1, all kinds."""
+    rng = random.Random(1000 + block)
+    for _ in range(500):
+        depth = rng.choice([1, 1, 2, 3, 4, 6, 15])
+        vocab = rng.choice([1, 2, 3, 5, 8, 20, 64])
+        budget = rng.choice([1, 1, 2, 3, 5, 8, 16, 33, 100])
+        kind = rng.choice(KINDS)
+        dtype = rng.choice([torch.float32] * 4 + [torch.bfloat16, torch.float16])
+        check_case(random_logits(rng, depth, vocab, kind, dtype), budget, score_ties=dtype != torch.float32)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_seeded_sweep_realistic_shapes(seed):
+    rng = random.Random(seed)
+    for _ in range(8):
+        depth = rng.choice([1, 7, 15])
+        vocab = rng.choice([300, 4000, 32000])
+        budget = rng.choice([16, 64, 256, 1024])
+        check_case(random_logits(rng, depth, vocab, rng.choice(["flat", "peaked"])), budget)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    depth=st.integers(0, 6),
+    vocab=st.integers(1, 10),
+    budget=st.integers(0, 40),
+    data=st.data(),
+)
+def test_hypothesis_arbitrary_float_rows(depth, vocab, budget, data):
+    """Any finite float32 logits, ties and -inf included."""
+    values = st.one_of(
+        st.floats(-60, 60, width=32, allow_nan=False),
+        st.sampled_from([0.0, 1.0, -1.0, float("-inf")]),
+    )
+    rows = data.draw(st.lists(st.lists(values, min_size=vocab, max_size=vocab), min_size=depth, max_size=depth))
+    logits = torch.tensor(rows, dtype=torch.float32).reshape(depth, vocab)
+    check_case(logits, budget, score_ties=True)
+
+
+def brute_force_best(logits: torch.Tensor, budget: int) -> list[tuple[int, ...]]:
+    """All rank paths, sorted by (score desc, rank path asc), first `budget` -> token paths."""
+    depth_limit, vocab = logits.shape
+    if budget == 0 or depth_limit == 0:
+        return []
+    log_probs, ids = top_log_probs(logits, vocab)
+    lp, tok = log_probs.tolist(), ids.tolist()
+    paths = []
+    for depth in range(1, depth_limit + 1):
+        for ranks in itertools.product(range(vocab), repeat=depth):
+            score = sum(lp[d][r] for d, r in enumerate(ranks))
+            if score != float("-inf"):
+                paths.append((-score, ranks))
+    paths.sort()
+    return [tuple(tok[d][r] for d, r in enumerate(ranks)) for _, ranks in paths[:budget]]
+
+
+def token_paths(tree) -> list[tuple[int, ...]]:
+    paths = [()]
+    for index in range(1, tree.num_nodes + 1):
+        paths.append(paths[tree.parents[index]] + (int(tree.node_token_ids[index - 1]),))
+    return paths[1:]
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    depth=st.integers(1, 4),
+    vocab=st.integers(1, 5),
+    budget=st.integers(1, 30),
+    seed=st.integers(0, 2**31 - 1),
+    scale=st.sampled_from([0.3, 1.0, 5.0]),
+)
+def test_brute_force_optimality(depth, vocab, budget, seed, scale):
+    logits = torch.randn(depth, vocab, generator=torch.Generator().manual_seed(seed)) * scale
+    best = brute_force_best(logits, budget)
+    for method in (BuildMethod.HEAP, BuildMethod.FAST):
+        tree = build_ddtree_tree_from_logits(logits, budget, method=method)
+        assert token_paths(tree) == best
+    assert token_paths(build_ddtree_trees(logits.unsqueeze(0), budget).tree(0)) == best
+
+
+def test_batch_of_different_requests_matches_one_by_one():
+    rng = random.Random(7)
+    logits = torch.cat([random_logits(rng, 5, 50, kind).unsqueeze(0) for kind in ["flat", "peaked", "masked"] * 3])
+    batch = build_ddtree_trees(logits, 24)
+    assert batch.token_ids.shape == (9, 24) and batch.parents.shape == (9, 25)
+    assert batch.visibility.shape == (9, 25, 25)
+    for b in range(9):
+        heap = build_ddtree_tree_from_logits(logits[b], 24, method=BuildMethod.HEAP)
+        tree = batch.tree(b)
+        assert_same(heap, tree, exact_scores=False)
+        assert torch.equal(batch.visibility[b, : tree.num_nodes + 1, : tree.num_nodes + 1], heap.visibility)
+        padding = batch.parents[b, tree.num_nodes + 1 :]
+        assert (padding == -1).all()

@@ -1,0 +1,152 @@
+"""The real sglang==0.5.23 wheel, unpacked with `pip install --no-deps --target` and cached.
+
+The wheel is cached under <repo>/.cache/wheels (gitignored); a fresh clone downloads it
+once from PyPI through pip. The 0.5.23 wheel is cp311/manylinux only; the files we read are
+pure Python, so pip is told the target platform and never builds anything.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+SGLANG_VERSION = "0.5.23"
+REPO = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("DDTREE_TEST_CACHE", REPO / ".cache"))
+WHEELS = CACHE / "wheels"
+TARGET = CACHE / f"sglang-{SGLANG_VERSION}-target"
+_PLATFORM = ["--only-binary=:all:", "--platform", "manylinux_2_34_x86_64"]
+_TARGET_PYTHON = "3.11"  # the unpacked tree the unit tests read (same .py files in every wheel)
+
+
+@contextmanager
+def _locked(name: str):
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f"{name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _pip(*args: str) -> None:
+    cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-800:]}")
+
+
+def sglang_wheel(python_version: str = _TARGET_PYTHON) -> Path:
+    """Path of the cached sglang-0.5.23 wheel for CPython `python_version` (pip download if missing)."""
+    tag = "cp" + python_version.replace(".", "")
+    with _locked("sglang-wheel"):
+        found = sorted(WHEELS.glob(f"sglang-{SGLANG_VERSION}-{tag}-*.whl"))
+        if not found:
+            WHEELS.mkdir(parents=True, exist_ok=True)
+            _pip("download", "--no-deps", *_PLATFORM, "--python-version", python_version, "-d", str(WHEELS),
+                 f"sglang=={SGLANG_VERSION}")
+            found = sorted(WHEELS.glob(f"sglang-{SGLANG_VERSION}-{tag}-*.whl"))
+        return found[0]
+
+
+def sglang_site() -> Path:
+    """A directory holding `sglang/` and its dist-info, as `pip install --no-deps` left them."""
+    wheel = sglang_wheel()
+    with _locked("sglang-target"):
+        marker = TARGET / ".complete"
+        if not marker.exists():
+            partial = TARGET.with_name(TARGET.name + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            _pip("install", "--no-deps", "--no-index", *_PLATFORM, "--python-version", _TARGET_PYTHON,
+                 "--target", str(partial), str(wheel))
+            shutil.rmtree(TARGET, ignore_errors=True)
+            partial.rename(TARGET)
+            marker.touch()
+    return TARGET
+
+
+def sglang_package_dir() -> Path:
+    return sglang_site() / "sglang"
+
+
+def copy_gate_files(dest_site: Path) -> Path:
+    """A minimal copy of the installation the gate reads (pinned + named files, dist-info),
+    for tests that tamper with it. Returns the copied `sglang` package dir."""
+    from ddtree.sglang.manifests import SUPPORTED
+
+    source_site = sglang_site()
+    manifest = SUPPORTED[SGLANG_VERSION]
+    rel_files = set(manifest.file_sha256) | {r.file for r in manifest.names} | {"_version.py"}
+    for rel in rel_files:
+        target = dest_site / "sglang" / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source_site / "sglang" / rel, target)
+    dist = f"sglang-{SGLANG_VERSION}.dist-info"
+    shutil.copytree(source_site / dist, dest_site / dist)
+    return dest_site / "sglang"
+
+
+def run_python(code: str, *, env: dict[str, str] | None = None, cwd: Path | None = None,
+               extra_path: list[Path] | None = None, python: str | None = None) -> subprocess.CompletedProcess:
+    """Run code in a fresh interpreter that sees the real sglang files (and our editable
+    install, through the test venv): the way SGLang's processes see the plugin."""
+    path = [str(p) for p in (extra_path or [])] + [str(sglang_site())]
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith(("DDTREE_", "SGLANG_"))}
+    child_env["PYTHONPATH"] = os.pathsep.join(path)
+    child_env.update(env or {})
+    return subprocess.run([python or sys.executable, "-c", code], capture_output=True, text=True,
+                          env=child_env, cwd=cwd, timeout=120)
+
+
+BYPASS_SGLANG_INIT = (
+    "from ddtree.sglang.probe import bypass_sglang_init\n"
+    "assert bypass_sglang_init()\n"
+)
+
+
+# What `import torch` (and so `import ddtree`) needs, borrowed from the test venv by symlink:
+# a real SGLang host has torch; a 700 MB copy per test would not help the test.
+TORCH_MODULES = ("torch", "torchgen", "typing_extensions.py", "sympy", "mpmath", "networkx", "jinja2",
+                 "markupsafe", "fsspec", "filelock", "numpy", "numpy.libs")
+
+
+def make_sglang_venv(root: Path) -> Path:
+    """A real virtual environment with sglang==0.5.23 installed by pip --no-deps, plus torch
+    (symlinked, outside site-packages) the way a GPU host's environment has it. Returns its python."""
+    import sysconfig
+
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    wheel = sglang_wheel("%d.%d" % sys.version_info[:2])  # the venv's own interpreter version
+    _pip("--python", str(python), "install", "--no-deps", "--no-index", str(wheel))
+    borrowed = root / "borrowed-torch"
+    borrowed.mkdir()
+    here = Path(sysconfig.get_paths()["purelib"])
+    for name in TORCH_MODULES:
+        if (here / name).exists():
+            (borrowed / name).symlink_to(here / name)
+    venv_site = Path(subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True).stdout.strip())
+    (venv_site / "borrowed_torch.pth").write_text(str(borrowed) + "\n")
+    return python
+
+
+def site_listing(python: Path) -> dict[str, str]:
+    """relative path -> sha256 of every file under the environment's site-packages."""
+    import hashlib
+
+    site = Path(subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True).stdout.strip())
+    listing = {}
+    for path in sorted(site.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            listing[str(path.relative_to(site))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return listing

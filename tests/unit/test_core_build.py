@@ -1,0 +1,171 @@
+"""The single-request builders: input errors, edge shapes, -inf tokens, dtypes, methods."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddtree import BuildMethod, build_ddtree_tree_from_logits, build_ddtree_trees, validate_tree
+from ddtree.invariants import reachable_node_count
+
+METHODS = [BuildMethod.HEAP, BuildMethod.FAST, BuildMethod.AUTO]
+
+
+def same_tree(a, b) -> bool:
+    return (
+        a.parents == b.parents
+        and torch.equal(a.node_token_ids, b.node_token_ids)
+        and torch.equal(a.node_depths, b.node_depths)
+    )
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_nan_names_the_row(method):
+    logits = torch.randn(4, 10)
+    logits[2, 7] = float("nan")
+    with pytest.raises(ValueError, match=r"row 2 \(depth 3\) contains NaN \(first at token 7\)"):
+        build_ddtree_tree_from_logits(logits, 8, method=method)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_nan_in_a_row_the_tree_never_reaches_is_still_reported(method):
+    logits = torch.randn(6, 50)
+    logits[:, 0] = 50.0  # a single greedy chain...
+    logits[5, 3] = float("nan")  # ...and a NaN at the last row
+    with pytest.raises(ValueError, match="row 5"):
+        build_ddtree_tree_from_logits(logits, 2, method=method)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_positive_infinity_is_rejected(method):
+    logits = torch.randn(3, 10)
+    logits[1, 4] = float("inf")
+    with pytest.raises(ValueError, match=r"row 1 \(depth 2\) contains \+inf"):
+        build_ddtree_tree_from_logits(logits, 8, method=method)
+
+
+@pytest.mark.parametrize(
+    "logits, budget, message",
+    [
+        (torch.randn(3, 5), -3, "budget must be >= 0, got -3"),
+        (torch.randn(5), 4, r"rank 2 \[D, V\], got rank 1 with shape \(5,\)"),
+        (torch.randn(2, 3, 5), 4, r"rank 2 \[D, V\], got rank 3 with shape \(2, 3, 5\)"),
+        (torch.randn(3, 0), 4, r"empty vocabulary: shape \(3, 0\)"),
+        (torch.zeros(3, 5, dtype=torch.int64), 4, "must be float32, bfloat16, float16 or float64, got torch.int64"),
+    ],
+)
+def test_bad_input_values_are_named(logits, budget, message):
+    with pytest.raises(ValueError, match=message):
+        build_ddtree_tree_from_logits(logits, budget)
+
+
+def test_non_integer_budget_and_unknown_method():
+    with pytest.raises(TypeError, match=r"budget must be an int, got 2.5 \(float\)"):
+        build_ddtree_tree_from_logits(torch.randn(2, 3), 2.5)
+    with pytest.raises(ValueError, match="method must be one of heap, fast, auto, got 'beam'"):
+        build_ddtree_tree_from_logits(torch.randn(2, 3), 2, method="beam")
+
+
+def test_method_accepts_the_plain_string():
+    logits = torch.randn(4, 30)
+    assert same_tree(
+        build_ddtree_tree_from_logits(logits, 10, method="heap"),
+        build_ddtree_tree_from_logits(logits, 10, method=BuildMethod.FAST),
+    )
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("shape, budget", [((0, 7), 5), ((3, 7), 0), ((0, 1), 0)])
+def test_root_alone(method, shape, budget):
+    tree = build_ddtree_tree_from_logits(torch.randn(*shape), budget, method=method)
+    assert tree.parents == [-1]
+    assert tree.num_nodes == 0 and tree.max_depth == 0
+    assert tree.child_maps == [{}]
+    assert tree.visibility.tolist() == [[True]]
+    validate_tree(tree, budget=budget)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_budget_beyond_the_reachable_tree_gives_the_full_tree(method):
+    logits = torch.randn(3, 2)  # 2 + 4 + 8 = 14 reachable paths
+    tree = build_ddtree_tree_from_logits(logits, 4096, method=method)
+    assert tree.num_nodes == 14
+    validate_tree(tree, budget=4096, logits=logits)
+    tokens_by_depth = {}
+    for token, depth in zip(tree.node_token_ids.tolist(), tree.node_depths.tolist()):
+        tokens_by_depth.setdefault(depth, []).append(token)
+    assert {d: len(t) for d, t in tokens_by_depth.items()} == {1: 2, 2: 4, 3: 8}
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_vocabulary_of_one_is_a_chain(method):
+    tree = build_ddtree_tree_from_logits(torch.randn(5, 1), 3, method=method)
+    assert tree.parents == [-1, 0, 1, 2]
+    assert tree.node_token_ids.tolist() == [0, 0, 0]
+    assert tree.node_scores.tolist() == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_negative_infinity_tokens_are_never_placed(method):
+    logits = torch.tensor(
+        [
+            [2.0, float("-inf"), 1.0, float("-inf")],
+            [float("-inf"), 0.5, float("-inf"), float("-inf")],
+            [float("-inf")] * 4,  # no token possible: the tree cannot go past depth 2
+        ]
+    )
+    tree = build_ddtree_tree_from_logits(logits, 100, method=method)
+    assert sorted(zip(tree.node_depths.tolist(), tree.node_token_ids.tolist())) == [
+        (1, 0), (1, 2), (2, 1), (2, 1),
+    ]
+    assert torch.isfinite(tree.node_scores).all()
+    validate_tree(tree, budget=100, logits=logits)
+    assert reachable_node_count(logits, 100) == 4
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_low_and_high_precision_inputs_match_their_float32_upcast(method, dtype):
+    generator = torch.Generator().manual_seed(3)
+    # distinct values per row so no exact ties exist after rounding to the narrow dtype
+    logits = torch.stack([torch.randperm(200, generator=generator).float() / 16 for _ in range(6)]).to(dtype)
+    tree = build_ddtree_tree_from_logits(logits, 64, method=method)
+    reference = build_ddtree_tree_from_logits(logits.float(), 64, method=BuildMethod.HEAP)
+    assert same_tree(tree, reference)
+    assert torch.equal(tree.node_scores, reference.node_scores)
+    validate_tree(tree, budget=64, logits=logits)
+
+
+def test_fast_builder_does_not_touch_rows_the_tree_never_reaches(monkeypatch):
+    calls = []
+    original = torch.logsumexp
+
+    def counting_logsumexp(x, *args, **kwargs):
+        calls.append(tuple(x.shape))
+        return original(x, *args, **kwargs)
+
+    logits = torch.randn(15, 5000)  # flat rows: a budget of 64 fits in depth 1
+    monkeypatch.setattr(torch, "logsumexp", counting_logsumexp)
+    tree = build_ddtree_tree_from_logits(logits, 64, method=BuildMethod.FAST)
+    monkeypatch.undo()
+    assert tree.max_depth == 1
+    assert sum(shape[0] for shape in calls) <= 3  # rows 0 and 1 (and at most one more), never 15
+    assert same_tree(tree, build_ddtree_tree_from_logits(logits, 64, method=BuildMethod.HEAP))
+
+
+def test_exact_score_ties_follow_the_rank_path_order():
+    # Every row is identical: many paths tie exactly; pop order must be lexicographic on ranks.
+    row = torch.tensor([3.0, 2.0, 1.0, 0.0])
+    logits = row.repeat(4, 1)
+    heap = build_ddtree_tree_from_logits(logits, 40, method=BuildMethod.HEAP)
+    fast = build_ddtree_tree_from_logits(logits, 40, method=BuildMethod.FAST)
+    assert same_tree(heap, fast)
+    assert torch.equal(heap.node_scores, fast.node_scores)
+
+
+def test_batched_builder_rejects_bad_shapes():
+    with pytest.raises(ValueError, match=r"rank 3 \[bs, D, V\], got rank 2 with shape \(3, 4\)"):
+        build_ddtree_trees(torch.randn(3, 4), 4)
+    with pytest.raises(ValueError, match="budget must be >= 0, got -1"):
+        build_ddtree_trees(torch.randn(1, 3, 4), -1)
+    with pytest.raises(ValueError, match="empty vocabulary"):
+        build_ddtree_trees(torch.randn(2, 3, 0), 4)

@@ -1,0 +1,102 @@
+"""The `lossless` and `decode-bench` smoke stages, run in-process against the stage protocol
+(a tiny target saved with save_pretrained and a tiny DFlash drafter stand in for real models)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from smoke.protocol import SmokeOptions, StageContext, Status  # noqa: E402
+from smoke.stages import decode_bench, lossless  # noqa: E402
+
+from ddtree.lossless import TINY_VOCAB, build_tiny_target, save_tiny_dflash_drafter, tiny_dflash_config  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def context(tmp_path: Path, stage: str, host: dict, **options) -> StageContext:
+    logs: list[str] = []
+    return StageContext(
+        stage=stage, device="cpu", options=SmokeOptions(**options), host=host, run_dir=tmp_path / "run",
+        release_root=tmp_path, expected_release=None, log=logs.append, emit_metric=lambda name, value: None,
+    )
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("models")
+    target = build_tiny_target(seed=0, dtype=torch.float32)
+    target.model.save_pretrained(root / "tiny-target")
+    save_tiny_dflash_drafter(root / "tiny-drafter", tiny_dflash_config())
+    prompts = root / "prompts.jsonl"
+    generator = torch.Generator().manual_seed(0)
+    prompts.write_text("".join(json.dumps({"input_ids": torch.randint(0, TINY_VOCAB, (6,), generator=generator).tolist()}) + "\n"
+                               for _ in range(2)))
+    return {"target": str(root / "tiny-target"), "drafter": str(root / "tiny-drafter"), "block_size": 6,
+            "prompts": str(prompts)}
+
+
+def test_lossless_stage_passes_on_cpu(tmp_path):
+    ctx = context(tmp_path, "lossless", {"name": "local"}, extra={"lossless_samples": 200, "lossless_tokens": 12})
+    result = lossless.run(ctx)
+    assert result.status is Status.PASS, result.reason
+    assert result.metrics["mismatch_count"] == 0 and result.metrics["sampling_p_value"] > 1e-3
+    methods = {row["method"] for row in result.tables["lossless"]}
+    assert methods == {"baseline", "dflash", "ddtree_tb1", "ddtree_tb4", "ddtree_tb16", "ddtree_tb64",
+                       "dflash+dflash-adapter", "ddtree_tb16+dflash-adapter"}
+
+
+def test_decode_bench_skips_without_models(tmp_path):
+    result = decode_bench.run(context(tmp_path, "decode-bench", {"name": "gpu-a"}))
+    assert result.status is Status.SKIP
+    assert result.reason == "no models configured for this host (hosts.yaml: hosts.gpu-a.models)"
+
+
+def test_decode_bench_measures_every_method(tmp_path, models):
+    ctx = context(tmp_path, "decode-bench", {"name": "local", "models": models}, budgets=[4, 16],
+                  extra={"max_new_tokens": 12})
+    result = decode_bench.run(ctx)
+    assert result.status is Status.PASS, result.reason
+    rows = {row["method"]: row for row in result.tables["methods"]}
+    assert set(rows) == {"baseline", "dflash", "ddtree_tb4", "ddtree_tb16"}
+    for row in rows.values():
+        assert row["dataset"] == "prompts" and row["model"] == "tiny-target" and row["requests"] == 2
+        assert row["identical_to_ar"] == 1.0 and row["tau"] >= 1.0 and row["speedup"] > 0
+        assert abs(sum(row["histogram"].values()) - 1.0) < 1e-9
+    assert rows["ddtree_tb16"]["budget"] == 16
+    assert set(rows["ddtree_tb16"]["stage_split"]) == {"draft", "tree_build", "tree_compile", "verify", "commit"}
+    assert result.metrics["tau.baseline"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"target": "/nowhere/model"}, "hosts.local.models: model path /nowhere/model: no such folder"),
+        ({"block_size": 16}, "hosts.local.models: block size 16 is not supported by"),
+        ({"prompts": "/nowhere/prompts.jsonl"}, "hosts.local.models: prompts: no such file: /nowhere/prompts.jsonl"),
+    ],
+)
+def test_decode_bench_fails_with_one_clear_message(tmp_path, models, change, message):
+    ctx = context(tmp_path, "decode-bench", {"name": "local", "models": {**models, **change}}, budgets=[4])
+    result = decode_bench.run(ctx)
+    assert result.status is Status.FAIL
+    assert result.reason.startswith(message), result.reason
+    assert "\n" not in result.reason
+
+
+def test_decode_bench_refuses_a_drafter_with_another_vocabulary(tmp_path, models):
+    other = save_tiny_dflash_drafter(tmp_path / "wide-drafter", tiny_dflash_config(vocab_size=2 * TINY_VOCAB))
+    ctx = context(tmp_path, "decode-bench", {"name": "local", "models": {**models, "drafter": str(other)}}, budgets=[4])
+    result = decode_bench.run(ctx)
+    assert result.status is Status.FAIL
+    assert "has vocabulary 192, the target has 96" in result.reason

@@ -1,0 +1,125 @@
+"""hosts.yaml parsing: defaults, precedence, selection, and every error message."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddtree_ops.errors import ConfigError, ExitCode, UsageError
+from ddtree_ops.inventory import EMBEDDED_INVENTORY_NAME, TransportKind, load_inventory
+
+
+def write(tmp_path: Path, text: str, name: str = "hosts.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_embedded_inventory_when_no_file(isolated_cwd):
+    inventory = load_inventory()
+    assert inventory.source == EMBEDDED_INVENTORY_NAME
+    assert list(inventory.hosts) == ["local"]
+    local = inventory.hosts["local"]
+    assert local.transport is TransportKind.LOCAL
+    assert local.python == sys.executable
+    assert local.workdir == "~/.ddtree-ops"
+
+
+def test_resolution_order_flag_then_env_then_cwd(isolated_cwd, monkeypatch):
+    write(isolated_cwd, "hosts: {from-cwd: {transport: local}}\n")
+    flag = write(isolated_cwd, "hosts: {from-flag: {transport: local}}\n", "flag.yaml")
+    env = write(isolated_cwd, "hosts: {from-env: {transport: local}}\n", "env.yaml")
+    assert list(load_inventory().hosts) == ["from-cwd"]
+    monkeypatch.setenv("DDTREE_OPS_INVENTORY", str(env))
+    assert list(load_inventory().hosts) == ["from-env"]
+    assert list(load_inventory(flag).hosts) == ["from-flag"]
+
+
+def test_named_file_must_exist(isolated_cwd, monkeypatch):
+    with pytest.raises(ConfigError, match=r"nope.yaml: inventory file not found \(from -i/--inventory\)"):
+        load_inventory("nope.yaml")
+    monkeypatch.setenv("DDTREE_OPS_INVENTORY", "gone.yaml")
+    with pytest.raises(ConfigError, match=r"gone.yaml: inventory file not found \(from \$DDTREE_OPS_INVENTORY\)"):
+        load_inventory()
+
+
+def test_defaults_and_precedence(tmp_path):
+    path = write(
+        tmp_path,
+        """
+defaults:
+  user: root
+  port: 2200
+  identity_file: keys/id
+  known_hosts: ~/kh
+  python: /opt/env/bin/python3
+  connect_timeout: 3
+hosts:
+  a: {hostname: a.example.internal, groups: [h200, big]}
+  b: {port: 22, user: eval, python: /usr/bin/python3, workdir: /srv/dd}
+  here: {transport: local}
+""",
+    )
+    inv = load_inventory(path)
+    a, b, here = inv.hosts["a"], inv.hosts["b"], inv.hosts["here"]
+    assert (a.hostname, a.user, a.port, a.python, a.connect_timeout) == (
+        "a.example.internal", "root", 2200, "/opt/env/bin/python3", 3.0)
+    assert a.identity_file == str(tmp_path / "keys" / "id")  # relative to the inventory's directory
+    assert a.known_hosts == str(Path("~/kh").expanduser())
+    assert a.workdir == "~/.ddtree-ops"  # host path: `~` stays for the host to resolve
+    assert (b.hostname, b.user, b.port, b.python, b.workdir) == ("b", "eval", 22, "/usr/bin/python3", "/srv/dd")
+    assert here.python == sys.executable  # defaults.python is for the remote fleet
+    assert a.target() == "root@a.example.internal:2200"
+
+
+def test_models_section(tmp_path):
+    path = write(tmp_path, "hosts:\n  g: {models: {target: t/x, drafter: d/y}}\n")
+    models = load_inventory(path).hosts["g"].models
+    assert (models.target, models.drafter, models.block_size, models.prompts) == ("t/x", "d/y", 16, None)
+
+
+def test_selection_by_name_and_group(tmp_path):
+    path = write(tmp_path, "hosts:\n  a: {groups: [h200]}\n  b: {groups: [h200]}\n  c: {}\n  local: {transport: local}\n")
+    inv = load_inventory(path)
+    names = lambda sel: [h.name for h in inv.select(sel)]  # noqa: E731
+    assert names(None) == ["a", "b", "c", "local"]
+    assert names("all") == ["a", "b", "c", "local"]
+    assert names("h200") == ["a", "b"]
+    assert names("local,a") == ["a", "local"]  # inventory order, no duplicates
+    assert names(["c", "h200,a"]) == ["a", "b", "c"]
+    with pytest.raises(UsageError, match=r"no host or group named 'h100' \(known: a, b, c, h200, local\)"):
+        inv.select("h100")
+
+
+BAD_INVENTORIES = [
+    ("hosts:\n  gpu-a: {port: x}\n", "hosts.yaml: hosts.gpu-a.port: expected an integer, got 'x'"),
+    ("hosts:\n  gpu-a: {prot: 22}\n", "hosts.yaml: hosts.gpu-a.prot: unknown key (check the spelling)"),
+    ("defaults: {pyhton: /x}\nhosts: {a: {}}\n", "hosts.yaml: defaults.pyhton: unknown key (check the spelling)"),
+    ("hosts:\n  a: {transport: telnet}\n", "hosts.yaml: hosts.a.transport: expected one of 'ssh', 'local', got 'telnet'"),
+    ("hosts:\n  a: {port: 70000}\n", "hosts.yaml: hosts.a.port: input should be less than or equal to 65535, got 70000"),
+    ("hosts:\n  a: {connect_timeout: 0}\n", "hosts.yaml: hosts.a.connect_timeout: input should be greater than 0, got 0"),
+    ("hosts:\n  a: {groups: h200}\n", "hosts.yaml: hosts.a.groups: expected a list, got 'h200'"),
+    ("hosts:\n  a: {models: {target: t}}\n", "hosts.yaml: hosts.a.models.drafter: required key is missing"),
+    ("hosts:\n  a: {models: {target: t, drafter: d, block_size: big}}\n",
+     "hosts.yaml: hosts.a.models.block_size: expected an integer, got 'big'"),
+    ("hosts:\n  a: nothing\n", "hosts.yaml: hosts.a: expected a mapping, got 'nothing'"),
+    ("defaults: {}\n", "hosts.yaml: hosts: required key is missing"),
+    ("hosts: {}\n", "hosts.yaml: hosts: at least one host is required"),
+    ("", "hosts.yaml: the file is empty (expected a mapping with `hosts:`)"),
+    ("- a\n- b\n", "hosts.yaml: expected a mapping with `hosts:`, got list"),
+    ("hosts:\n  a: {port: 22\n", "hosts.yaml: line 3: invalid YAML: "),
+    ("hosts:\n  a: {groups: [a]}\n", "hosts.yaml: hosts.a: a group has the same name as this host"),
+    ("hosts:\n  'a,b': {}\n", "hosts.yaml: hosts.'a,b': invalid host name"),
+    ("hosts:\n  a: {groups: [all]}\n", "hosts.yaml: hosts.a.groups: invalid group name 'all'"),
+]
+
+
+@pytest.mark.parametrize("text,message", BAD_INVENTORIES)
+def test_bad_inventory_messages(isolated_cwd, text, message):
+    write(isolated_cwd, text)
+    with pytest.raises(ConfigError) as caught:
+        load_inventory()
+    assert str(caught.value).startswith(message), str(caught.value)
+    assert "\n" not in str(caught.value)
+    assert caught.value.exit_code is ExitCode.CONFIG

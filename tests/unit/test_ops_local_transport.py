@@ -1,0 +1,86 @@
+"""The local transport (subprocess, no shell) and the shell quoting the SSH transport uses."""
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ddtree_ops.errors import CommandTimeout, RemoteStepError
+from ddtree_ops.transport.base import expand_home, shell_quote_argv
+from ddtree_ops.transport.local import LocalTransport
+
+HOSTILE = ["a b", "it's", 'say "hi"', "x; touch /tmp/ddtree-pwned", "$(touch /tmp/ddtree-pwned)", "`id`", "*", "\\n", "-e", ""]
+
+
+def test_run_collects_output_status_and_lines():
+    lines = []
+    result = LocalTransport("local").run(
+        [sys.executable, "-c", "import sys; print('one'); print('two'); sys.stderr.write('err\\n'); sys.exit(3)"],
+        on_stdout_line=lines.append,
+    )
+    assert (result.exit_status, result.stdout, result.stderr.strip(), lines) == (3, "one\ntwo\n", "err", ["one", "two"])
+    assert not result.ok and result.tail() == "err"
+
+
+def test_run_passes_argv_literally():
+    result = LocalTransport("local").run([sys.executable, "-c", "import sys, json; print(json.dumps(sys.argv[1:]))", *HOSTILE])
+    assert result.stdout.strip() == __import__("json").dumps(HOSTILE)
+
+
+def test_stdin_bytes_and_stream_env_and_cwd(tmp_path):
+    transport = LocalTransport("local")
+    echo = [sys.executable, "-c", "import sys, os; d = sys.stdin.buffer.read(); print(len(d), os.environ['X'], os.getcwd())"]
+    assert transport.run(echo, stdin=b"abc", env={"X": "1"}, cwd=str(tmp_path)).stdout.split() == ["3", "1", str(tmp_path)]
+    big = io.BytesIO(os.urandom(1 << 20))
+    assert transport.put_stream(big, echo[:2] + ["import sys; print(len(sys.stdin.buffer.read()))"]).stdout.strip() == str(1 << 20)
+
+
+def test_timeout_kills_the_command():
+    with pytest.raises(CommandTimeout, match=r"local: command timed out: .* ran longer than 0.5s"):
+        LocalTransport("local").run([sys.executable, "-c", "import time; time.sleep(30)"], timeout=0.5)
+
+
+def test_missing_program_is_status_127_not_an_exception():
+    result = LocalTransport("local").run(["/nonexistent/python3", "-c", "pass"])
+    assert result.exit_status == 127
+
+
+def test_get_file(tmp_path):
+    (tmp_path / "src.txt").write_text("payload")
+    LocalTransport("local").get_file(str(tmp_path / "src.txt"), str(tmp_path / "dst.txt"))
+    assert (tmp_path / "dst.txt").read_text() == "payload"
+    with pytest.raises(RemoteStepError, match="cannot copy"):
+        LocalTransport("local").get_file(str(tmp_path / "missing"), str(tmp_path / "x"))
+
+
+def test_expand_home():
+    assert expand_home("~", "/home/u") == "/home/u"
+    assert expand_home("~/a b", "/home/u") == "/home/u/a b"
+    assert expand_home("~other/x", "/home/u") == "~other/x"
+    assert expand_home("/x/~/y", "/home/u") == "/x/~/y"
+
+
+def _through_sh(argv):
+    line = shell_quote_argv([sys.executable, "-c", "import sys, json; print(json.dumps(sys.argv[1:]))", *argv])
+    out = subprocess.run(["/bin/sh", "-c", line], capture_output=True, text=True, check=True, env={**os.environ, "HOME": "/home/tilde"})
+    return __import__("json").loads(out.stdout)
+
+
+def test_shell_quoting_survives_hostile_values():
+    assert _through_sh(HOSTILE) == HOSTILE
+    assert not os.path.exists("/tmp/ddtree-pwned")
+
+
+def test_shell_quoting_expands_only_a_leading_home():
+    assert _through_sh(["~", "~/a b", "~root", "x~/y"]) == ["/home/tilde", "/home/tilde/a b", "~root", "x~/y"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12).filter(lambda s: not s.startswith("~")), max_size=4))
+def test_shell_quoting_roundtrips_any_text(argv):
+    assert _through_sh(argv) == argv

@@ -1,0 +1,125 @@
+"""DDTREE_* environment parsing and the pure decisions behind hooks H1-H3."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ddtree.sglang.config import DEFAULT_BUDGET, DDTreeConfig, load_config
+from ddtree.sglang.errors import PluginConfigError, UnsupportedSetupError
+from ddtree.sglang.hooks import (
+    WorkerChoice,
+    choose_mask_policy,
+    choose_worker,
+    plan_after_handle_dflash,
+)
+from ddtree.sglang.support import (
+    ServerSetup,
+    check_attention_backend_class,
+    check_server_setup,
+    plan_verify_width,
+    resolve_draft_block_size,
+)
+
+ON = DDTreeConfig(enabled=True, budget=63, topk=8)
+OFF = DDTreeConfig()
+GOOD_SETUP = ServerSetup("flashinfer", None, 1, 1, False)
+
+
+def test_defaults_leave_ddtree_off_and_strict():
+    config = load_config({})
+    assert config == DDTreeConfig(enabled=False, budget=DEFAULT_BUDGET, topk=DEFAULT_BUDGET, strict=True)
+    assert config.verify_width == DEFAULT_BUDGET + 1
+
+
+def test_full_configuration_round_trips_through_the_environment():
+    env = {"DDTREE_ENABLE": "yes", "DDTREE_BUDGET": " 127 ", "DDTREE_TOPK": "16",
+           "DDTREE_STRICT": "off", "DDTREE_METRICS_INTERVAL": "0"}
+    config = load_config(env)
+    assert config == DDTreeConfig(enabled=True, budget=127, topk=16, strict=False, metrics_interval=0)
+    assert load_config(config.as_env()) == config
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"DDTREE_BUDGET": "abc"}, "DDTREE_BUDGET: expected an integer, got 'abc'"),
+    ({"DDTREE_BUDGET": "0"}, "DDTREE_BUDGET: must be between 1 and 1024, got 0"),
+    ({"DDTREE_BUDGET": "-3"}, "DDTREE_BUDGET: must be between 1 and 1024, got -3"),
+    ({"DDTREE_ENABLE": "maybe"}, "DDTREE_ENABLE: expected one of 1/0/true/false/yes/no/on/off, got 'maybe'"),
+    ({"DDTREE_BUDGET": "8", "DDTREE_TOPK": "9"}, "DDTREE_TOPK: must be <= DDTREE_BUDGET (8), got 9"),
+    ({"DDTREE_BUDGTE": "8"}, "DDTREE_BUDGTE: unknown variable"),
+    ({"DDTREE_METRICS_INTERVAL": "1.5"}, "DDTREE_METRICS_INTERVAL: expected an integer, got '1.5'"),
+])
+def test_bad_values_name_the_variable_and_the_value(env, message):
+    with pytest.raises(PluginConfigError) as err:
+        load_config(env)
+    assert str(err.value).startswith(message)
+
+
+def test_the_operator_cli_variables_are_not_ours():
+    assert load_config({"DDTREE_OPS_DEBUG_LOG": "/tmp/x", "DDTREE_OPS_INVENTORY": "h.yaml"}) == DDTreeConfig()
+
+
+@settings(max_examples=60, deadline=None)
+@given(budget=st.integers(1, 1024), data=st.data())
+def test_topk_defaults_to_budget_and_never_exceeds_it(budget, data):
+    assert load_config({"DDTREE_BUDGET": str(budget)}).topk == budget
+    topk = data.draw(st.integers(1, budget))
+    assert load_config({"DDTREE_BUDGET": str(budget), "DDTREE_TOPK": str(topk)}).topk == topk
+
+
+def test_verify_width_must_cover_the_drafter_block():
+    assert plan_verify_width(block_size=16, budget=15) == 16
+    assert plan_verify_width(block_size=16, budget=255) == 256
+    with pytest.raises(UnsupportedSetupError, match="DDTREE_BUDGET=8 gives verify width 9 < drafter block size 16"):
+        plan_verify_width(block_size=16, budget=8)
+
+
+def test_block_size_resolution_follows_sglang_order():
+    assert resolve_draft_block_size(8, 16) == 8
+    assert resolve_draft_block_size(None, 10) == 10
+    assert resolve_draft_block_size(None, None) == 16
+
+
+@pytest.mark.parametrize("setup, message", [
+    (ServerSetup("fa3", None, 1, 1, False), "--attention-backend fa3"),
+    (ServerSetup(None, "trtllm_mha", 1, 1, False), "--decode-attention-backend trtllm_mha"),
+    (ServerSetup("triton", None, 16, 1, False), "--page-size 16"),
+    (ServerSetup("triton", None, 1, 2, False), "pipeline parallelism"),
+    (ServerSetup("triton", None, 1, 1, True), "DP attention"),
+])
+def test_unsupported_setups_are_refused_with_the_reason(setup, message):
+    with pytest.raises(UnsupportedSetupError, match=message):
+        check_server_setup(setup)
+
+
+def test_undecided_backend_and_page_size_pass_h1_and_are_checked_later():
+    check_server_setup(ServerSetup(None, None, None, 1, False))
+    check_attention_backend_class("TritonAttnBackend")
+    with pytest.raises(UnsupportedSetupError, match="FlashAttentionBackend captures target verify without a tree mask"):
+        check_attention_backend_class("FlashAttentionBackend")
+
+
+def test_h1_sets_the_verify_width_only_when_enabled():
+    assert plan_after_handle_dflash(OFF, block_size=16, setup=GOOD_SETUP) is None
+    assert plan_after_handle_dflash(ON, block_size=16, setup=GOOD_SETUP) == 64
+    with pytest.raises(UnsupportedSetupError):
+        plan_after_handle_dflash(ON, block_size=16, setup=ServerSetup("fa3", None, 1, 1, False))
+
+
+def test_h2_picks_our_worker_only_for_dflash_when_enabled():
+    assert choose_worker(ON, is_dflash=True, has_platform_worker=False) is WorkerChoice.DDTREE
+    assert choose_worker(ON, is_dflash=False, has_platform_worker=False) is WorkerChoice.ORIGINAL
+    assert choose_worker(OFF, is_dflash=True, has_platform_worker=False) is WorkerChoice.ORIGINAL
+    with pytest.raises(UnsupportedSetupError, match="out-of-tree platform"):
+        choose_worker(ON, is_dflash=True, has_platform_worker=True)
+
+
+def test_h3_forces_the_tree_mask_for_dflash_and_leaves_dspark_alone():
+    assert choose_mask_policy(ON, algorithm="DFLASH", backend_name="FlashInferAttnBackend",
+                              build_custom_mask=False) == ("FlashInferAttnBackend", True)
+    assert choose_mask_policy(ON, algorithm="DSPARK", backend_name="FlashAttentionBackend",
+                              build_custom_mask=False) == ("FlashAttentionBackend", False)
+    assert choose_mask_policy(OFF, algorithm="DFLASH", backend_name="TritonAttnBackend",
+                              build_custom_mask=False) == ("TritonAttnBackend", False)
+    with pytest.raises(UnsupportedSetupError, match="TRTLLMHAAttnBackend"):
+        choose_mask_policy(ON, algorithm="DFLASH", backend_name="TRTLLMHAAttnBackend", build_custom_mask=False)

@@ -1,0 +1,172 @@
+"""The compatibility gate against the real sglang==0.5.23 files (pip install --no-deps)."""
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ddtree.sglang import gate
+from ddtree.sglang.gate import FindingKind, run_gate
+from ddtree.sglang.manifest import (
+    NameKind,
+    find_definition,
+    signature_from_ast,
+    signature_from_callable,
+)
+from ddtree.sglang.manifests import SUPPORTED, manifest_for
+from sglang_plugin.dist import SGLANG_VERSION, copy_gate_files, sglang_package_dir
+
+# The files the spec says we must pin (hooked or subclassed, plus the verify machinery).
+SPEC_PINNED = {
+    "srt/arg_groups/speculative_hook.py",
+    "srt/speculative/spec_info.py",
+    "srt/speculative/dflash_utils.py",
+    "srt/speculative/dflash_worker_v2.py",
+    "srt/speculative/dflash_info.py",
+    "srt/speculative/dflash_info_v2.py",
+    "srt/speculative/eagle_utils.py",
+    "srt/speculative/eagle_worker_common.py",
+    "srt/speculative/spec_utils.py",
+    "kernels/ops/speculative/reconstruct_tree.py",
+    "srt/plugins/hook_registry.py",
+    "srt/model_executor/runner/decode_cuda_graph_runner.py",
+    "srt/layers/attention/flashinfer_backend.py",
+    "srt/layers/attention/triton_backend.py",
+}
+
+
+@pytest.fixture(scope="module")
+def real_package() -> Path:
+    return sglang_package_dir()
+
+
+@pytest.fixture
+def copied_package(tmp_path) -> Path:
+    return copy_gate_files(tmp_path / "site-packages")
+
+
+def test_real_0_5_23_passes_the_gate(real_package):
+    report = run_gate(real_package)
+    assert report.version == SGLANG_VERSION
+    assert report.manifest_version == SGLANG_VERSION
+    assert report.findings == []
+    assert report.ok
+
+
+def test_manifest_pins_every_hooked_and_subclassed_file():
+    manifest = manifest_for(SGLANG_VERSION)
+    assert manifest is not None
+    assert SPEC_PINNED <= set(manifest.file_sha256)
+    assert all(len(digest) == 64 for digest in manifest.file_sha256.values())
+    hooked = {r.qualname for r in manifest.names}
+    assert {"_handle_dflash", "SpeculativeAlgorithm.create_worker", "resolve_dflash_verify_mask_policy",
+            "eagle_sample", "move_accept_tokens_to_target_kvcache", "DFlashWorkerV2.__init__"} <= hooked
+
+
+def test_spec_facts_hold_in_the_real_files(real_package):
+    """What the plan relies on, read from 0.5.23 itself: DFLASH reserves 2N slots, the
+    hook registry only logs unresolvable targets, eagle_sample takes an irregular tree."""
+    info_v2 = (real_package / "srt/speculative/dflash_info_v2.py").read_text()
+    assert "reserve = 2 * block_size" in info_v2
+    registry = (real_package / "srt/plugins/hook_registry.py").read_text()
+    assert 'logger.exception("Failed to apply hooks to %s", target)' in registry
+    group = ast.parse((real_package / "srt/plugins/__init__.py").read_text())
+    assert ast.literal_eval(find_definition(group, "GENERAL_PLUGINS_GROUP").value) == "sglang.srt.plugins"
+
+
+def test_a_tampered_hooked_file_is_refused_naming_it(copied_package):
+    worker = copied_package / "srt/speculative/dflash_worker_v2.py"
+    worker.write_text(worker.read_text() + "\n# local patch\n")
+    report = run_gate(copied_package)
+    assert not report.ok
+    assert [(f.kind, f.file) for f in report.findings] == [(FindingKind.HASH_MISMATCH, str(worker))]
+    assert "dflash_worker_v2.py: hash-mismatch: sha256" in report.findings[0].line()
+
+
+def test_a_changed_signature_is_named_with_its_qualname(copied_package):
+    hook_file = copied_package / "srt/arg_groups/speculative_hook.py"
+    text = hook_file.read_text()
+    assert "def _handle_dflash(server_args: ServerArgs) -> None:" in text
+    hook_file.write_text(text.replace(
+        "def _handle_dflash(server_args: ServerArgs) -> None:",
+        "def _handle_dflash(server_args: ServerArgs, strict: bool) -> None:",
+    ))
+    findings = run_gate(copied_package).findings
+    assert [(f.kind, f.file) for f in findings] == [
+        (FindingKind.HASH_MISMATCH, str(hook_file)),
+        (FindingKind.NAME_MISMATCH, str(hook_file)),
+    ]
+    assert findings[1].detail == "_handle_dflash: signature (server_args, strict), expected (server_args)"
+
+
+def test_a_removed_name_in_an_unpinned_file_is_still_caught(copied_package):
+    overrides = copied_package / "srt/arg_groups/overrides.py"
+    overrides.write_text(overrides.read_text().replace("def declare_resolution(", "def declare_resolution_v2("))
+    findings = run_gate(copied_package).findings
+    assert [(f.kind, f.detail) for f in findings] == [
+        (FindingKind.NAME_MISMATCH, "declare_resolution: not defined")
+    ]
+
+
+def test_an_unknown_version_is_refused(copied_package):
+    metadata = copied_package.parent / f"sglang-{SGLANG_VERSION}.dist-info" / "METADATA"
+    metadata.write_text(metadata.read_text().replace(f"Version: {SGLANG_VERSION}", "Version: 0.5.24", 1))
+    report = run_gate(copied_package)
+    assert report.version == "0.5.24"
+    assert [f.kind for f in report.findings] == [FindingKind.UNKNOWN_VERSION]
+    assert "sglang 0.5.24 is not supported (supported: 0.5.23)" in report.findings[0].detail
+
+
+def test_a_missing_file_is_refused(copied_package):
+    (copied_package / "srt/speculative/eagle_utils.py").unlink()
+    kinds = [f.kind for f in run_gate(copied_package).findings]
+    assert kinds == [FindingKind.MISSING_FILE, FindingKind.MISSING_FILE]  # pinned + named
+
+
+def test_version_falls_back_to_the_version_file(copied_package):
+    for dist in copied_package.parent.glob("sglang-*.dist-info"):
+        (dist / "METADATA").unlink()
+    assert gate.read_installed_version(copied_package) == SGLANG_VERSION
+
+
+def test_cli_exit_codes_and_json(copied_package, capsys):
+    assert gate.main(["--package-dir", str(copied_package), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+    spec_info = copied_package / "srt/speculative/spec_info.py"
+    spec_info.write_text(spec_info.read_text() + "#")
+    assert gate.main(["--package-dir", str(copied_package)]) == 1
+    out = capsys.readouterr().out
+    assert "REFUSED" in out and f"{spec_info}: hash-mismatch" in out
+    assert gate.main(["--package-dir", str(copied_package.parent / "nowhere")]) == 2
+
+
+SIGNATURE_CASES = [
+    ("def f(a, b=1, *args, c, d=2, **kw): pass", "(a, b=, *args, c, d=, **kw)", False),
+    ("def f(a, /, b, *, c): pass", "(a, /, b, *, c)", False),
+    ("def f(self, x, /, y=0): pass", "(x, /, y=)", True),
+    ("def f(self, *, target_hidden, cache_loc=None): pass", "(*, target_hidden, cache_loc=)", True),
+    ("def f(): pass", "()", False),
+]
+
+
+@pytest.mark.parametrize("source, expected, drop_first", SIGNATURE_CASES)
+def test_static_and_runtime_signatures_agree(source, expected, drop_first):
+    node = ast.parse(source).body[0]
+    namespace: dict = {}
+    exec(compile(textwrap.dedent(source), "<case>", "exec"), namespace)
+    assert signature_from_ast(node, drop_first=drop_first) == expected
+    assert signature_from_callable(namespace["f"], drop_first=drop_first) == expected
+
+
+def test_every_supported_manifest_is_consistent():
+    for version, manifest in SUPPORTED.items():
+        assert manifest.sglang_version == version
+        for required in manifest.names:
+            callable_kind = required.kind in (NameKind.FUNCTION, NameKind.METHOD, NameKind.CLASSMETHOD)
+            assert (required.signature is not None) == callable_kind, required.label
+            assert required.module.startswith("sglang."), required.label
+    assert inspect.isfunction(gate.main)

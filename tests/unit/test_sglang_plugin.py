@@ -1,0 +1,143 @@
+"""The plugin inside SGLang's real plugin machinery (sglang==0.5.23 files, CPU).
+
+On CPU only `sglang.srt.plugins*` and `sglang.srt.environ` import (with sglang/__init__.py
+bypassed), so SGLang's own load_plugins() runs our register() for real; the three hook
+targets cannot import here and the self-check must say so precisely.
+"""
+from __future__ import annotations
+
+import json
+
+from sglang_plugin.dist import BYPASS_SGLANG_INIT, run_python
+
+TARGETS = (
+    "sglang.srt.arg_groups.speculative_hook._handle_dflash",
+    "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker",
+    "sglang.srt.speculative.dflash_utils.resolve_dflash_verify_mask_policy",
+)
+
+LOAD_AND_REPORT = BYPASS_SGLANG_INIT + """
+import json
+from sglang.srt.plugins import load_plugins
+from sglang.srt.plugins.hook_registry import HookRegistry
+from ddtree.sglang import selfcheck
+error = None
+try:
+    load_plugins()
+except Exception as err:
+    error = f"{type(err).__name__}: {err}"
+ours = {t: [(ht.name, getattr(h, "__module__", ""), src.plugin_name if src else None, src.dist_name if src else None)
+            for ht, h, src in hooks] for t, hooks in HookRegistry._hooks.items()}
+wrapped = getattr(HookRegistry.__dict__["apply_hooks"].__func__, "_ddtree_self_check", False)
+report = selfcheck.LAST_REPORT.to_dict() if selfcheck.LAST_REPORT else None
+print(json.dumps({"error": error, "hooks": ours, "wrapped": wrapped, "report": report}))
+"""
+
+
+def _load(env: dict[str, str]) -> dict:
+    done = run_python(LOAD_AND_REPORT, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_entry_point_is_discoverable_from_a_fresh_interpreter():
+    done = run_python(
+        "from importlib.metadata import entry_points\n"
+        "eps = [ep for ep in entry_points(group='sglang.srt.plugins') if ep.name == 'ddtree']\n"
+        "fn = eps[0].load()\n"
+        "print(len(eps), eps[0].value, eps[0].dist.name, fn.__module__, fn.__name__)\n"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "ddtree.sglang.plugin:register", "ddtree-ops", "ddtree.sglang.plugin", "register"]
+
+
+def test_sglang_load_plugins_runs_register_and_the_self_check_names_each_target():
+    result = _load({"DDTREE_ENABLE": "1", "DDTREE_STRICT": "0"})
+    assert result["error"] is None
+    for target in TARGETS:
+        # Registered through SGLang's own loader: the source is our entry point and dist.
+        [(hook_type, module, plugin, dist)] = result["hooks"][target]
+        assert (module, plugin, dist) == ("ddtree.sglang.hooks", "ddtree", "ddtree-ops")
+    assert [h["target"] for h in result["report"]["hooks"]] == list(TARGETS)
+    states = {h["target"]: (h["state"], h["missing_dependency"]) for h in result["report"]["hooks"]}
+    assert states[TARGETS[0]] == ("unresolvable", "psutil")
+    assert states[TARGETS[1]] == ("unresolvable", "psutil")
+    assert states[TARGETS[2]] == ("unresolvable", "msgspec")
+    details = [h["detail"] for h in result["report"]["hooks"]]
+    assert details[0] == "cannot import sglang.srt.arg_groups.speculative_hook: ModuleNotFoundError: No module named 'psutil'"
+    # Names in the modules that did import were checked at runtime against the manifest.
+    checked = {n["label"]: n["ok"] for n in result["report"]["names"]}
+    assert checked["sglang.srt.plugins.hook_registry.HookRegistry.register"] is True
+    assert checked["sglang.srt.plugins.load_plugins"] is True
+    assert all(checked.values())
+
+
+def test_strict_mode_stops_loudly_naming_every_target():
+    done = run_python(BYPASS_SGLANG_INIT + "from sglang.srt.plugins import load_plugins\nload_plugins()\n",
+                      env={"DDTREE_ENABLE": "1"})
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ddtree.sglang.errors.HookSelfCheckError: DDTree self-check failed: H1 ")
+    for target in TARGETS:
+        assert target in last
+    assert "DDTREE_STRICT=1: stopping instead of serving linear DFlash" in last
+
+
+def test_disabled_plugin_registers_nothing():
+    result = _load({})
+    assert result == {"error": None, "hooks": {}, "wrapped": False, "report": None}
+
+
+def test_a_bad_variable_is_not_swallowed_by_load_plugins():
+    result = _load({"DDTREE_ENABLE": "1", "DDTREE_BUDGET": "many"})
+    assert result["error"] == "PluginConfigError: DDTREE_BUDGET: expected an integer, got 'many'"
+    assert result["hooks"] == {}
+
+
+def test_probe_reports_static_only_on_a_cpu_host():
+    done = run_python("from ddtree.sglang.probe import main; raise SystemExit(main())")
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["verdict"] == "static-only"
+    assert result["gate"]["ok"] is True and result["gate"]["version"] == "0.5.23"
+    assert result["entry_point"] == {"found": True, "value": "ddtree.sglang.plugin:register",
+                                     "dist": "ddtree-ops", "count": 1}
+    assert result["reasons"] == ["SGLang's speculative modules cannot import here (missing: msgspec, psutil); static checks only"]
+
+
+def test_probe_fails_when_sglang_plugins_excludes_us():
+    done = run_python("from ddtree.sglang.probe import main; raise SystemExit(main())",
+                      env={"SGLANG_PLUGINS": "someone_else"})
+    assert done.returncode == 1
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["verdict"] == "failed"
+    assert "the plugin's self-check did not run (register() was not called by load_plugins)" in result["reasons"]
+
+
+APPLY_ON_A_RESOLVABLE_TARGET = BYPASS_SGLANG_INIT + """
+import json, sys
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from ddtree.sglang import hooks
+from ddtree.sglang.selfcheck import hook_status
+from ddtree.sglang.targets import HookId, HookKind, HookSpec
+spec = HookSpec(HookId.H3_VERIFY_MASK_POLICY, "policy_target.resolve", HookKind.AROUND, "around_verify_mask_policy", "")
+other = HookSpec(HookId.H1_HANDLE_DFLASH, "policy_target.other", HookKind.AFTER, "after_handle_dflash", "")
+states = [hook_status(other).state.value]
+HookRegistry.register(spec.target, hooks.around_verify_mask_policy, HookType.AROUND)
+states.append(hook_status(spec).state.value)  # registered, not applied yet
+HookRegistry.apply_hooks()
+states.append(hook_status(spec).state.value)
+import policy_target
+states.append(policy_target.resolve.__wrapped__.__name__)
+print(json.dumps(states))
+"""
+
+
+def test_self_check_sees_a_hook_sglang_really_applied(tmp_path):
+    (tmp_path / "policy_target.py").write_text(
+        "def resolve(attn_backend):\n    return type(attn_backend).__name__, False\n"
+        "def other(server_args):\n    return None\n"
+    )
+    done = run_python(APPLY_ON_A_RESOLVABLE_TARGET, extra_path=[tmp_path])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == ["not-registered", "not-applied", "applied", "resolve"]

@@ -1,0 +1,79 @@
+"""Smoke stages `plugin` and `sglang-e2e`: skip paths and the pure comparison logic (CPU).
+The plugin stage against a real deployment runs in tests/integration/test_deploy_sglang.py."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from smoke.protocol import SmokeOptions, StageContext, Status
+from smoke.stages import plugin as plugin_stage
+from smoke.stages import sglang_e2e as e2e
+
+
+def _ctx(tmp_path: Path, device: str = "cpu", host: dict | None = None, extra: dict | None = None) -> StageContext:
+    return StageContext(stage="x", device=device, options=SmokeOptions(extra=extra or {}), host=host or {},
+                        run_dir=tmp_path, release_root=tmp_path, expected_release=None,
+                        log=lambda m: None, emit_metric=lambda n, v: None)
+
+
+def test_plugin_stage_skips_without_sglang(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sglang" else real(name, *a))
+    result = plugin_stage.run(_ctx(tmp_path))
+    assert result.status is Status.SKIP and result.reason.startswith("sglang is not installed in ")
+
+
+@pytest.mark.parametrize("device, host, reason", [
+    ("cpu", {"models": {"target": "t", "drafter": "d"}}, "no GPU on this host"),
+    ("cuda", {}, "hosts.yaml gives no `models:`"),
+])
+def test_e2e_stage_skips_with_a_reason(tmp_path, device, host, reason):
+    result = e2e.run(_ctx(tmp_path, device, host))
+    assert result.status is Status.SKIP and result.reason.startswith(reason)
+
+
+def test_variants_budgets_and_server_arguments():
+    budgets = e2e.select_budgets({"block_size": 16}, [8, 16, 32, 64, 512], {})
+    assert budgets == [16, 32]  # budget + 1 >= block size, <= 256, at most two
+    assert e2e.select_budgets({}, [16], {"sglang_budgets": [64]}) == [64]
+    variants = e2e.plan_variants(budgets)
+    assert [v.name for v in variants] == ["no-spec", "dflash", "ddtree-b16", "ddtree-b32"]
+    assert variants[2].env() == {"DDTREE_ENABLE": "1", "DDTREE_BUDGET": "16", "DDTREE_STRICT": "1"}
+    assert variants[1].env() == {"DDTREE_ENABLE": "0"}
+    models = {"target": "Qwen/Qwen3-8B", "drafter": "z-lab/Qwen3-8B-DFlash-b16"}
+    argv = e2e.server_argv("/py", models, variants[3], 31003, "flashinfer", ["--mem-fraction-static", "0.8"])
+    assert argv[:3] == ["/py", "-m", "sglang.launch_server"]
+    assert argv[argv.index("--speculative-algorithm") + 1] == "DFLASH"
+    assert argv[argv.index("--speculative-draft-model-path") + 1] == models["drafter"]
+    assert argv[argv.index("--page-size") + 1] == "1" and argv[-2:] == ["--mem-fraction-static", "0.8"]
+    assert "--speculative-algorithm" not in e2e.server_argv("/py", models, variants[0], 1, "triton", [])
+
+
+def test_divergences_are_judged_by_the_targets_top2_gap():
+    reference = e2e.VariantRun(e2e.plan_variants([])[0], outputs=[[1, 2, 3], [4, 5, 6], [7, 8]],
+                               meta=[{"output_top_logprobs": [[[-0.1, 1, ""], [-3.0, 9, ""]]] * 3},
+                                     {"output_top_logprobs": [[[-0.50, 4, ""], [-0.52, 7, ""]]] * 3},
+                                     {}])
+    candidate = e2e.VariantRun(e2e.plan_variants([])[1], outputs=[[1, 2, 9], [4, 7, 6], [7, 8, 1]])
+    found = e2e.compare_runs(reference, candidate)
+    assert [(d.prompt, d.position, d.expected, d.got) for d in found] == [(0, 2, 3, 9), (1, 1, 5, 7), (2, 2, None, 1)]
+    assert found[0].gap == pytest.approx(2.9) and not found[0].near_tie(0.05)
+    assert found[1].gap == pytest.approx(0.02) and found[1].near_tie(0.05)
+    assert found[2].gap is None and not found[2].near_tie(0.05)
+
+
+def test_summary_reports_acceptance_length_and_throughput():
+    run = e2e.VariantRun(e2e.plan_variants([32])[2], outputs=[[1] * 30, [2] * 10],
+                         meta=[{"spec_accept_length": 3.0}, {"spec_accept_length": 5.0}], wall_s=2.0, start_s=40)
+    assert e2e.summarize(run) == {"variant": "ddtree-b32", "tokens": 40, "wall_s": 2.0, "tokens_per_s": 20.0,
+                                  "acceptance_length": 4.0, "server_start_s": 40.0}
+
+
+def test_prompts_file_or_shipped_prompts(tmp_path):
+    assert e2e.load_prompts({}) == list(e2e.SHIPPED_PROMPTS)
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "a"}\nplain b\n\n')
+    assert e2e.load_prompts({"prompts": str(path)}) == ["a", "plain b"]

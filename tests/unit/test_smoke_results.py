@@ -1,0 +1,146 @@
+"""The local run store (ddtree_ops/results.py): writing records as they arrive, reading a
+run back (complete, or cut short by a dead host), exit codes, and adopting collected files."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from ddtree_ops.errors import ExitCode, UsageError  # noqa: E402
+from ddtree_ops.results import (  # noqa: E402
+    HostOutcome,
+    RunStore,
+    StageStatus,
+    adopt_remote_records,
+    check_run_id,
+    hosts_exit_code,
+    new_run_id,
+    runs_root,
+)
+from smoke.protocol import EventKind, encode_event, make_event  # noqa: E402
+
+
+def line(kind: EventKind, host: str = "h1", **fields) -> str:
+    return encode_event(make_event(kind, "run-1", host, **fields))
+
+
+def full_run(host: str = "h1", fail: bool = False) -> list[str]:
+    end_status = "fail" if fail else "pass"
+    return [
+        line(EventKind.RUN_START, host, stages=["env", "golden"], python="3.11", torch="2.13"),
+        line(EventKind.STAGE_START, host, stage="env", index=0),
+        line(EventKind.STAGE_END, host, stage="env", index=0, status="pass", reason="",
+             duration_s=0.5, metrics={"torch": "2.13"}, tables={}, traceback=None,
+             output_tail=None),
+        line(EventKind.STAGE_START, host, stage="golden", index=1),
+        line(EventKind.STAGE_END, host, stage="golden", index=1, status=end_status,
+             reason="mismatch" if fail else "", duration_s=0.1, metrics={}, tables={},
+             traceback="Traceback...\nAssertionError: nope" if fail else None,
+             output_tail=None),
+        line(EventKind.RUN_END, host, status=end_status, counts={}, duration_s=1.0,
+             exit_code=5 if fail else 0),
+    ]
+
+
+def test_run_ids_sort_by_time_and_reject_paths(tmp_path):
+    assert new_run_id(1_000_000) < new_run_id(2_000_000)
+    assert check_run_id("20261130-172400-ab12cd") == "20261130-172400-ab12cd"
+    for bad in ("../etc", "a/b", "", ".hidden"):
+        with pytest.raises(UsageError, match="run id"):
+            check_run_id(bad)
+
+
+def test_runs_root_precedence(monkeypatch, tmp_path):
+    monkeypatch.delenv("DDTREE_OPS_RUNS_DIR", raising=False)
+    assert runs_root() == Path("runs")
+    monkeypatch.setenv("DDTREE_OPS_RUNS_DIR", str(tmp_path / "env"))
+    assert runs_root() == tmp_path / "env"
+    assert runs_root(tmp_path / "opt") == tmp_path / "opt"
+
+
+def test_recorder_writes_events_stage_files_and_meta(tmp_path):
+    store = RunStore(tmp_path)
+    store.create_run("run-1", {"hosts": ["h1"], "stages": []})
+    recorder = store.host_recorder("run-1", "h1", {"inventory": {"name": "h1"}})
+    for text in full_run():
+        assert recorder.feed_line(text) is not None
+    assert recorder.feed_line("stray warning from python") is None
+    recorder.close()
+    host_dir = tmp_path / "run-1" / "h1"
+    assert len((host_dir / "events.jsonl").read_text().splitlines()) == 6
+    assert json.loads((host_dir / "stages" / "env.json").read_text())["metrics"] == {"torch": "2.13"}
+    meta = json.loads((host_dir / "run.json").read_text())
+    assert meta["torch"] == "2.13" and meta["remote_status"] == "pass"
+    assert meta["inventory"] == {"name": "h1"}
+    assert "stray warning" in (host_dir / "output.log").read_text()
+    run = store.load("run-1")
+    host = run.hosts["h1"]
+    assert host.outcome is HostOutcome.PASS
+    assert [s.status for s in host.stages.values()] == [StageStatus.PASS, StageStatus.PASS]
+    assert host.metric("env", "torch") == "2.13" and host.metric("env", "status") == "pass"
+    assert store.latest_run() == "run-1"
+
+
+def test_a_host_lost_mid_stage_keeps_what_arrived(tmp_path):
+    store = RunStore(tmp_path)
+    store.create_run("run-1", {"hosts": ["h1"]})
+    recorder = store.host_recorder("run-1", "h1", {})
+    for text in full_run()[:4]:  # died inside `golden`
+        recorder.feed_line(text)
+    recorder.note(outcome="lost", error="h1: connection lost: socket closed")
+    recorder.close()
+    host = store.load("run-1").hosts["h1"]
+    assert host.outcome is HostOutcome.LOST
+    assert host.stages["env"].status is StageStatus.PASS
+    golden = host.stages["golden"]
+    assert golden.status is StageStatus.FAIL
+    assert golden.reason == "no result: h1: connection lost: socket closed during this stage"
+
+
+def test_unknown_run_and_empty_store_are_usage_errors(tmp_path):
+    store = RunStore(tmp_path / "none")
+    with pytest.raises(UsageError, match="no runs under"):
+        store.load()
+    RunStore(tmp_path).create_run("run-1", {"hosts": []})
+    with pytest.raises(UsageError, match=r"no run 'run-2' under .* \(latest: run-1\)"):
+        RunStore(tmp_path).load("run-2")
+
+
+@pytest.mark.parametrize("outcomes,code", [
+    ([HostOutcome.PASS, HostOutcome.PASS], ExitCode.OK),
+    ([HostOutcome.PASS, HostOutcome.LOST], ExitCode.PARTIAL),
+    ([HostOutcome.PASS, HostOutcome.FAIL], ExitCode.PARTIAL),
+    ([HostOutcome.FAIL], ExitCode.REMOTE),
+    ([HostOutcome.FAIL, HostOutcome.UNREACHABLE], ExitCode.REMOTE),
+    ([HostOutcome.UNREACHABLE, HostOutcome.UNREACHABLE], ExitCode.CONNECT),
+    ([HostOutcome.PASS, HostOutcome.INTERRUPTED], ExitCode.INTERRUPTED),
+])
+def test_exit_codes_follow_design(outcomes, code):
+    assert hosts_exit_code(outcomes) == code
+
+
+def test_adopting_the_hosts_more_complete_log(tmp_path):
+    store = RunStore(tmp_path)
+    store.create_run("run-1", {"hosts": ["h1"]})
+    recorder = store.host_recorder("run-1", "h1", {})
+    records = full_run()
+    for text in records[:2]:
+        recorder.feed_line(text)
+    recorder.note(outcome="lost", error="connection lost")
+    recorder.close()
+    host_dir = tmp_path / "run-1" / "h1"
+    (host_dir / "remote" / "stages").mkdir(parents=True)
+    (host_dir / "remote" / "events.jsonl").write_text("\n".join(records) + "\n")
+    for text in records:
+        record = json.loads(text)
+        if record["event"] == "stage_end":
+            (host_dir / "remote" / "stages" / f"{record['stage']}.json").write_text(text)
+    assert adopt_remote_records(host_dir) is True
+    assert adopt_remote_records(host_dir) is False  # idempotent: nothing more to take
+    host = store.load("run-1").hosts["h1"]
+    assert host.outcome is HostOutcome.PASS
+    assert host.stages["golden"].status is StageStatus.PASS

@@ -1,0 +1,262 @@
+"""The host-side runner, run for real (`python smoke/runner.py run ...` in a subprocess) on a
+scratch release that holds purpose-built stages: pass, fail, raise, hang, abort, segfault."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+STAGES = {
+    "ok": """
+NAME = "ok"
+DESCRIPTION = "passes with a metric"
+def run(ctx):
+    from smoke.protocol import StageResult
+    ctx.log("hello from ok")
+    ctx.emit_metric("answer", 42)
+    return StageResult.passed("fine", metrics={"device": ctx.device},
+                              tables={"rows": [{"a": 1}, {"a": 2}]})
+""",
+    "bad": """
+NAME = "bad"
+DESCRIPTION = "returns a failure"
+def run(ctx):
+    from smoke.protocol import StageResult
+    return StageResult.failed("bad on purpose", metrics={"x": 1.5})
+""",
+    "boom": """
+NAME = "boom"
+DESCRIPTION = "raises"
+def run(ctx):
+    raise RuntimeError("boom from a stage")
+""",
+    "hang": """
+NAME = "hang"
+DESCRIPTION = "never returns"
+import time
+def run(ctx):
+    print("about to hang", flush=True)
+    time.sleep(3600)
+""",
+    "abort": """
+NAME = "abort"
+DESCRIPTION = "kills the interpreter"
+import os, sys
+def run(ctx):
+    print("last words before abort", flush=True)
+    os.abort()
+""",
+    "segv": """
+NAME = "segv"
+DESCRIPTION = "segfaults"
+import ctypes
+def run(ctx):
+    print("about to segfault", flush=True)
+    ctypes.string_at(0)
+""",
+    "skipme": """
+NAME = "skipme"
+DESCRIPTION = "skips"
+def run(ctx):
+    from smoke.protocol import StageResult
+    return StageResult.skipped("nothing to do here")
+""",
+    "pid": """
+NAME = "pid"
+DESCRIPTION = "reports the worker pid"
+import os
+def run(ctx):
+    from smoke.protocol import StageResult
+    return StageResult.passed(metrics={"pid": os.getpid()})
+""",
+}
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("release")
+    (root / "smoke" / "stages").mkdir(parents=True)
+    for name in ("__init__.py", "protocol.py", "runner.py"):
+        shutil.copy(REPO / "smoke" / name, root / "smoke" / name)
+    shutil.copy(REPO / "smoke" / "stages" / "__init__.py", root / "smoke" / "stages")
+    shutil.copy(REPO / "smoke" / "stages" / "env.py", root / "smoke" / "stages")
+    for name, code in STAGES.items():
+        (root / "smoke" / "stages" / f"{name}.py").write_text(code)
+    (root / "src").symlink_to(REPO / "src")
+    return root
+
+
+def run_runner(release: Path, workdir: Path, stages: str, *extra: str, run_id: str = "r1",
+               timeout: float = 60) -> tuple[int, list[dict], str]:
+    argv = [sys.executable, str(release / "smoke" / "runner.py"), "run", "--run-id", run_id,
+            "--workdir", str(workdir), "--release-root", str(release), "--host", "h1",
+            "--stages", stages, *extra]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    return proc.returncode, records, proc.stderr
+
+
+def ends(records: list[dict]) -> dict[str, dict]:
+    return {r["stage"]: r for r in records if r["event"] == "stage_end"}
+
+
+def test_passing_stage_streams_records_and_writes_them_on_the_host(release, tmp_path):
+    code, records, _ = run_runner(release, tmp_path, "ok,skipme")
+    assert code == 0
+    kinds = [r["event"] for r in records]
+    assert kinds[0] == "run_start" and kinds[-1] == "run_end"
+    assert all(r["v"] == 1 and r["run_id"] == "r1" and r["host"] == "h1" for r in records)
+    assert {"run_id", "host", "time"} <= set(records[0])
+    ok = ends(records)["ok"]
+    assert ok["status"] == "pass" and ok["reason"] == "fine"
+    assert ok["metrics"] == {"answer": 42, "device": "cpu"}
+    assert ok["tables"] == {"rows": [{"a": 1}, {"a": 2}]}
+    assert ok["duration_s"] >= 0 and ok["traceback"] is None
+    assert ends(records)["skipme"]["status"] == "skip"
+    assert any(r["event"] == "log" and r["message"] == "hello from ok" for r in records)
+    assert any(r["event"] == "metric" and r["name"] == "answer" for r in records)
+    run_dir = tmp_path / "runs" / "r1"
+    on_disk = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert on_disk == records
+    assert json.loads((run_dir / "stages" / "ok.json").read_text()) == ok
+    assert "hello from ok" in (run_dir / "logs" / "ok.log").read_text()
+    summary = json.loads((run_dir / "run.json").read_text())
+    assert summary["status"] == "pass" and summary["counts"]["pass"] == 1
+    assert not (run_dir / "runner.pid").exists()
+
+
+def test_failed_stage_stops_the_run_and_the_rest_is_not_run(release, tmp_path):
+    code, records, _ = run_runner(release, tmp_path, "ok,bad,skipme")
+    assert code == 5
+    by_stage = ends(records)
+    assert [by_stage[s]["status"] for s in ("ok", "bad", "skipme")] == ["pass", "fail", "not_run"]
+    assert by_stage["bad"]["reason"] == "bad on purpose"
+    assert "--keep-going" in by_stage["skipme"]["reason"]
+    assert records[-1]["status"] == "fail" and records[-1]["exit_code"] == 5
+
+
+def test_exception_is_a_failure_with_its_traceback(release, tmp_path):
+    code, records, _ = run_runner(release, tmp_path, "boom,ok", "--keep-going")
+    assert code == 5
+    boom = ends(records)["boom"]
+    assert boom["status"] == "fail" and boom["reason"] == "RuntimeError: boom from a stage"
+    assert "Traceback" in boom["traceback"] and "boom from a stage" in boom["traceback"]
+    assert ends(records)["ok"]["status"] == "pass"
+
+
+def test_hanging_stage_times_out_with_its_last_output(release, tmp_path):
+    started = time.monotonic()
+    code, records, _ = run_runner(release, tmp_path, "hang,ok", "--stage-timeout", "1.5",
+                                  "--keep-going")
+    assert time.monotonic() - started < 30
+    assert code == 5
+    hang = ends(records)["hang"]
+    assert hang["status"] == "fail" and hang["reason"] == "timed out after 1.5s"
+    assert "about to hang" in hang["output_tail"]
+    assert ends(records)["ok"]["status"] == "pass"  # a fresh worker ran the rest
+
+
+@pytest.mark.parametrize("stage,signame,words", [("abort", "SIGABRT", "last words before abort"),
+                                                 ("segv", "SIGSEGV", "about to segfault")])
+def test_crashing_interpreter_is_reported_and_keep_going_runs_the_rest(
+        release, tmp_path, stage, signame, words):
+    code, records, _ = run_runner(release, tmp_path, f"ok,{stage},skipme", "--keep-going")
+    assert code == 5
+    crashed = ends(records)[stage]
+    assert crashed["status"] == "fail"
+    assert crashed["reason"] == f"worker killed by {signame}"
+    assert words in crashed["output_tail"]
+    assert "Fatal Python error" in crashed["output_tail"]  # faulthandler's stack, kept
+    assert ends(records)["ok"]["status"] == "pass"
+    assert ends(records)["skipme"]["status"] == "skip"
+    assert records[-1]["event"] == "run_end"
+
+
+def test_crash_without_keep_going_reports_the_rest_as_not_run(release, tmp_path):
+    code, records, _ = run_runner(release, tmp_path, "abort,ok")
+    assert code == 5
+    assert ends(records)["abort"]["status"] == "fail"
+    assert ends(records)["ok"]["status"] == "not_run"
+
+
+def test_stages_share_one_worker_process(release, tmp_path):
+    (release / "smoke" / "stages" / "pid2.py").write_text(
+        STAGES["pid"].replace('NAME = "pid"', 'NAME = "pid2"'))
+    code, records, _ = run_runner(release, tmp_path, "pid,pid2")
+    assert code == 0
+    pids = {ends(records)[s]["metrics"]["pid"] for s in ("pid", "pid2")}
+    runner_pid = records[0]["pid"]
+    assert len(pids) == 1 and runner_pid not in pids
+
+
+def test_unknown_stage_is_a_usage_error_naming_it(release, tmp_path):
+    code, records, stderr = run_runner(release, tmp_path, "ok,nope")
+    assert code == 2
+    assert "unknown stage(s) 'nope'" in stderr
+    assert records[-1]["event"] == "run_end" and records[-1]["status"] == "error"
+
+
+def test_bad_options_are_a_usage_error(release, tmp_path):
+    code, _, stderr = run_runner(release, tmp_path, "ok", "--options", '{"budgets": [-3]}')
+    assert code == 2
+    assert "budgets: expected an integer >= 0, got -3" in stderr
+
+
+def test_stop_interrupts_a_running_run_and_keeps_what_arrived(release, tmp_path):
+    argv = [sys.executable, str(release / "smoke" / "runner.py"), "run", "--run-id", "r9",
+            "--workdir", str(tmp_path), "--release-root", str(release), "--stages",
+            "ok,hang,skipme"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(json.loads(line))
+        if lines[-1]["event"] == "stage_start" and lines[-1]["stage"] == "hang":
+            break
+    stop = subprocess.run([sys.executable, str(release / "smoke" / "runner.py"), "stop",
+                           "--run-id", "r9", "--workdir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=30)
+    assert json.loads(stop.stdout)["stopped"] is True
+    rest, _ = proc.communicate(timeout=30)
+    lines += [json.loads(line) for line in rest.splitlines()]
+    assert proc.returncode == 130
+    by_stage = ends(lines)
+    assert by_stage["ok"]["status"] == "pass"
+    assert by_stage["hang"]["status"] == "fail" and "interrupted" in by_stage["hang"]["reason"]
+    assert by_stage["skipme"]["status"] == "not_run"
+    assert lines[-1]["status"] == "interrupted"
+
+
+def test_closed_stdout_does_not_stop_the_run(release, tmp_path):
+    """A dropped SSH channel: the runner keeps writing its files for `collect`."""
+    argv = [sys.executable, str(release / "smoke" / "runner.py"), "run", "--run-id", "r7",
+            "--workdir", str(tmp_path), "--release-root", str(release), "--stages", "ok,bad"]
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen(argv, stdout=write_end)
+    os.close(write_end)
+    os.close(read_end)  # nobody reads: every stdout write fails
+    assert proc.wait(timeout=60) == 5
+    events = (tmp_path / "runs" / "r7" / "events.jsonl").read_text().splitlines()
+    assert json.loads(events[-1])["event"] == "run_end"
+    assert json.loads((tmp_path / "runs" / "r7" / "stages" / "bad.json").read_text())["status"] == "fail"
+
+
+def test_files_lists_the_run_with_hashes(release, tmp_path):
+    run_runner(release, tmp_path, "ok")
+    proc = subprocess.run([sys.executable, str(release / "smoke" / "runner.py"), "files",
+                           "--run-id", "r1", "--workdir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=30)
+    listed = {json.loads(line)["path"]: json.loads(line) for line in proc.stdout.splitlines()}
+    assert {"events.jsonl", "run.json", "stages/ok.json", "logs/ok.log"} <= set(listed)
+    data = (tmp_path / "runs" / "r1" / "events.jsonl").read_bytes()
+    import hashlib
+    assert listed["events.jsonl"]["sha256"] == hashlib.sha256(data).hexdigest()
+    assert listed["events.jsonl"]["size"] == len(data)

@@ -1,0 +1,172 @@
+"""The shipped stages, each made to pass and made to fail: `import` against a real extracted
+release (tampered file, wrong release id, foreign ddtree on sys.path, ddtree from elsewhere),
+`golden` and `invariants` against a deliberately broken builder, `env`, `tree-bench`."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from ddtree_ops.release import build_bundle  # noqa: E402
+from smoke.protocol import SmokeOptions, StageContext, Status  # noqa: E402
+
+
+def make_ctx(tmp_path: Path, stage: str, release_root: Path = REPO, expected: str | None = None,
+             **options) -> StageContext:
+    logged: list[str] = []
+    metrics: dict = {}
+    return StageContext(stage=stage, device="cpu", options=SmokeOptions.from_dict(options),
+                        host={"name": "test"}, run_dir=tmp_path / "run",
+                        release_root=release_root, expected_release=expected,
+                        log=logged.append, emit_metric=metrics.__setitem__)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> tuple[Path, str]:
+    """<workdir>/releases/<id>/ extracted from a real bundle of this checkout; current -> it."""
+    root = tmp_path_factory.mktemp("workdir")
+    bundle = build_bundle(REPO)
+    target = root / "releases" / bundle.release_id
+    target.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(bundle.archive()), mode="r:gz") as tar:
+        tar.extractall(target)
+    (root / "current").symlink_to(target)
+    return root, bundle.release_id
+
+
+def run_import_stage(workdir: Path, *extra: str, env: dict | None = None) -> dict:
+    proc = subprocess.run(
+        [sys.executable, str(workdir / "current" / "smoke" / "runner.py"), "run", "--run-id",
+         "t", "--workdir", str(workdir), "--stages", "import", *extra],
+        capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})})
+    ends = [json.loads(line) for line in proc.stdout.splitlines()
+            if json.loads(line)["event"] == "stage_end"]
+    return ends[0]
+
+
+def test_import_passes_on_an_intact_release(workdir):
+    root, release_id = workdir
+    record = run_import_stage(root, "--expected-release", release_id)
+    assert record["status"] == "pass", record["reason"]
+    assert record["metrics"]["release"] == release_id
+    assert record["metrics"]["ddtree_file"].startswith(str(root / "releases" / release_id))
+
+
+def test_import_fails_when_the_operator_pushed_another_release(workdir):
+    root, release_id = workdir
+    record = run_import_stage(root, "--expected-release", "0123456789abcdef")
+    assert record["status"] == "fail"
+    assert record["reason"] == f"host runs release {release_id}, operator pushed 0123456789abcdef"
+
+
+def test_import_fails_with_a_foreign_ddtree_on_sys_path(workdir, tmp_path):
+    root, _ = workdir
+    (tmp_path / "ddtree").mkdir()
+    (tmp_path / "ddtree" / "__init__.py").write_text("STALE = True\n")
+    record = run_import_stage(root, env={"PYTHONPATH": str(tmp_path)})
+    assert record["status"] == "fail"
+    assert record["reason"] == f"another ddtree is on sys.path: {tmp_path / 'ddtree'}"
+
+
+def test_import_fails_on_a_tampered_file(workdir, tmp_path_factory):
+    root, release_id = workdir
+    copy = tmp_path_factory.mktemp("tampered")
+    (copy / "releases").mkdir()
+    import shutil
+
+    shutil.copytree(root / "releases" / release_id, copy / "releases" / release_id, symlinks=True)
+    (copy / "current").symlink_to(copy / "releases" / release_id)
+    victim = copy / "releases" / release_id / "src" / "ddtree" / "metrics.py"
+    victim.write_text(victim.read_text() + "\n# edited on the host\n")
+    record = run_import_stage(copy, "--expected-release", release_id)
+    assert record["status"] == "fail"
+    assert record["reason"].startswith(f"release {release_id} is damaged: src/ddtree/metrics.py: sha256 ")
+
+
+def test_import_in_process_sees_ddtree_from_elsewhere(workdir, tmp_path):
+    """This test process imported ddtree from the checkout, not from the release."""
+    from smoke.stages import env as _  # noqa: F401
+    import importlib
+
+    stage = importlib.import_module("smoke.stages.import")
+    root, release_id = workdir
+    result = stage.run(make_ctx(tmp_path, "import", root / "current", release_id))
+    assert result.status is Status.FAIL
+    assert "was imported from" in result.reason and "not from the release" in result.reason
+
+
+def test_golden_passes_and_carries_the_seed_output(tmp_path):
+    from smoke.stages import golden
+
+    result = golden.run(make_ctx(tmp_path, "golden"))
+    assert result.status is Status.PASS, result.reason
+    assert result.metrics["seed_output"] == golden.SEED_OUTPUT
+    seed = Path("/work/shared/seeds/000_44c6339df762f231.txt")
+    if seed.is_file():  # the copy the stage carries is the seed's own text
+        text = seed.read_text()
+        for line in golden.SEED_OUTPUT:
+            assert line in text
+        for line in golden.SEED_SCRIPT.splitlines()[2:]:
+            assert line in text
+
+
+def test_golden_fails_on_a_broken_builder(tmp_path, monkeypatch):
+    import ddtree
+    from smoke.stages import golden
+
+    real = ddtree.build_ddtree_tree_from_logits
+    monkeypatch.setattr(ddtree, "build_ddtree_tree_from_logits",
+                        lambda logits, budget, **kw: real(logits, max(0, budget - 1), **kw))
+    result = golden.run(make_ctx(tmp_path, "golden"))
+    assert result.status is Status.FAIL
+    assert result.reason.startswith("parents: got [-1, 0, 1, 2, 0], expected [-1, 0, 1, 2, 0, 1]")
+    assert result.metrics["seed_output_matches"] is False
+
+
+def test_invariants_fail_when_the_batched_builder_drifts(tmp_path, monkeypatch):
+    import ddtree
+    from smoke.stages import invariants
+
+    real = ddtree.build_ddtree_trees
+    monkeypatch.setattr(ddtree, "build_ddtree_trees",
+                        lambda logits, budget: real(logits.flip(-1), budget))
+    result = invariants.run(make_ctx(tmp_path, "invariants"))
+    assert result.status is Status.FAIL
+    assert "batched" in result.reason
+
+
+def test_env_reports_the_interpreter(tmp_path):
+    from smoke.stages import env
+
+    result = env.run(make_ctx(tmp_path, "env"))
+    assert result.status is Status.PASS
+    import torch
+
+    assert result.metrics["torch"] == torch.__version__
+    assert result.metrics["gpu_count"] == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    assert env._version_tuple("2.3.1+cu121") < env.MIN_TORCH <= env._version_tuple("2.13.0+cpu")
+
+
+def test_tree_bench_small_sweep_has_every_point(tmp_path):
+    from smoke.stages import tree_bench
+
+    ctx = make_ctx(tmp_path, "tree-bench", budgets=[0, 8], batch_sizes=[1, 3], repeat=1,
+                   extra={"vocab": 500})
+    result = tree_bench.run(ctx)
+    assert result.status is Status.PASS
+    points = {(r["builder"], r["batch_size"], r["budget"]) for r in result.tables["sweep"]}
+    assert points == {(b, 1, k) for b in ("heap", "public", "batched", "floor") for k in (0, 8)} | \
+        {(b, 3, k) for b in ("batched", "floor") for k in (0, 8)}
+    nodes = {r["budget"]: r["nodes"] for r in result.tables["sweep"] if r["builder"] == "heap"}
+    assert nodes == {0: 0, 8: 8}
+    assert result.metrics["build_ms.batched.bs3.b8"] > 0
+    assert "speedup.public_vs_heap.b8" in result.metrics
