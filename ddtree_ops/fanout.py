@@ -155,8 +155,8 @@ def run_fanout(
                 setattr(outcome, key, value)
             if state.terminal and name in started_at:
                 outcome.duration_s = time.monotonic() - started_at[name]
-        if on_progress is not None:
-            on_progress(name, state, detail)
+            if on_progress is not None:  # under the lock: a host's states arrive in order
+                on_progress(name, state, detail)
         return True
 
     def work(host: Host) -> None:

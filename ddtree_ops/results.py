@@ -120,6 +120,8 @@ class HostRecorder:
     def feed_line(self, line: str) -> dict[str, Any] | None:
         """Record one stdout line of the runner; returns the parsed record (None if stray)."""
         record = parse_record(line)
+        if self._events.closed:  # a line after the run was settled (Ctrl-C): the host has it
+            return record
         if record is None:
             if line.strip():
                 with self._stray.open("a", encoding="utf-8") as out:

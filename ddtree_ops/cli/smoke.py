@@ -242,7 +242,7 @@ def run_smoke(
     from ddtree_ops.errors import ExitCode, RemoteStepError
     from ddtree_ops.fanout import HostState, run_fanout
     from ddtree_ops.report import build_report
-    from ddtree_ops.results import HostOutcome, RunStore, new_run_id, runs_root
+    from ddtree_ops.results import RunStore, new_run_id, runs_root
 
     _, selected = select_hosts(inventory, hosts)
     bundle = None
@@ -252,8 +252,8 @@ def run_smoke(
         bundle = build_bundle(source)
         check_stages_in_bundle(stages, {f.relpath for f in bundle.files})
         bundle.archive()  # built once, shared by the host threads
-    plan = SmokePlan(run_id=run_id or new_run_id(), stages=stages, options=options, keep_going=keep_going,
-                     stage_timeout_s=stage_timeout_s,
+    plan = SmokePlan(run_id=run_id or new_run_id(), stages=stages, options=options,
+                     keep_going=keep_going, stage_timeout_s=stage_timeout_s,
                      release_id=bundle.release_id if bundle else None)
     store = RunStore(runs_root(runs_dir))
     started = time.time()
@@ -326,26 +326,7 @@ def run_smoke(
         stop_runners([h for h in selected if h.name in runner_started], runner_started, plan,
                      accept_new_host_keys)
         time.sleep(0.5)  # let the host threads take in the runners' last records
-    for host in selected:
-        recorder = recorders.get(host.name)
-        if recorder is None:
-            recorder = store.host_recorder(plan.run_id, host.name, {
-                "inventory": host_entry(host), "release": plan.release_id})
-            recorders[host.name] = recorder
-        outcome = fanout.get(host.name) if fanout is not None else None
-        if interrupted:
-            recorder.note(outcome=HostOutcome.INTERRUPTED.value)
-        elif outcome is not None and not outcome.ok:
-            if host.name not in runner_started:
-                kind = HostOutcome.UNREACHABLE if outcome.never_connected else HostOutcome.FAIL
-            elif recorder.planned or recorder.stage_states:
-                kind = HostOutcome.LOST  # the runner was under way: partial results
-            else:
-                kind = HostOutcome.FAIL  # the runner could not start (no release, no python)
-            recorder.note(outcome=kind.value, error=outcome.message(), state=outcome.state.value)
-        elif outcome is not None and outcome.ok:
-            recorder.note(outcome=None)
-        recorder.close()
+    settle_hosts(selected, recorders, fanout, runner_started, interrupted, store, plan)
     store.update_run(plan.run_id, finished=time.time(), duration_s=round(time.time() - started, 3),
                      interrupted=interrupted)
     report = build_report(store.load(plan.run_id))
@@ -366,6 +347,35 @@ def run_smoke(
             f"({time.time() - started:.1f}s; `ddtree-ops report {plan.run_id}` to see it again)")
     store.update_run(plan.run_id, exit_code=int(code))
     return int(code)
+
+
+def settle_hosts(selected: list["Host"], recorders: dict[str, Any], fanout: Any,
+                 runner_started: dict[str, str], interrupted: bool, store: Any,
+                 plan: SmokePlan) -> None:
+    """Record each host's operator-side outcome next to what it streamed: interrupted,
+    unreachable (never connected), failed before its runner started, or lost mid-run."""
+    from ddtree_ops.results import HostOutcome
+
+    for host in selected:
+        recorder = recorders.get(host.name)
+        if recorder is None:
+            recorder = store.host_recorder(plan.run_id, host.name, {
+                "inventory": host_entry(host), "release": plan.release_id})
+            recorders[host.name] = recorder
+        outcome = fanout.get(host.name) if fanout is not None else None
+        if interrupted:
+            recorder.note(outcome=HostOutcome.INTERRUPTED.value)
+        elif outcome is not None and not outcome.ok:
+            if host.name not in runner_started:
+                kind = HostOutcome.UNREACHABLE if outcome.never_connected else HostOutcome.FAIL
+            elif recorder.planned or recorder.stage_states:
+                kind = HostOutcome.LOST  # the runner was under way: partial results
+            else:
+                kind = HostOutcome.FAIL  # the runner could not start (no release, no python)
+            recorder.note(outcome=kind.value, error=outcome.message(), state=outcome.state.value)
+        elif outcome is not None and outcome.ok:
+            recorder.note(outcome=None)
+        recorder.close()
 
 
 def stop_runners(hosts: list["Host"], workdirs: dict[str, str], plan: SmokePlan,

@@ -257,18 +257,19 @@ def build_frontier_tree(logits: torch.Tensor, budget: int, rows: _Rows | None = 
     if rows is None:
         check_rows_finite(logits)
         rows = _Rows(logits, min(budget, vocab), budget)
-    while True:
+    for _ in range(3):  # the second pass is exact; the third is a guard
         result = _frontier_pass(rows, budget, depth_limit)
-        # A probed row is enough when its first unread rank cannot reach the floor.
+        # A probed row is enough when every rank it has not read scores below what it needs.
         stale = [
             d
             for d, best in result.best_prefix.items()
-            if rows.complete_above[d] >= result.floor - best - _slack(result.floor, best)
+            if rows.complete_above[d] > result.floor - best - _slack(result.floor, best)
         ]
         if not stale:
             return _assemble(logits, budget, result)
-        for d in stale:  # read exactly what the (now higher) floor needs; the next pass is exact
+        for d in stale:  # read exactly what the (now higher) floor needs
             rows.fetch(d, d + 1, result.floor, result.best_prefix[d])
+    return build_heap_tree(logits, budget)
 
 
 def _frontier_pass(rows: _Rows, budget: int, depth_limit: int) -> _Pass:

@@ -254,3 +254,25 @@ def test_concurrent_deploys_are_serialised_by_the_host_lock(host, env):
     assert sorted(o["hosts"]["h0"]["result"]["action"] for o in outcomes) == ["installed", "unchanged"]
     assert main(["rollback", "-i", str(inventory), "--source", str(snapshot)]) == 0
     assert site_listing(python) == before
+
+
+def test_a_new_release_replaces_the_old_one_file_for_file(host, env, capsys, tmp_path):
+    _, inventory, _ = host
+    python, snapshot = env
+    other = tmp_path / "checkout-b"
+    shutil.copytree(snapshot, other)
+    (other / "smoke" / "release-b.txt").write_text("a different release\n")
+    before = site_listing(python)
+    code, first = run_cli(capsys, inventory, snapshot, "deploy")
+    assert code == 0, first
+    code, second = run_cli(capsys, inventory, other, "deploy")
+    assert code == 0, second
+    assert second["release"] != first["release"]
+    assert second["hosts"]["h0"]["result"]["action"] == "replaced"
+    added = sorted(set(site_listing(python)) - set(before))
+    assert [p for p in added if p.endswith("/METADATA")] == [
+        f"ddtree_sglang_plugin-0.1.0+{second['release']}.dist-info/METADATA"]
+    assert len(added) == 5
+    code, doc = run_cli(capsys, inventory, other, "rollback")
+    assert code == 0 and doc["hosts"]["h0"]["result"]["release"] == second["release"]
+    assert site_listing(python) == before

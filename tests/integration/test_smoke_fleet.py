@@ -56,13 +56,13 @@ def smoke_json(args: list[str], capsys) -> tuple[int, dict]:
 def test_full_smoke_on_three_hosts_then_collect_and_report(sshd_fleet, runs, capsys, tmp_path):
     fleet = sshd_fleet(3)
     inventory = str(fleet.write_inventory())
-    code, doc = smoke_json(["-i", inventory, "--stages", "env,import,golden,invariants"], capsys)
+    # The CPU-heavy stages are covered on the local transport; here the fleet mechanics.
+    code, doc = smoke_json(["-i", inventory, "--stages", "env,import,golden"], capsys)
     assert code == 0, doc["failures"]
     assert set(doc["hosts"]) == {"h0", "h1", "h2"}
     for name, host in doc["hosts"].items():
         assert host["outcome"] == "pass"
-        assert [host["stages"][s]["status"] for s in ("env", "import", "golden", "invariants")] \
-            == ["pass"] * 4
+        assert [host["stages"][s]["status"] for s in ("env", "import", "golden")] == ["pass"] * 3
     for host in fleet.hosts:
         record = json.loads((runs / doc["run_id"] / host.name / "stages" / "import.json").read_text())
         assert record["metrics"]["release"] == doc["release"]
@@ -74,7 +74,7 @@ def test_full_smoke_on_three_hosts_then_collect_and_report(sshd_fleet, runs, cap
     assert main(["collect", doc["run_id"], "-i", inventory, "--json"]) == 0
     first = json.loads(capsys.readouterr().out)
     fetched = first["hosts"]["h1"]["result"]["fetched"]
-    assert "logs/golden.log" in fetched and "stages/invariants.json" in fetched
+    assert "logs/golden.log" in fetched and "stages/import.json" in fetched
     assert (runs / doc["run_id"] / "h1" / "remote" / "logs" / "golden.log").read_text() == \
         (fleet.hosts[1].workdir / "runs" / doc["run_id"] / "logs" / "golden.log").read_text()
     assert main(["collect", doc["run_id"], "-i", inventory, "--json"]) == 0
@@ -86,11 +86,14 @@ def test_full_smoke_on_three_hosts_then_collect_and_report(sshd_fleet, runs, cap
     assert report["run_id"] == doc["run_id"] and report["exit_code"] == 0
     baseline = tmp_path / "baseline.yaml"
     baseline.write_text(yaml.safe_dump({"metrics": [
-        {"metric": "invariants.trees", "expected": 10**6, "better": "higher"}]}))
+        {"metric": "golden.seed_output_matches", "expected": False},
+        {"metric": "golden.status", "expected": "pass"}]}))
     assert main(["report", "--baseline", str(baseline)]) == 5
     err = capsys.readouterr().err
     for name in ("h0", "h1", "h2"):
-        assert f"regression: invariants.trees on {name}: expected 1000000, measured 84" in err
+        assert (f"regression: golden.seed_output_matches on {name}: expected False, "
+                f"measured True (differs)") in err
+    assert "golden.status" not in err
 
 
 def test_failing_and_hanging_stages_over_ssh(sshd_fleet, runs, capsys, checkout):

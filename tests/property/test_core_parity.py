@@ -18,6 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddtree import BuildMethod, build_ddtree_tree_from_logits, build_ddtree_trees, validate_tree
+from ddtree import frontier_build
+from ddtree.frontier_build import build_frontier_tree
 from ddtree.heap_build import top_log_probs
 
 
@@ -50,11 +52,16 @@ def check_case(logits: torch.Tensor, budget: int, batched: bool = True, score_ti
     validate_tree(heap, budget=budget, logits=logits)
     validate_tree(fast, budget=budget, logits=logits)
     tied = rows_have_ties(logits)
-    if tied:
-        assert shape_of(fast) == shape_of(heap)
-        assert fast.node_scores.tolist() == heap.node_scores.tolist()
-    else:
-        assert_same(heap, fast)
+    candidates = [fast]
+    if budget and logits.shape[0]:  # FAST picks the lazy heap for small budgets: test the frontier too
+        candidates.append(build_frontier_tree(logits, budget))
+        validate_tree(candidates[-1], budget=budget, logits=logits)
+    for tree in candidates:
+        if tied:
+            assert shape_of(tree) == shape_of(heap)
+            assert tree.node_scores.tolist() == heap.node_scores.tolist()
+        else:
+            assert_same(heap, tree)
     if batched:
         tree = build_ddtree_trees(logits.unsqueeze(0), budget).tree(0)
         validate_tree(tree, budget=budget, logits=logits)
@@ -87,8 +94,11 @@ KINDS = ["flat", "peaked", "huge", "masked"]
 
 
 @pytest.mark.parametrize("block", range(6))
-def test_seeded_sweep_small_shapes(block):
-    """3000 random cases over small shapes: V < budget, D = 1, budget 1, all kinds."""
+def test_seeded_sweep_small_shapes(block, monkeypatch):
+    """3000 random cases over small shapes: V < budget, D = 1, budget 1, all kinds. Half the
+    blocks probe rows one rank at a time, so the frontier's re-read path runs constantly."""
+    if block % 2:
+        monkeypatch.setattr(frontier_build, "PROBE_RANKS", 1)
     rng = random.Random(1000 + block)
     for _ in range(500):
         depth = rng.choice([1, 1, 2, 3, 4, 6, 15])
@@ -100,7 +110,8 @@ def test_seeded_sweep_small_shapes(block):
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_seeded_sweep_realistic_shapes(seed):
+def test_seeded_sweep_realistic_shapes(seed, monkeypatch):
+    monkeypatch.setattr(frontier_build, "PROBE_RANKS", [32, 4, 1][seed])
     rng = random.Random(seed)
     for _ in range(8):
         depth = rng.choice([1, 7, 15])
@@ -165,6 +176,7 @@ def test_brute_force_optimality(depth, vocab, budget, seed, scale):
     for method in (BuildMethod.HEAP, BuildMethod.FAST):
         tree = build_ddtree_tree_from_logits(logits, budget, method=method)
         assert token_paths(tree) == best
+    assert token_paths(build_frontier_tree(logits, budget)) == best
     assert token_paths(build_ddtree_trees(logits.unsqueeze(0), budget).tree(0)) == best
 
 

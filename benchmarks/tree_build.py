@@ -1,0 +1,173 @@
+"""Tree-build speed: the heap oracle vs the public builder vs the top-k floor vs the batch.
+
+    python benchmarks/tree_build.py [--calls 20] [--threads N] [--quick]
+
+Per (vocab, row kind, budget), medians over --calls calls, the methods interleaved call by
+call so a busy machine slows them alike:
+  (a) heap     build_ddtree_tree_from_logits(method="heap"): the reference semantics
+  (b) public   build_ddtree_tree_from_logits(...) default (AUTO)
+  (c) floor    torch.topk(k=budget) + torch.logsumexp over [D, V] alone (the reference's tensor work)
+  (d) batch/r  build_ddtree_trees on 8 requests, per request
+Rows: `flat` = randn logits; `peaked` = drafter-like, one dominant token per row (p ~ 0.9)
+over a randn * 2 tail. With CUDA present it also prints the device rows: a batch of 16 bf16
+requests at budget 256 (CUDA events, sync-debug mode "error" around the builder) and the peak
+extra memory at batch 16, budget 1024.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from ddtree import BuildMethod, build_ddtree_tree_from_logits, build_ddtree_trees  # noqa: E402
+
+DEPTH = 15
+VOCABS = (151936, 32000)
+BUDGETS = (16, 64, 256, 512, 1024)
+BATCH = 8
+
+
+def make_logits(kind: str, batch: int, vocab: int, generator: torch.Generator, device="cpu") -> torch.Tensor:
+    """[batch, D, V] float32."""
+    if kind == "flat":
+        logits = torch.randn(batch, DEPTH, vocab, generator=generator)
+    else:
+        logits = torch.randn(batch, DEPTH, vocab, generator=generator) * 2.0
+        top = torch.randint(0, vocab, (batch, DEPTH, 1), generator=generator)
+        logits.scatter_add_(2, top, torch.full((batch, DEPTH, 1), 14.0))
+    return logits.to(device)
+
+
+def interleaved_medians(functions: dict, calls: int) -> dict[str, float]:
+    """Median seconds per function; every round calls each function once."""
+    for fn in functions.values():
+        fn()  # warm-up
+    samples: dict[str, list[float]] = {name: [] for name in functions}
+    for _ in range(calls):
+        for name, fn in functions.items():
+            start = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def machine() -> str:
+    cpu = platform.processor() or "unknown cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (
+        f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} intra-op threads, "
+        f"python {platform.python_version()}, load average at start {load:.2f}"
+    )
+
+
+def cpu_table(calls: int, budgets, vocabs) -> None:
+    generator = torch.Generator().manual_seed(0)
+    print(f"CPU: {machine()}")
+    print(f"medians over {calls} interleaved calls, D = {DEPTH}, float32 logits\n")
+    header = "| vocab | rows | budget | (a) heap ms | (b) public ms | (c) floor ms | (d) batch/req ms | a/b | b/c | depth |"
+    print(header)
+    print("|" + "---|" * (header.count("|") - 1))
+    for vocab in vocabs:
+        for kind in ("flat", "peaked"):
+            batch = make_logits(kind, BATCH, vocab, generator)
+            one = batch[0].contiguous()
+            for budget in budgets:
+                times = interleaved_medians(
+                    {
+                        "heap": lambda: build_ddtree_tree_from_logits(one, budget, method=BuildMethod.HEAP),
+                        "public": lambda: build_ddtree_tree_from_logits(one, budget),
+                        "floor": lambda: (torch.topk(one, budget, dim=-1), torch.logsumexp(one, dim=-1)),
+                        "batch": lambda: build_ddtree_trees(batch, budget),
+                    },
+                    calls,
+                )
+                ms = {name: value * 1e3 for name, value in times.items()}
+                depth = build_ddtree_tree_from_logits(one, budget).max_depth
+                print(
+                    f"| {vocab} | {kind} | {budget} | {ms['heap']:.2f} | {ms['public']:.2f} | {ms['floor']:.2f} "
+                    f"| {ms['batch'] / BATCH:.2f} | {ms['heap'] / ms['public']:.2f}x | {ms['public'] / ms['floor']:.2f}x | {depth} |",
+                    flush=True,
+                )
+
+
+def cuda_rows(calls: int) -> None:
+    device = torch.device("cuda")
+    generator = torch.Generator().manual_seed(1)
+    print(f"\nCUDA: {torch.cuda.get_device_name(device)}, torch {torch.__version__}")
+    print("| case | median ms | note |")
+    print("|---|---|---|")
+    for vocab in VOCABS:
+        logits = make_logits("peaked", 16, vocab, generator, device).to(torch.bfloat16)
+        build_ddtree_trees(logits, 256)  # warm-up (kernels, caches)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")  # any host sync inside the builder raises
+        try:
+            build_ddtree_trees(logits, 256)
+            sync_note = "no host sync (sync-debug mode 'error')"
+        except RuntimeError as err:
+            sync_note = f"HOST SYNC: {str(err).splitlines()[0]}"
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        samples = []
+        for _ in range(calls):
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            build_ddtree_trees(logits, 256)
+            stop.record()
+            torch.cuda.synchronize()
+            samples.append(start.elapsed_time(stop))
+        print(f"| batch 16 x [15, {vocab}] bf16, budget 256 | {statistics.median(samples):.3f} | {sync_note} |")
+
+        big = make_logits("peaked", 16, vocab, generator, device).to(torch.bfloat16)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        trees = build_ddtree_trees(big, 1024)
+        torch.cuda.synchronize()
+        peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20
+        del trees
+        print(f"| batch 16 x [15, {vocab}] bf16, budget 1024: peak extra memory | {peak:.1f} MiB | target < 64 MB |")
+
+        one = logits[0]
+        samples = []
+        for _ in range(calls):
+            torch.cuda.synchronize()
+            start_time = time.perf_counter()
+            build_ddtree_tree_from_logits(one, 256)
+            samples.append((time.perf_counter() - start_time) * 1e3)
+        print(f"| public builder, one [15, {vocab}] bf16 request on CUDA, budget 256 | {statistics.median(samples):.3f} | host tree out |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=20, help="calls per median (>= 20 for the docs)")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--quick", action="store_true", help="budgets 16 and 1024, vocab 32000 only")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    budgets = (16, 1024) if args.quick else BUDGETS
+    vocabs = (32000,) if args.quick else VOCABS
+    cpu_table(args.calls, budgets, vocabs)
+    if torch.cuda.is_available():
+        cuda_rows(args.calls)
+    else:
+        print("\nCUDA: not available on this machine; device rows skipped")
+
+
+if __name__ == "__main__":
+    main()
