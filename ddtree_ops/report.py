@@ -302,7 +302,13 @@ def compare_with_baseline(run: RunRecord, checks: list[MetricCheck]) -> list[Com
 # ----------------------------------------------------------------------------- plots
 
 def _pyplot() -> Any:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        from ddtree_ops.errors import UsageError
+
+        raise UsageError("--plot needs matplotlib (pip install matplotlib, or the project's "
+                         "`test` extra)") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -8,8 +8,9 @@ the parent then reports the rest as not run, or (`--keep-going`) forks a fresh w
 Events go to stdout (one JSON line each) and to `<workdir>/runs/<run-id>/` on the host, so a
 run whose SSH channel dropped keeps going and its results can be fetched later (`collect`).
 
-Subcommands: `run` (the above), `stop` (SIGTERM the runner of a run: Ctrl-C on the operator
-side), `files` (list a run's files with sizes and sha256, for `collect`).
+Subcommands: `run` (the above), `stop` (SIGTERM the runner of a run and wait until it has
+written its last records: Ctrl-C on the operator side), `files` (list a run's files with sizes
+and sha256, for `collect`).
 """
 from __future__ import annotations
 
@@ -470,7 +471,11 @@ def command_stop(args: argparse.Namespace) -> int:
     except ProcessLookupError:
         print(json.dumps({"stopped": False, "reason": f"runner pid {pid} already gone"}))
         return EXIT_OK
-    print(json.dumps({"stopped": True, "pid": pid}))
+    # Wait (bounded) until it has recorded the stop, so the caller can fetch a complete run.
+    deadline = time.monotonic() + args.wait
+    while pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print(json.dumps({"stopped": True, "pid": pid, "finished": not pid_file.exists()}))
     return EXIT_OK
 
 
@@ -507,6 +512,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         cmd = sub.add_parser(name)
         cmd.add_argument("--run-id", required=True)
         cmd.add_argument("--workdir", required=True)
+        if name == "stop":
+            cmd.add_argument("--wait", type=float, default=10.0,
+                             help="seconds to wait for the runner to finish its records")
     return parser.parse_args(argv)
 
 

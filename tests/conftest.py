@@ -13,7 +13,7 @@ from sshd_fleet import SshdFleet, sshd_available  # noqa: E402
 
 @pytest.fixture
 def sshd_fleet(tmp_path_factory):
-    """Factory: `sshd_fleet(n, python=..., connect_timeout=2, command_timeout=30) -> SshdFleet`.
+    """Factory: `sshd_fleet(n, python=..., connect_timeout=5, command_timeout=30) -> SshdFleet`.
 
     Every sshd (and its sessions) started through it is killed at teardown."""
     if not sshd_available():

@@ -12,7 +12,7 @@ Use it through the `sshd_fleet` fixture (tests/conftest.py), which stops every s
 
 All hosts share this machine's filesystem, so each one gets its own `workdir`
 (`fleet.hosts[i].workdir`), which tests may inspect directly. Options:
-`sshd_fleet(n, python="/path/to/python", command_timeout=5, connect_timeout=2)`;
+`sshd_fleet(n, python="/path/to/python", connect_timeout=5, command_timeout=30)` (the defaults);
 `write_inventory(extra_hosts={...}, host_overrides={"h0": {...}})` adds or changes entries.
 """
 from __future__ import annotations
@@ -169,7 +169,7 @@ class SshdHost:
 
 
 class SshdFleet:
-    def __init__(self, base: Path, *, python: str = sys.executable, connect_timeout: float = 2,
+    def __init__(self, base: Path, *, python: str = sys.executable, connect_timeout: float = 5,
                  command_timeout: float = 30):
         self.base = base
         self.python = python

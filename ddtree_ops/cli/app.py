@@ -10,7 +10,6 @@ import sys
 import traceback
 from pathlib import Path
 
-import click
 import typer
 
 from ddtree_ops.errors import DdtreeOpsError, ExitCode
@@ -27,11 +26,19 @@ app = typer.Typer(
 COMMAND_MODULES: list[str] = ["hosts", "push", "baseline", "smoke", "collect", "report", "bench", "deploy"]
 
 
+_registered = False
+
+
 def _register_commands() -> None:
+    """Attach every command module once (tests call `main()` many times in one process)."""
+    global _registered
+    if _registered:
+        return
     import importlib
 
     for name in COMMAND_MODULES:
         importlib.import_module(f"ddtree_ops.cli.{name}").register(app)
+    _registered = True
 
 
 def debug_log_path() -> Path:
@@ -67,13 +74,18 @@ def main(argv: list[str] | None = None) -> int:
     except DdtreeOpsError as err:
         _say(f"error: {err}")
         code = err.exit_code
-    except click.exceptions.Exit as exit_:
+    except typer.Exit as exit_:
         code = exit_.exit_code
-    except click.exceptions.Abort:
+    except typer.Abort:
         _say("interrupted")
         code = ExitCode.INTERRUPTED
-    except click.ClickException as err:
-        err.show()
+    except typer.TyperException as err:
+        # Typer 0.29 vendors click: its usage errors derive from TyperException, not click's.
+        show = getattr(err, "show", None)
+        if callable(show):
+            show()
+        else:
+            _say(f"error: {err.format_message()}")
         code = ExitCode.USAGE
     except KeyboardInterrupt:
         _say("interrupted")

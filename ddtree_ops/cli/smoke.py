@@ -323,9 +323,10 @@ def run_smoke(
             interrupted = True
     if interrupted:
         say("interrupted: stopping the remote runners, keeping what arrived")
+        for recorder in recorders.values():
+            recorder.close()  # from here on the host's own files are the record
         stop_runners([h for h in selected if h.name in runner_started], runner_started, plan,
-                     accept_new_host_keys)
-        time.sleep(0.5)  # let the host threads take in the runners' last records
+                     accept_new_host_keys, store.run_dir(plan.run_id))
     settle_hosts(selected, recorders, fanout, runner_started, interrupted, store, plan)
     store.update_run(plan.run_id, finished=time.time(), duration_s=round(time.time() - started, 3),
                      interrupted=interrupted)
@@ -379,16 +380,22 @@ def settle_hosts(selected: list["Host"], recorders: dict[str, Any], fanout: Any,
 
 
 def stop_runners(hosts: list["Host"], workdirs: dict[str, str], plan: SmokePlan,
-                 accept_new_host_keys: bool) -> None:
-    """Ask each host's runner to stop (SIGTERM via `runner.py stop`), in parallel, bounded."""
+                 accept_new_host_keys: bool, run_dir: Path) -> None:
+    """Ask each host's runner to stop (SIGTERM via `runner.py stop`, which waits until the
+    runner has written its last records), then fetch the run's files as `collect` does, so
+    the local store ends with the host's complete record. In parallel, bounded."""
     from ddtree_ops.errors import DdtreeOpsError
+    from ddtree_ops.results import collect_host_files
     from ddtree_ops.transport.factory import open_transport
 
     def stop(host: "Host") -> None:
+        workdir = workdirs[host.name].rstrip("/")
         try:
             with open_transport(host, accept_new_host_keys=accept_new_host_keys) as transport:
-                transport.run(runner_argv(host, workdirs[host.name], plan, "stop"),
-                              timeout=STOP_TIMEOUT_S)
+                transport.run(runner_argv(host, workdir, plan, "stop"), timeout=STOP_TIMEOUT_S)
+                collect_host_files(transport, host.name, runner_argv(host, workdir, plan, "files"),
+                                   f"{workdir}/runs/{plan.run_id}", run_dir / host.name,
+                                   STOP_TIMEOUT_S)
         except DdtreeOpsError as err:
             sys.stderr.write(f"ddtree-ops: {host.name}: could not stop the runner: {err}\n")
 
@@ -396,7 +403,7 @@ def stop_runners(hosts: list["Host"], workdirs: dict[str, str], plan: SmokePlan,
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(STOP_TIMEOUT_S + 5)
+        thread.join(3 * STOP_TIMEOUT_S)
 
 
 # ----------------------------------------------------------------------------- the command

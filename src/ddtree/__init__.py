@@ -2,7 +2,7 @@
 
 Pure torch; imports nothing from the operator side. The stable API keeps the seed's names.
 """
-from ddtree.batched import TreeBatch, build_ddtree_trees
+from ddtree.batched import TreeBatch, build_ddtree_trees, build_trees_from_top_log_probs
 from ddtree.build import BuildMethod, build_ddtree_tree_from_logits
 from ddtree.commit import RoundCommit, commit_round, compact_appended_window_, keep_indices_batch
 from ddtree.invariants import TreeInvariantError, assert_prefix_closed, validate_tree
@@ -37,6 +37,7 @@ __all__ = [
     "assert_prefix_closed",
     "build_ddtree_tree_from_logits",
     "build_ddtree_trees",
+    "build_trees_from_top_log_probs",
     "build_verify_inputs",
     "commit_round",
     "compact_appended_window_",

@@ -118,8 +118,7 @@ def _empty_batch(bs: int, budget: int, device: torch.device) -> TreeBatch:
 
 
 def row_top_log_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [bs, D, V] -> ([bs, D, k] float32 log-probs sorted desc, -inf where unusable;
-    [bs, D, k] int64 ids). One depth at a time, so the float32 copy is [bs, V], never [bs, D, V]."""
+    """logits [bs, D, V] -> ([bs, D, k] float32 log-probs sorted desc; [bs, D, k] int64 ids). One depth at a time, so the float32 copy is [bs, V], never [bs, D, V]."""
     bs, depth_limit, _ = logits.shape
     log_probs = torch.empty(bs, depth_limit, k, dtype=torch.float32, device=logits.device)
     ids = torch.empty(bs, depth_limit, k, dtype=torch.int64, device=logits.device)
@@ -128,9 +127,7 @@ def row_top_log_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch
         values, top_ids = torch.topk(x, k, dim=-1)
         log_probs[:, d] = values - torch.logsumexp(x, dim=-1, keepdim=True)
         ids[:, d] = top_ids
-    # -inf logits (and the NaN of an all -inf or NaN row) are never placed.
-    log_probs = torch.where(torch.isfinite(log_probs), log_probs, float("-inf"))
-    return log_probs, ids
+    return log_probs, ids  # non-finite entries (-inf tokens, NaN rows) are dropped by the builder
 
 
 def build_ddtree_trees(
@@ -142,12 +139,33 @@ def build_ddtree_trees(
     check_logits_shape(logits, rank=3)
     budget = check_budget(budget)
     bs, depth_limit, vocab = logits.shape
-    device = logits.device
     if budget == 0 or depth_limit == 0 or bs == 0:
+        return _empty_batch(bs, budget, logits.device)
+    log_probs, ids = row_top_log_probs(logits, min(budget, vocab))
+    return build_trees_from_top_log_probs(log_probs, ids, budget)
+
+
+def build_trees_from_top_log_probs(
+    log_probs: torch.Tensor,  # [bs, D, K] float32 per-row top-K log-probs, sorted descending
+    token_ids: torch.Tensor,  # [bs, D, K] int64 their token ids
+    budget: int,
+) -> TreeBatch:
+    """The batched trees from per-row top-K log-probs computed elsewhere (e.g. a local top-K
+    and logsumexp merged across tensor-parallel ranks). Exact when K >= min(budget, V); a
+    smaller K caps every row at K ranks. Non-finite log-probs are never placed."""
+    budget = check_budget(budget)
+    if log_probs.dim() != 3 or tuple(token_ids.shape) != tuple(log_probs.shape):
+        raise ValueError(
+            f"log_probs and token_ids must both be [bs, D, K], got {tuple(log_probs.shape)} and {tuple(token_ids.shape)}"
+        )
+    bs, depth_limit, width = log_probs.shape
+    device = log_probs.device
+    if budget == 0 or depth_limit == 0 or bs == 0 or width == 0:
         return _empty_batch(bs, budget, device)
-    rank_cap = min(budget, vocab)
-    log_probs, ids = row_top_log_probs(logits, rank_cap)
-    lp = log_probs.double()  # [bs, D, K]
+    rank_cap = min(budget, width)
+    log_probs = log_probs[:, :, :rank_cap].float()
+    ids = token_ids[:, :, :rank_cap].to(torch.int64)
+    lp = torch.where(torch.isfinite(log_probs), log_probs, float("-inf")).double()  # [bs, D, K]
 
     # Frontier of depth 1: row 0's ranks; each later depth: best `budget` of the pair grid.
     score = torch.full((bs, budget), float("-inf"), dtype=torch.float64, device=device)

@@ -183,31 +183,32 @@ def ragged_chain_scores(
     base: torch.Tensor,  # [F] float64 prefix scores, sorted descending
     counts: torch.Tensor,  # [F] int64 ranks wanted per prefix, non-increasing, >= 1
     log_probs: torch.Tensor,  # [k] float64 with k >= counts[0]
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`chain_scores` for prefix f over ranks 0..counts[f]-1 only, flattened prefix-major.
-    Prefixes are grouped by the power of two above their count, so the work stays within
-    twice the output size instead of F * k."""
-    total = int(counts.sum())
+    Returns ([G] float64 scores, [G] int64 prefix index, [G] int64 rank). Prefixes are grouped
+    by the power of two above their count, so the work stays within twice the output size
+    instead of F * k."""
     width = log_probs.numel()
-    rank = torch.arange(width)
-    if base.numel() * width <= 2 * total + 4096:
-        return chain_scores(base, log_probs)[rank < counts.unsqueeze(1)]
-    bucket = torch.ceil(torch.log2(counts.double())).long()
-    _, sizes = torch.unique_consecutive(bucket, return_counts=True)
-    pieces, start = [], 0
-    for size in sizes.tolist():
-        part = slice(start, start + size)
-        w = min(width, 1 << int(bucket[start]))
-        rect = chain_scores(base[part], log_probs[:w])  # [size, w]
-        pieces.append(rect[rank[:w] < counts[part].unsqueeze(1)])
-        start += size
-    return torch.cat(pieces)
-
-
-def _ragged_ranks(counts: torch.Tensor) -> torch.Tensor:
-    """[sum(counts)] int64: 0..counts[0]-1, 0..counts[1]-1, ..."""
-    starts = torch.cumsum(counts, 0) - counts
-    return torch.arange(int(counts.sum())) - starts.repeat_interleave(counts)
+    ranks = torch.arange(width)
+    prefixes = torch.arange(base.numel())
+    if base.numel() * width <= 2 * int(counts.sum()) + 4096:
+        spans = [(0, base.numel(), width)]
+    else:
+        bucket = torch.ceil(torch.log2(counts.double())).long()
+        _, sizes = torch.unique_consecutive(bucket, return_counts=True)
+        spans, start = [], 0
+        for size in sizes.tolist():
+            spans.append((start, start + size, min(width, 1 << int(bucket[start]))))
+            start += size
+    scores, prefix, rank = [], [], []
+    for start, stop, w in spans:
+        used = ranks[:w] < counts[start:stop].unsqueeze(1)  # [n, w]
+        scores.append(chain_scores(base[start:stop], log_probs[:w])[used])
+        prefix.append(prefixes[start:stop].unsqueeze(1).expand(-1, w)[used])
+        rank.append(ranks[:w].expand(stop - start, -1)[used])
+    if len(spans) == 1:
+        return scores[0], prefix[0], rank[0]
+    return torch.cat(scores), torch.cat(prefix), torch.cat(rank)
 
 
 def _predicted_reach(best: float, floor: float, depth: int) -> int:
@@ -257,8 +258,9 @@ def build_frontier_tree(logits: torch.Tensor, budget: int, rows: _Rows | None = 
     if rows is None:
         check_rows_finite(logits)
         rows = _Rows(logits, min(budget, vocab), budget)
-    for _ in range(3):  # the second pass is exact; the third is a guard
-        result = _frontier_pass(rows, budget, depth_limit)
+    start_floor = _read_rows_and_estimate_floor(rows, budget, depth_limit)
+    for _ in range(3):  # rows were read for a valid floor, so the first pass is normally exact
+        result = _frontier_pass(rows, budget, depth_limit, start_floor)
         # A probed row is enough when every rank it has not read scores below what it needs.
         stale = [
             d
@@ -272,10 +274,48 @@ def build_frontier_tree(logits: torch.Tensor, budget: int, rows: _Rows | None = 
     return build_heap_tree(logits, budget)
 
 
-def _frontier_pass(rows: _Rows, budget: int, depth_limit: int) -> _Pass:
+def _read_rows_and_estimate_floor(rows: _Rows, budget: int, depth_limit: int) -> float:
+    """Read the rows the tree can reach and return a lower bound on the budget-th best score.
+
+    Row 0 is read in full (K ranks); later rows `PROBE_RANKS` at a time: row 1 first, then,
+    if the greedy chain still competes at depth 2, all remaining rows in one batched call.
+    The bound is the budget-th best of a family of valid paths (depth-1 ranks and every
+    sibling of the greedy chain); rows whose unread ranks could still reach it are re-read.
+    """
+    rows.fetch(0, 1, _NEG_INF, 0.0)
+    if rows.dead_from == 0 or rows.log_probs[0].numel() == 0:
+        return _NEG_INF
+    family = [rows.log_probs[0].double()]  # scores of the family's paths, per depth
+    chain = [0.0, float(rows.log_probs[0][0])]  # chain[d] = greedy path score at depth d
+    floor = _NEG_INF
+    for stop in (2, depth_limit):
+        start = len(chain) - 1  # next row to read
+        if start >= min(stop, depth_limit, rows.dead_from) or chain[-1] < floor:
+            break
+        rows.fetch(start, stop, _NEG_INF, 0.0, probe=PROBE_RANKS)
+        for d in range(start, min(stop, rows.dead_from)):
+            row = rows.log_probs[d].double()
+            if row.numel() == 0:
+                break
+            family.append(chain[d] + row)
+            chain.append(chain[d] + float(row[0]))
+        scores = torch.cat(family)
+        if scores.numel() >= budget:
+            floor = float(torch.topk(scores, budget, sorted=False).values.min())
+            floor -= _slack(floor) * 1e-4  # plain sums here, chains in the tree: stay below
+    if floor == _NEG_INF:
+        return floor
+    read = [d for d in range(1, len(chain) - 1) if d in rows.log_probs]
+    stale = [d for d in read if rows.complete_above[d] > floor - chain[d] - _slack(floor, chain[d])]
+    for d in stale:
+        rows.fetch(d, d + 1, floor, chain[d])
+    return floor
+
+
+def _frontier_pass(rows: _Rows, budget: int, depth_limit: int, start_floor: float = _NEG_INF) -> _Pass:
     blocks: list[_Block] = []
     next_gid = 0
-    floor = _NEG_INF  # a lower bound on the budget-th best score
+    floor = start_floor  # a lower bound on the budget-th best score
     pool_gid = torch.empty(0, dtype=torch.int64)  # [P] candidates scoring >= floor
     pool_score = torch.empty(0, dtype=torch.float64)  # [P]
     frontier_gid = torch.tensor([-1], dtype=torch.int64)  # [F] the root
@@ -310,9 +350,8 @@ def _frontier_pass(rows: _Rows, budget: int, depth_limit: int) -> _Pass:
             if alive == 0:
                 break
             frontier_gid, frontier_score, counts = frontier_gid[:alive], frontier_score[:alive], counts[:alive]
-        scores = ragged_chain_scores(frontier_score, counts, lp)  # [G] prefix-major
-        rank = _ragged_ranks(counts)  # [G]
-        blocks.append(_Block(depth, next_gid, frontier_gid.repeat_interleave(counts), rank, token_ids[rank], scores))
+        scores, prefix, rank = ragged_chain_scores(frontier_score, counts, lp)  # [G] each, prefix-major
+        blocks.append(_Block(depth, next_gid, frontier_gid[prefix], rank, token_ids[rank], scores))
         gids = torch.arange(next_gid, next_gid + scores.numel())
         next_gid += scores.numel()
 

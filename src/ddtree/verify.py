@@ -170,7 +170,8 @@ def build_verify_inputs(
     parents = torch.nn.functional.pad(trees.parents, (0, pad), value=-1)  # [bs, N]
     tree_mask = torch.nn.functional.pad(trees.visibility, (0, pad, 0, pad), value=False)
     if pad:
-        tree_mask[:, torch.arange(budget + 1, width), torch.arange(budget + 1, width)] = True
+        padding = torch.arange(budget + 1, width, device=device)
+        tree_mask[:, padding, padding] = True
     first_child, next_sibling = _first_child_and_next_sibling(parents)
     retrieve_index = torch.arange(bs * width, device=device).reshape(bs, width)
     return VerifyInputs(

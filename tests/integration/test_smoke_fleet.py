@@ -166,3 +166,45 @@ def test_an_unreachable_host_is_partial_and_alone_is_exit_4(sshd_fleet, runs, ca
     assert failure["host"] == "dead" and "refused" in failure["reason"]
     code, doc = smoke_json(["-i", inventory, "-H", "dead", "--stages", "env"], capsys)
     assert code == 4
+
+
+def test_ctrl_c_stops_the_remote_runners_over_ssh(sshd_fleet, runs, checkout):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    fleet = sshd_fleet(2, command_timeout=120)
+    inventory = str(fleet.write_inventory())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddtree_ops", "smoke", "-i", inventory, "--source",
+         str(checkout), "--stages", "env,hang,golden", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "DDTREE_OPS_RUNS_DIR": str(runs)})
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:  # both hosts inside `hang`
+        logs = [list((h.workdir / "runs").glob("*/logs/hang.log")) for h in fleet.hosts]
+        if all(found and "hanging on" in found[0].read_text() for found in logs):
+            break
+        time.sleep(0.2)
+    else:
+        proc.kill()
+        pytest.fail(f"hosts never reached the hang stage: {proc.communicate()[1][-2000:]}")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 130, err
+    doc = json.loads(out)
+    for host in fleet.hosts:
+        stages = doc["hosts"][host.name]["stages"]
+        assert stages["env"]["status"] == "pass"
+        assert stages["hang"]["status"] == "fail"
+        assert stages["hang"]["reason"] == "interrupted (SIGTERM)"  # the host's own record
+        assert stages["golden"]["status"] == "not_run"
+        assert doc["hosts"][host.name]["outcome"] == "interrupted"
+        run_dir = next((host.workdir / "runs").iterdir())
+        deadline = time.monotonic() + 20
+        while (run_dir / "runner.pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not (run_dir / "runner.pid").exists()  # the remote runner stopped
+        last = json.loads((run_dir / "events.jsonl").read_text().splitlines()[-1])
+        assert last["event"] == "run_end" and last["status"] == "interrupted"

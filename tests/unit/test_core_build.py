@@ -169,3 +169,22 @@ def test_batched_builder_rejects_bad_shapes():
         build_ddtree_trees(torch.randn(1, 3, 4), -1)
     with pytest.raises(ValueError, match="empty vocabulary"):
         build_ddtree_trees(torch.randn(2, 3, 0), 4)
+
+
+def test_batched_trees_from_precomputed_top_log_probs():
+    from ddtree import build_trees_from_top_log_probs
+    from ddtree.batched import row_top_log_probs
+
+    logits = torch.randn(3, 5, 40)
+    log_probs, ids = row_top_log_probs(logits, 40)
+    from_top = build_trees_from_top_log_probs(log_probs, ids, 20)
+    direct = build_ddtree_trees(logits, 20)
+    assert torch.equal(from_top.parents, direct.parents)
+    assert torch.equal(from_top.token_ids, direct.token_ids)
+    capped = build_trees_from_top_log_probs(log_probs[:, :, :2], ids[:, :, :2], 20)  # K = 2 < budget
+    for b in range(3):
+        tree = capped.tree(b)
+        validate_tree(tree, budget=20)
+        assert set(tree.node_token_ids.tolist()) <= set(ids[b, :, :2].reshape(-1).tolist())
+    with pytest.raises(ValueError, match=r"must both be \[bs, D, K\], got \(3, 5, 40\) and \(3, 5, 2\)"):
+        build_trees_from_top_log_probs(log_probs, ids[:, :, :2], 20)
