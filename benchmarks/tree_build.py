@@ -41,7 +41,7 @@ def make_logits(kind: str, batch: int, vocab: int, generator: torch.Generator, d
     else:
         logits = torch.randn(batch, DEPTH, vocab, generator=generator) * 2.0
         top = torch.randint(0, vocab, (batch, DEPTH, 1), generator=generator)
-        logits.scatter_add_(2, top, torch.full((batch, DEPTH, 1), 14.0))
+        logits.scatter_add_(2, top, torch.full((batch, DEPTH, 1), 16.0))
     return logits.to(device)
 
 

@@ -16,7 +16,7 @@ from ddtree.tree import DraftTree
 
 class BuildMethod(str, Enum):
     HEAP = "heap"  # the plain best-first heap: the reference semantics, the oracle for tests
-    FAST = "fast"  # rows read lazily; heap loop (small budgets) or per-depth frontier (large)
+    FAST = "fast"  # rows read lazily; heap loop (budget <= 256) or per-depth frontier
     AUTO = "auto"  # the fastest exact path for the input (today: FAST everywhere)
 
 

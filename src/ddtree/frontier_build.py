@@ -222,7 +222,7 @@ def _predicted_reach(best: float, floor: float, depth: int) -> int:
 
 # Up to this budget the heap loop's Python pops cost less than the frontier's tensor-op
 # overhead per depth; both read rows lazily. Measured on the benchmark shapes (docs/core.md).
-LAZY_HEAP_MAX_BUDGET = 128
+LAZY_HEAP_MAX_BUDGET = 256
 
 
 def build_fast_tree(logits: torch.Tensor, budget: int) -> DraftTree:
@@ -234,6 +234,9 @@ def build_fast_tree(logits: torch.Tensor, budget: int) -> DraftTree:
     check_rows_finite(logits)
     rows = _Rows(logits, min(budget, vocab), budget)
     if budget <= LAZY_HEAP_MAX_BUDGET:
+        # Ranks below the floor are never popped within the budget, so the heap may run over
+        # rows cut at it; rows the estimate did not read are read whole on first use.
+        _read_rows_and_estimate_floor(rows, budget, depth_limit)
         return best_first(_LazyHeapRows(rows), depth_limit, budget)
     return build_frontier_tree(logits, budget, rows)
 
@@ -303,12 +306,12 @@ def _read_rows_and_estimate_floor(rows: _Rows, budget: int, depth_limit: int) ->
         if scores.numel() >= budget:
             floor = float(torch.topk(scores, budget, sorted=False).values.min())
             floor -= _slack(floor) * 1e-4  # plain sums here, chains in the tree: stay below
-    if floor == _NEG_INF:
-        return floor
-    read = [d for d in range(1, len(chain) - 1) if d in rows.log_probs]
-    stale = [d for d in read if rows.complete_above[d] > floor - chain[d] - _slack(floor, chain[d])]
-    for d in stale:
-        rows.fetch(d, d + 1, floor, chain[d])
+    for d in [d for d in range(1, len(chain)) if d in rows.log_probs]:  # rows the chain reaches
+        if floor == _NEG_INF:  # no bound (fewer paths than the budget): read them whole
+            if rows.complete_above[d] != _NEG_INF:
+                rows.fetch(d, d + 1, _NEG_INF, 0.0)
+        elif rows.complete_above[d] > floor - chain[d] - _slack(floor, chain[d]):
+            rows.fetch(d, d + 1, floor, chain[d])
     return floor
 
 

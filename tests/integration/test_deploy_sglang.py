@@ -276,3 +276,23 @@ def test_a_new_release_replaces_the_old_one_file_for_file(host, env, capsys, tmp
     code, doc = run_cli(capsys, inventory, other, "rollback")
     assert code == 0 and doc["hosts"]["h0"]["result"]["release"] == second["release"]
     assert site_listing(python) == before
+
+
+def test_a_replacement_that_fails_its_check_restores_the_previous_release(host, env, capsys, tmp_path):
+    _, inventory, _ = host
+    python, snapshot = env
+    broken = tmp_path / "checkout-broken"
+    shutil.copytree(snapshot, broken)
+    plugin = broken / "src" / "ddtree" / "sglang" / "plugin.py"
+    plugin.write_text(plugin.read_text() + "\n\ndef register():\n    raise RuntimeError('broken on purpose')\n")
+    before = site_listing(python)
+    code, first = run_cli(capsys, inventory, snapshot, "deploy")
+    assert code == 0, first
+    deployed = site_listing(python)
+    code, second = run_cli(capsys, inventory, broken, "deploy")
+    assert code == 5, second
+    assert f"previous release {first['release']} restored" in second["hosts"]["h0"]["error"]
+    assert site_listing(python) == deployed
+    code, doc = run_cli(capsys, inventory, snapshot, "rollback")
+    assert code == 0 and doc["hosts"]["h0"]["result"]["release"] == first["release"]
+    assert site_listing(python) == before

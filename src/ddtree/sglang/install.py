@@ -327,7 +327,9 @@ def op_install(workdir, release_id, force, sources):
     if probe.get("verdict") == "failed":
         remove_recorded({"files": {p: "" for p in files["files"]}, "dirs": [files["dist_info"], payload_dir]})
         os.unlink(os.path.join(directory, "journal.json"))
-        raise InstallError("verify", "installed plugin failed its check, removed again: %s" % "; ".join(probe.get("reasons", [])))
+        restored = restore_previous(workdir, old, sources)
+        raise InstallError("verify", "installed plugin failed its check, removed again%s: %s" % (
+            restored, "; ".join(probe.get("reasons", []))))
     record = {
         "release": release_id,
         "python": sys.executable,
@@ -344,6 +346,18 @@ def op_install(workdir, release_id, force, sources):
     os.unlink(os.path.join(directory, "journal.json"))
     return {"ok": True, "action": "replaced" if old else "installed", "plan": plan, "probe": probe,
             "record": record_path, "recovered": recovered, "replaced": replaced}
+
+
+def restore_previous(workdir, old, sources):
+    """A replacement that failed its check must not leave the environment without the plugin
+    it had: reinstall the previous release when its files are still on the host."""
+    if not old:
+        return ""
+    try:
+        op_install(workdir, old["release"], "1" if old.get("forced") else "0", sources)
+    except InstallError as err:
+        return "; the previous release %s could not be restored (%s)" % (old["release"], err)
+    return "; previous release %s restored" % old["release"]
 
 
 def op_rollback(workdir):
