@@ -1,23 +1,28 @@
-"""The fast exact builder: a per-depth frontier over lazily normalised rows.
+"""The fast exact builder: lazily read rows, then the heap loop or a per-depth frontier.
 
 Why it is exact. The best-first set is the `budget` best rank paths by (score desc, rank path
-lex asc). Any `budget` valid paths give a lower bound `floor` on the budget-th best score, so
-a path scoring below `floor` can be dropped early, and a row only needs the ranks whose
-log-prob can still lift its best frontier prefix to `floor`. Depth by depth:
+lex asc). Any `budget` valid paths give a lower bound `floor` on the budget-th best score; a
+path scoring below it can never be placed, so a row only needs the ranks whose log-prob can
+still lift the best prefix of its depth (the greedy chain) to `floor`.
 
-  frontier = kept paths of depth d-1;  row d-1 is normalised (one logsumexp) only if the best
-  frontier score can still reach `floor` (log-probs are <= 0);  the row's top-k is read with k
-  = how many ranks can still reach `floor`;  candidate scores are the reference's incremental
-  float64 chains (child: logw + lp[0]; next sibling: logw - lp[r] + lp[r+1]), computed for a
-  whole frontier at once by one sequential `cumsum`;  `floor` rises to the budget-th best.
+Reading (`_read_rows_and_estimate_floor`): row 0 in full, rows 1.. a few ranks at a time (one
+batched top-k), only while the greedy chain still competes; `floor` = the budget-th best of
+the depth-1 ranks and every sibling of the greedy chain; rows whose unread ranks could still
+reach it are read wider, then exactly. Rows the tree never reaches are not normalised, and
+most rows need far fewer than `budget` ranks (the reference's `topk(k=budget)` over every row
+is its main CPU cost).
 
-Rows the tree never reaches are not normalised, and most rows need a handful of ranks, not
-`budget` (the reference's `topk(k=budget)` over every row is its main CPU cost).
+Building: budget <= LAZY_HEAP_MAX_BUDGET runs the reference heap loop over the cut rows.
+Larger budgets run a per-depth frontier: frontier = kept paths of depth d-1; candidate scores
+are the reference's incremental float64 chains (child: logw + lp[0]; next sibling:
+logw - lp[r] + lp[r+1]), computed for a whole frontier at once by one sequential `cumsum`;
+`floor` rises to the budget-th best as depths are added; the tree is the budget best of
+what is kept, ordered by (score, rank path).
 
-The result is checked: every placed node's generator (previous sibling, or parent for rank 0)
-must be placed before it. That holds whenever scores never rise along a generator edge, which
-is what makes the reference's pop order equal to the sorted order; if float rounding ever
-breaks it, the heap oracle builds the tree instead.
+The frontier's result is checked: every placed node's generator (previous sibling, or parent
+for rank 0) must be placed before it. That holds whenever scores never rise along a generator
+edge, which is what makes the reference's pop order equal to the sorted order; if float
+rounding ever breaks it, the heap oracle builds the tree instead.
 """
 from __future__ import annotations
 
@@ -306,6 +311,18 @@ def _read_rows_and_estimate_floor(rows: _Rows, budget: int, depth_limit: int) ->
         if scores.numel() >= budget:
             floor = float(torch.topk(scores, budget, sorted=False).values.min())
             floor -= _slack(floor) * 1e-4  # plain sums here, chains in the tree: stay below
+    # Rows whose probe ended above the bound may hold more of the best paths: read them 4x
+    # wider (one batched top-k) and tighten the bound with what they add, a few times.
+    probe = PROBE_RANKS
+    while floor != _NEG_INF and probe < rows.rank_cap:
+        wide = [d for d in range(1, len(chain) - 1) if rows.complete_above[d] > floor - chain[d]]
+        if not wide:
+            break
+        probe *= 4
+        rows.fetch(wide[0], wide[-1] + 1, _NEG_INF, 0.0, probe=probe)
+        family = [rows.log_probs[0].double()] + [chain[d] + rows.log_probs[d].double() for d in range(1, len(chain) - 1)]
+        floor = float(torch.topk(torch.cat(family), budget, sorted=False).values.min())
+        floor -= _slack(floor) * 1e-4
     for d in [d for d in range(1, len(chain)) if d in rows.log_probs]:  # rows the chain reaches
         if floor == _NEG_INF:  # no bound (fewer paths than the budget): read them whole
             if rows.complete_above[d] != _NEG_INF:
