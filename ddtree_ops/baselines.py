@@ -8,7 +8,8 @@
 - `import_reference_runs(paths)` -> `Baseline`: per (dataset, model, temperature, method)
   tau, acceptance histogram, time per output token, speedup over AR, token identity with AR.
 - `paper_baseline(folder)`: the paper's Table 1, budget sweep and histogram (shipped CSVs).
-- `compare_with_baseline(run, baseline, tau_tolerance)`: what `report --baseline` calls.
+- `compare_with_baseline(run, baseline, tau_tolerance)`: the rule `report --baseline` applies
+  to a decode baseline (`ddtree_ops.report.compare_decode` turns it into per-host checks).
 """
 from __future__ import annotations
 
@@ -140,11 +141,19 @@ class Baseline:
             body = json.loads(text)
         except json.JSONDecodeError as err:
             raise BaselineFileError(f"{where}: not JSON: {err}") from None
+        return cls.from_dict(body, where)
+
+    @classmethod
+    def from_dict(cls, body: Any, where: str) -> "Baseline":
+        """The parsed JSON document; every error names `where` and the entry."""
         if not isinstance(body, dict) or body.get("format") != BASELINE_FORMAT:
             got = body.get("format") if isinstance(body, dict) else type(body).__name__
             raise BaselineFileError(f"{where}: not a ddtree-ops baseline (format {got!r}, expected {BASELINE_FORMAT!r})")
+        raw_entries = body.get("entries", [])
+        if not isinstance(raw_entries, list):
+            raise BaselineFileError(f"{where}: entries: expected a list, got {type(raw_entries).__name__}")
         entries = []
-        for index, raw in enumerate(body.get("entries", [])):
+        for index, raw in enumerate(raw_entries):
             try:
                 entries.append(MethodSummary.from_dict(raw))
             except (TypeError, ValueError, AttributeError) as err:
@@ -254,7 +263,9 @@ class ComparisonRow:
     baseline_speedup: float | None
     identical_to_ar: float | None
     tau_ok: bool | None  # None: no baseline cell to compare with
-    lossless_ok: bool | None  # None: T > 0 or not recorded
+    lossless_ok: bool | None  # None: T > 0, not recorded, or `ddtree_best` (its budget's row has it)
+    budget: int | None = None  # the run's budget (for `ddtree_best`: the fastest one)
+    baseline_key: tuple[str, str, float, str] | None = None  # the cell looked up (after aliases)
 
     @property
     def ok(self) -> bool:
@@ -293,30 +304,33 @@ def compare_with_baseline(
     baseline: Baseline,
     tau_tolerance: float,
     dataset_alias: Mapping[str, str] | None = None,
+    model_alias: Mapping[str, str] | None = None,
 ) -> Comparison:
     """Compare a run's per-method summaries (decode-bench's `methods` table) with a baseline.
 
     tau passes when |tau - baseline tau| <= tau_tolerance (absolute); at T=0 every method must
-    be token-identical to AR on every request. `dataset_alias` maps a run dataset (e.g. our
-    shipped prompt set) to the baseline dataset it stands in for.
+    be token-identical to AR on every request. `dataset_alias` / `model_alias` map a run
+    dataset (e.g. our shipped prompt set) or model name to the baseline one it stands in for.
     """
     if tau_tolerance < 0:
         raise ValueError(f"tau tolerance must be >= 0, got {tau_tolerance}")
-    alias = dict(dataset_alias or {})
+    datasets, models = dict(dataset_alias or {}), dict(model_alias or {})
     index = baseline.index()
     rows = []
-    for entry in list(run) + best_ddtree(run):
+    labelled = [(entry, False) for entry in run] + [(entry, True) for entry in best_ddtree(run)]
+    for entry, derived in labelled:
         dataset, model, temperature, method = entry.key
-        cell = index.get((alias.get(dataset, dataset), model, temperature, method))
+        looked_up = (datasets.get(dataset, dataset), models.get(model, model), temperature, method)
+        cell = index.get(looked_up)
         lossless = None
-        if temperature == 0.0 and entry.identical_to_ar is not None:
+        if temperature == 0.0 and entry.identical_to_ar is not None and not derived:
             lossless = entry.identical_to_ar == 1.0
         rows.append(ComparisonRow(
             key=entry.key, tau=entry.tau, baseline_tau=cell.tau if cell else None,
             speedup=entry.speedup, baseline_speedup=cell.speedup if cell else None,
             identical_to_ar=entry.identical_to_ar,
             tau_ok=None if cell is None else abs(entry.tau - cell.tau) <= tau_tolerance,
-            lossless_ok=lossless,
+            lossless_ok=lossless, budget=entry.budget, baseline_key=looked_up,
         ))
     return Comparison(rows=rows, tau_tolerance=tau_tolerance)
 

@@ -16,6 +16,11 @@ stage's outcome):
 
 A check is a regression when the measured value is worse than expected beyond the
 tolerance, or when a host did not measure it at all.
+
+The other kind of baseline is a decode baseline (`"format": "ddtree-ops-baseline/1"`, written
+by `ddtree-ops baseline import|paper`): `compare_decode` checks every host's decode-bench
+`methods` rows against it (tau within an absolute tolerance, token identity with AR at T=0).
+`load_any_baseline` tells the two apart by content, not by file name.
 """
 from __future__ import annotations
 
@@ -198,24 +203,73 @@ class Comparison:
 _CHECK_KEYS = {"metric", "expected", "tolerance", "abs_tolerance", "better", "hosts"}
 
 
-def load_baseline(path: Path) -> list[MetricCheck]:
-    """Parse a baseline file; every error names the file and the entry."""
+class BaselineKind(str, Enum):
+    METRICS = "metrics"  # a `metrics:` list of named checks (this module)
+    DECODE = "decode"  # `ddtree-ops baseline import|paper` output (ddtree_ops.baselines)
+
+
+NOT_A_BASELINE = ("not a baseline: expected a metrics baseline (a mapping with a `metrics:` list) or a decode "
+                  "baseline written by `ddtree-ops baseline import|paper` (\"format\": \"ddtree-ops-baseline/1\")")
+
+
+def read_baseline_document(path: Path) -> Any:
+    """The parsed JSON/YAML of a baseline file; a torch.save file gets a hint, not a parse error."""
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except OSError as err:
         raise ConfigError(f"{path}: cannot read baseline: {err.strerror or err}") from err
+    if raw.startswith(b"PK\x03\x04") or raw.startswith(b"\x80"):  # torch.save zip / raw pickle
+        raise ConfigError(f"{path}: {NOT_A_BASELINE}; this is a torch.save file (a reference run?): turn "
+                          f"it into a baseline with `ddtree-ops baseline import {path.name} -o baseline.json`")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: {NOT_A_BASELINE} (the file is not UTF-8 text)") from None
     try:
         if path.suffix in (".yaml", ".yml"):
             import yaml
 
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
+            return yaml.safe_load(text)
+        return json.loads(text)
     except Exception as err:  # noqa: BLE001 - yaml and json errors alike
         raise ConfigError(f"{path}: not valid {path.suffix.lstrip('.') or 'JSON'}: "
                           f"{str(err).splitlines()[0]}") from err
-    if not isinstance(data, dict) or not isinstance(data.get("metrics"), list):
-        raise ConfigError(f"{path}: expected a mapping with a `metrics:` list")
+
+
+def baseline_kind(data: Any) -> BaselineKind | None:
+    """Which baseline a parsed document is, by its keys; None when it is neither."""
+    if isinstance(data, dict) and "format" in data:
+        return BaselineKind.DECODE
+    if isinstance(data, dict) and "metrics" in data:
+        return BaselineKind.METRICS
+    return None
+
+
+def load_any_baseline(path: Path) -> tuple[BaselineKind, Any]:
+    """(METRICS, [MetricCheck]) or (DECODE, ddtree_ops.baselines.Baseline); ConfigError (exit 3)
+    naming the file for anything else."""
+    data = read_baseline_document(path)
+    kind = baseline_kind(data)
+    if kind is BaselineKind.METRICS:
+        return kind, parse_metric_checks(data, path)
+    if kind is BaselineKind.DECODE:
+        from ddtree_ops.baselines import Baseline  # lazy: pulls in torch via ddtree
+
+        return kind, Baseline.from_dict(data, str(path))
+    raise ConfigError(f"{path}: {NOT_A_BASELINE}")
+
+
+def load_baseline(path: Path) -> list[MetricCheck]:
+    """A metrics baseline; every error names the file and the entry."""
+    data = read_baseline_document(path)
+    if baseline_kind(data) is not BaselineKind.METRICS:
+        raise ConfigError(f"{path}: {NOT_A_BASELINE}")
+    return parse_metric_checks(data, path)
+
+
+def parse_metric_checks(data: dict[str, Any], path: Path) -> list[MetricCheck]:
+    if not isinstance(data.get("metrics"), list):
+        raise ConfigError(f"{path}: metrics: expected a list of checks, got {type(data.get('metrics')).__name__}")
     checks = []
     for index, entry in enumerate(data["metrics"]):
         where = f"{path}: metrics[{index}]"
@@ -299,6 +353,168 @@ def compare_with_baseline(run: RunRecord, checks: list[MetricCheck]) -> list[Com
     return results
 
 
+# ----------------------------------------------------------------------------- decode baselines
+
+DEFAULT_TAU_TOLERANCE = 0.5  # tokens per round, absolute
+
+
+@dataclass(frozen=True)
+class DecodeCheck:
+    """One judged value of a host's decode-bench against a decode baseline."""
+
+    metric: str  # "decode-bench.tau.ddtree_tb64", "decode-bench.identical_to_ar.dflash", ...
+    host: str
+    expected: Any
+    measured: Any
+    tolerance: float | None  # absolute, for tau
+    ok: bool
+    why: str
+
+    def line(self) -> str:
+        bound = f" ± {self.tolerance:g}" if self.tolerance is not None else ""
+        return (f"{self.metric} on {self.host}: expected {self.expected!r}{bound}, "
+                f"measured {self.measured!r} ({self.why})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"metric": self.metric, "host": self.host, "expected": self.expected,
+                "measured": self.measured, "tolerance": self.tolerance, "ok": self.ok,
+                "why": self.why}
+
+
+@dataclass
+class DecodeComparison:
+    tau_tolerance: float
+    checks: list[DecodeCheck]
+    rows: list[dict[str, Any]]  # one per (host, method): run and baseline side by side
+    notes: list[str]  # hosts not compared and why
+
+    @property
+    def regressions(self) -> list[DecodeCheck]:
+        return [c for c in self.checks if not c.ok]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tau_tolerance": self.tau_tolerance, "comparisons": [c.to_dict() for c in self.checks],
+                "rows": self.rows, "notes": self.notes, "regressions": len(self.regressions)}
+
+
+def _cell_name(key: tuple[Any, ...]) -> str:
+    return f"{key[0]} · {key[1]} · T={key[2]:g}"
+
+
+def _run_summaries(report: Report, host: str) -> list[Any]:
+    from ddtree_ops.baselines import summaries_from_rows
+
+    rows = [{k: v for k, v in row.items() if k != "host"} for row in report.decode if row["host"] == host]
+    return summaries_from_rows(rows, f"run {report.run_id}: {host}: {DECODE_STAGE} {DECODE_TABLE}")
+
+
+def _aliases(summaries: list[Any], dataset: str | None, model: str | None) -> tuple[dict, dict]:
+    datasets = {s.dataset: dataset for s in summaries} if dataset else {}
+    models = {s.model: model for s in summaries} if model else {}
+    return datasets, models
+
+
+def compare_decode(report: Report, baseline: Any, tau_tolerance: float = DEFAULT_TAU_TOLERANCE,
+                   dataset: str | None = None, model: str | None = None) -> DecodeComparison:
+    """Every host's decode-bench rows against a decode baseline (`ddtree_ops.baselines.Baseline`).
+
+    Per method: tau within `tau_tolerance` of the baseline cell (same dataset, model,
+    temperature and method; `dataset` / `model` name the baseline's cell when the run's names
+    differ, e.g. our prompt set standing in for math500) and, at T=0, every request
+    token-identical to AR. A host whose decode-bench failed, or whose rows match no baseline
+    cell, is a regression too (nothing could be checked); a host that skipped it is noted.
+    """
+    from ddtree.runsummary import AUTOREGRESSIVE_KEY
+    from ddtree_ops.baselines import compare_with_baseline
+
+    if tau_tolerance < 0:
+        raise ConfigError(f"--tau-tolerance: expected a number >= 0, got {tau_tolerance}")
+    checks: list[DecodeCheck] = []
+    table: list[dict[str, Any]] = []
+    notes: list[str] = []
+    compared_hosts = 0
+    for host in report.hosts:
+        status = report.statuses[host].get(DECODE_STAGE)
+        reason = report.reasons[host].get(DECODE_STAGE, "")
+        summaries = _run_summaries(report, host)
+        if not summaries:
+            if status in (StageStatus.FAIL.value, StageStatus.NOT_RUN.value):
+                checks.append(DecodeCheck(f"{DECODE_STAGE}.{DECODE_TABLE}", host, "decode-bench results", None,
+                                          None, False, f"not measured: decode-bench {status}: {reason}"))
+            else:
+                why = f"decode-bench {status}: {reason}" if status else "no decode-bench in this run"
+                notes.append(f"{host}: not compared ({why})")
+            continue
+        compared_hosts += 1
+        datasets, models = _aliases(summaries, dataset, model)
+        result = compare_with_baseline(summaries, baseline, tau_tolerance, datasets, models)
+        matched = 0
+        for row in result.rows:
+            method = row.key[3]
+            cell = _cell_name(row.baseline_key)
+            table.append({"host": host, "method": method, "budget": row.budget, "tau": row.tau,
+                          "baseline_tau": row.baseline_tau, "speedup": row.speedup,
+                          "baseline_speedup": row.baseline_speedup, "identical_to_ar": row.identical_to_ar,
+                          "baseline_cell": cell if row.tau_ok is not None else None,
+                          "ok": row.ok if (row.tau_ok is not None or row.lossless_ok is not None) else None})
+            if method == AUTOREGRESSIVE_KEY:
+                continue  # the reference itself: tau 1 and identical by construction
+            if row.tau_ok is not None:
+                matched += 1
+                why = "within tolerance" if row.tau_ok else "outside tolerance"
+                if method == "ddtree_best":
+                    why += f", fastest budget {row.budget}"
+                checks.append(DecodeCheck(f"{DECODE_STAGE}.tau.{method}", host, row.baseline_tau,
+                                          round(row.tau, 4), tau_tolerance, bool(row.tau_ok),
+                                          f"{why}; baseline {cell}"))
+            if row.lossless_ok is not None:
+                differ = 1.0 - (row.identical_to_ar or 0.0)
+                checks.append(DecodeCheck(
+                    f"{DECODE_STAGE}.identical_to_ar.{method}", host, 1.0, row.identical_to_ar, None,
+                    bool(row.lossless_ok), "token-identical to AR at T=0" if row.lossless_ok
+                    else f"tokens differ from AR at T=0 on {differ:.0%} of requests"))
+        if not matched:
+            run_cells = sorted({_cell_name(s.key) for s in summaries})
+            offered = sorted({e.dataset for e in baseline.entries})
+            offered_models = sorted({e.model for e in baseline.entries})
+            checks.append(DecodeCheck(
+                f"{DECODE_STAGE}.tau", host, "a baseline cell", ", ".join(run_cells), None, False,
+                f"the baseline has no cell for it (datasets {', '.join(offered)}; models "
+                f"{', '.join(offered_models)}): name one with --baseline-dataset / --baseline-model"))
+    if not compared_hosts and not checks:
+        checks.append(DecodeCheck(f"{DECODE_STAGE}.{DECODE_TABLE}", "-", "decode-bench results", None, None,
+                                  False, f"no host of run {report.run_id} measured decode-bench"))
+    return DecodeComparison(tau_tolerance=tau_tolerance, checks=checks, rows=table, notes=notes)
+
+
+def decode_baseline_overlay(report: Report, baseline: Any, dataset: str | None = None,
+                            model: str | None = None) -> list[dict[str, Any]]:
+    """The baseline's points for `plot_run(..., decode_baseline=...)`: for each (dataset,
+    model, temperature) of the run, the baseline's DDTree budget sweep and its DFlash level."""
+    from ddtree_ops.baselines import budget_series
+
+    series = budget_series(baseline.entries)
+    index = baseline.index()
+    points: list[dict[str, Any]] = []
+    seen: set[tuple] = set()
+    for host in report.hosts:
+        summaries = _run_summaries(report, host)
+        datasets, models = _aliases(summaries, dataset, model)
+        for summary in summaries:
+            ds, name, temperature, _ = summary.key
+            cell = (datasets.get(ds, ds), models.get(name, name), temperature)
+            if cell in seen:
+                continue
+            seen.add(cell)
+            label = f"baseline {_cell_name(cell)}"
+            points += [{"budget": b, "tau": t, "speedup": sp, "label": label} for b, t, sp in series.get(cell, [])]
+            flat = index.get((*cell, "dflash"))
+            if flat is not None:
+                points.append({"budget": None, "method": "dflash", "tau": flat.tau, "speedup": flat.speedup,
+                               "label": f"{label} · DFlash"})
+    return points
+
+
 # ----------------------------------------------------------------------------- plots
 
 def _pyplot() -> Any:
@@ -345,10 +561,7 @@ def plot_decode(report: Report, out_dir: Path,
                 if flat["host"] == host and flat.get("method") == "dflash" and \
                         _as_number(flat.get(key)) is not None:
                     axis.axhline(flat[key], linestyle="--", alpha=0.6, label=f"{host} · DFlash")
-        for row in baseline or []:
-            if _as_number(row.get(key)) is not None and _as_number(row.get("budget")) is not None:
-                axis.scatter([row["budget"]], [row[key]], marker="x", color="black",
-                             label=row.get("label", "baseline"))
+        _overlay_baseline(axis, baseline or [], key)
         axis.set_xscale("log", base=2)
         axis.set_xlabel("tree budget (draft nodes)")
         axis.set_ylabel(label)
@@ -396,3 +609,23 @@ def plot_sweep(report: Report, out_dir: Path) -> list[Path]:
         plt.close(fig)
         written.append(path)
     return written
+
+
+def _overlay_baseline(axis: Any, rows: list[dict[str, Any]], key: str) -> None:
+    """Baseline sweep points joined per label (black, dashed, x) and flat DFlash levels (dotted)."""
+    by_label: dict[str, list[tuple[float, float]]] = {}
+    for row in rows:
+        value = _as_number(row.get(key))
+        if value is None:
+            continue
+        label = str(row.get("label", "baseline"))
+        budget = _as_number(row.get("budget"))
+        if budget is None:
+            if row.get("method") == "dflash":
+                axis.axhline(value, color="black", linestyle=":", alpha=0.7, label=label)
+            continue
+        by_label.setdefault(label, []).append((budget, value))
+    for label, points in by_label.items():
+        points.sort()
+        axis.plot([p[0] for p in points], [p[1] for p in points], color="black", linestyle="--",
+                  marker="x", alpha=0.8, label=label)

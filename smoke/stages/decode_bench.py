@@ -11,6 +11,8 @@ Options (`options.extra`): `max_new_tokens` (256), `temperature` (0.0), `max_pro
 `strict` (false: a T=0 token mismatch is reported, true: it fails the stage; bf16 kernels may
 flip near-tied argmaxes between a tree forward and a one-token forward). Skips when no models
 are configured. The prompts file, if given, is JSONL: {"prompt": text} or {"input_ids": [..]}.
+Hugging Face loading (target, drafter, tokenizer) goes through `ddtree` (`ddtree.hf_target`,
+`ddtree.dflash_drafter`), so this file imports only ddtree, the standard library and torch.
 """
 from __future__ import annotations
 
@@ -65,12 +67,10 @@ def _load_prompts(path: str | None) -> tuple[str, list[dict[str, Any]]]:
 
 def _encode(items: list[dict[str, Any]], target_dir: Path, torch: Any) -> tuple[list[Any], list[int]]:
     """Token ids [1, n] per prompt (chat template when the tokenizer has one) and stop ids."""
-    needs_tokenizer = any("input_ids" not in item for item in items)
-    tokenizer = None
-    if needs_tokenizer:
-        from transformers import AutoTokenizer
+    from ddtree.hf_target import load_tokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    needs_tokenizer = any("input_ids" not in item for item in items)
+    tokenizer = load_tokenizer(target_dir) if needs_tokenizer else None
     encoded = []
     for item in items:
         if "input_ids" in item:
@@ -92,10 +92,10 @@ def run(ctx: StageContext) -> StageResult:
     host_name = ctx.host.get("name", "host") if isinstance(ctx.host, dict) else "host"
     if not models:
         return StageResult.skipped(f"no models configured for this host (hosts.yaml: hosts.{host_name}.models)")
-    try:
-        import transformers  # noqa: F401
-    except ImportError as err:
-        return StageResult.skipped(f"transformers is not importable in the host Python ({err})")
+    from ddtree.hf_target import transformers_version
+
+    if transformers_version() is None:
+        return StageResult.skipped("transformers is not importable in the host Python")
     import torch
 
     from ddtree.decode import (

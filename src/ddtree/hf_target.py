@@ -3,11 +3,14 @@
 It passes explicit `position_ids`, an optional 4-D additive mask `[1, 1, n, past + n]` and a
 cache, and returns float logits plus (when asked) the hidden states of chosen layers. The
 cache keyword is `cache` in transformers 5.x and `past_key_values` before; we pick the one
-the model's `forward` declares so neither version warns.
+the model's `forward` declares so neither version warns. Every transformers import of the
+decode path lives here or in `ddtree.lossless` / `ddtree.dflash_drafter`, inside functions, so
+`import ddtree` and the smoke stages never need it.
 """
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
 import torch
@@ -16,6 +19,22 @@ import torch
 class TargetOutput(NamedTuple):
     logits: torch.Tensor  # [n, V] float32 (or the model's float64)
     hidden: torch.Tensor | None  # [1, n, len(layer_ids) * H] or None when not asked
+
+
+def transformers_version() -> str | None:
+    """The installed transformers version, or None when it cannot be imported (stages skip)."""
+    try:
+        import transformers
+    except ImportError:
+        return None
+    return str(transformers.__version__)
+
+
+def load_tokenizer(model_dir: str | Path) -> Any:
+    """The tokenizer saved with a target model (a local folder: never downloads)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
 
 
 def new_dynamic_cache() -> Any:

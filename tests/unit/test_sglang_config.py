@@ -17,6 +17,7 @@ from ddtree.sglang.support import (
     ServerSetup,
     check_attention_backend_class,
     check_server_setup,
+    check_tensor_parallel_head,
     plan_verify_width,
     resolve_draft_block_size,
 )
@@ -90,6 +91,13 @@ def test_block_size_resolution_follows_sglang_order():
 def test_unsupported_setups_are_refused_with_the_reason(setup, message):
     with pytest.raises(UnsupportedSetupError, match=message):
         check_server_setup(setup)
+
+
+def test_tensor_parallelism_needs_a_vocab_parallel_head():
+    check_tensor_parallel_head(tp_size=1, vocab_parallel=False)
+    check_tensor_parallel_head(tp_size=8, vocab_parallel=True)
+    with pytest.raises(UnsupportedSetupError, match="tensor parallelism 4 needs a vocab-parallel target lm_head"):
+        check_tensor_parallel_head(tp_size=4, vocab_parallel=False)
 
 
 def test_undecided_backend_and_page_size_pass_h1_and_are_checked_later():

@@ -9,16 +9,25 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ddtree.batched import build_ddtree_trees
+from ddtree.topk import merge_top_k
 from ddtree.verify import follow_verified_tree, walk_retrieve_arrays
 from ddtree.sglang.round_metrics import RoundMetrics
 from ddtree.sglang.tree_round import (
+    HeadShard,
     TreeVerifyView,
+    VocabSegment,
     accepted_rows_first,
     build_round_trees,
     committed_tokens_and_bonus,
     draft_logits_from_hidden,
     front_positions,
+    head_vocab_segments,
+    local_draft_top_k,
+    pack_for_gather,
     pack_round_inputs,
+    trees_from_top_k,
+    unpack_gathered,
 )
 
 
@@ -116,9 +125,116 @@ def test_draft_logits_skip_the_bonus_position():
     assert torch.allclose(logits[1, 2], weight @ hidden[1, 3])
 
 
-def test_a_topk_cap_below_the_budget_is_refused_until_the_core_supports_it():
-    with pytest.raises(NotImplementedError, match="DDTREE_TOPK=4 < DDTREE_BUDGET=8"):
-        build_round_trees(torch.zeros(1, 2, 5), 8, 4)
+def test_a_topk_cap_below_the_budget_keeps_top_k_per_depth():
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(2, 3, 40, generator=gen)
+    capped = build_round_trees(logits, 8, 2)
+    top2 = torch.topk(logits, 2, dim=-1).indices
+    assert capped.num_nodes.tolist() == [8, 8]  # 2 + 4 + 8 paths >= 8
+    for b in range(2):
+        for node in range(8):
+            depth = int(capped.depths[b, node])
+            assert int(capped.token_ids[b, node]) in top2[b, depth - 1].tolist()
+    uncapped = build_round_trees(logits, 8, 8)
+    reference = build_ddtree_trees(logits, 8)
+    assert torch.equal(uncapped.token_ids, reference.token_ids) and torch.equal(uncapped.parents, reference.parents)
+
+
+def _sglang_like_head_shards(gen, world: int, org: int, added: int, hidden: int):
+    """A vocab-parallel lm_head as SGLang lays it out per rank: base rows, padding rows (filled
+    with huge weights: they must never be scored), then the rank's added-vocab rows.
+    Returns (full weight [org + added, H] in token-id order, [(local weight, HeadShard)])."""
+    full = torch.randn(org + added, hidden, generator=gen)
+    org_per, added_per = -(-org // world), -(-added // world)  # padded per-rank widths
+    shards = []
+    for rank in range(world):
+        o_lo, o_hi = min(rank * org_per, org), min((rank + 1) * org_per, org)
+        a_lo, a_hi = org + min(rank * added_per, added), org + min((rank + 1) * added_per, added)
+        local = torch.full((org_per + added_per, hidden), 50.0)
+        local[: o_hi - o_lo] = full[o_lo:o_hi]
+        local[org_per : org_per + a_hi - a_lo] = full[a_lo:a_hi]
+        shard = HeadShard(o_lo, o_hi, rank * org_per, (rank + 1) * org_per, a_lo, a_hi)
+        shards.append((local, shard))
+    return full, shards
+
+
+@pytest.mark.parametrize("world,added", [(1, 0), (2, 0), (2, 3), (4, 5)])
+def test_tensor_parallel_draft_top_k_gathers_to_the_unsharded_trees(world, added):
+    """The worker's TP path on CPU: per-rank local top-K over SGLang-like head shards, packed,
+    all-gathered (concatenated rank-major along dim 0, as GroupCoordinator.all_gather(dim=0)),
+    unpacked and merged: same trees as build_ddtree_trees on the full draft logits."""
+    gen = torch.Generator().manual_seed(world * 10 + added)
+    bs, block, hidden, org, budget = 3, 5, 16, 61, 12
+    full, shards = _sglang_like_head_shards(gen, world, org, added, hidden)
+    draft_hidden = torch.randn(bs, block, hidden, generator=gen)
+    packed = []
+    for local, shard in shards:
+        segments = head_vocab_segments(shard, local.shape[0])
+        packed.append(pack_for_gather(local_draft_top_k(draft_hidden, local, segments, budget)))
+    floats = torch.cat([f for f, _ in packed], dim=0)  # [R*bs, D, K+1]
+    ids = torch.cat([i for _, i in packed], dim=0)  # [R*bs, D, K]
+    merged = merge_top_k(unpack_gathered(floats, ids, world), budget)
+    trees = trees_from_top_k(merged, budget)
+    reference = build_ddtree_trees(draft_logits_from_hidden(draft_hidden, full), budget)
+    for field in ("token_ids", "depths", "parents", "num_nodes"):
+        assert torch.equal(getattr(trees, field), getattr(reference, field)), field
+    assert int(merged.token_ids.max()) < org + added
+
+
+def _gloo_rank(rank: int, world: int, port: int, added: int, results) -> None:
+    """One TP rank: its own head shard, the real collective (gloo over loopback), the merge."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        gen = torch.Generator().manual_seed(99)  # every rank draws the same full head and hidden
+        full, shards = _sglang_like_head_shards(gen, world, 61, added, 16)
+        draft_hidden = torch.randn(2, 5, 16, generator=gen)
+        local, shard = shards[rank]
+        top = local_draft_top_k(draft_hidden, local, head_vocab_segments(shard, local.shape[0]), 12)
+        gathered = []
+        for part in pack_for_gather(top):
+            # GroupCoordinator.all_gather(dim=0) on CPU: all_gather_single into [R*bs, ...].
+            out = torch.empty((world * part.shape[0], *part.shape[1:]), dtype=part.dtype)
+            dist.all_gather_single(out, part)
+            gathered.append(out)
+        trees = trees_from_top_k(merge_top_k(unpack_gathered(*gathered, world), 12), 12)
+        reference = build_ddtree_trees(draft_logits_from_hidden(draft_hidden, full), 12)
+        results.put((rank, trees.token_ids, trees.parents, reference.token_ids, reference.parents))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_real_collective_gives_every_rank_the_unsharded_trees():
+    """Two processes, a real torch.distributed all-gather (gloo, loopback): every rank builds
+    the same trees, equal to the unsharded ones (TP ranks must agree on the verify input)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    mp.start_processes(_gloo_rank, args=(2, port, 3, results), nprocs=2, start_method="spawn").join()
+    by_rank = dict((r[0], r[1:]) for r in (results.get(timeout=60) for _ in range(2)))
+    for tokens, parents, ref_tokens, ref_parents in by_rank.values():
+        assert torch.equal(tokens, ref_tokens) and torch.equal(parents, ref_parents)
+    assert torch.equal(by_rank[0][0], by_rank[1][0])
+
+
+def test_head_segments_skip_padding_rows():
+    shard = HeadShard(28, 50, 28, 56, 52, 53)  # rank 1 of 2: 22 base rows, 6 padding, 1 added
+    assert head_vocab_segments(shard, 32) == (VocabSegment(0, 22, 28), VocabSegment(28, 29, 52))
+    assert head_vocab_segments(None, 40) == (VocabSegment(0, 40, 0),)
+    with pytest.raises(ValueError, match="needs row 28, weight has 28 rows"):
+        head_vocab_segments(shard, 28)
+
+
+def test_unpack_refuses_a_gather_that_does_not_fit_the_world_size():
+    with pytest.raises(ValueError, match="do not fit world size 2"):
+        unpack_gathered(torch.zeros(3, 2, 5), torch.zeros(3, 2, 4, dtype=torch.int64), 2)
 
 
 def test_round_metrics_sync_once_per_interval():

@@ -156,6 +156,8 @@ FOREIGN_METHODS = {
     "forward_batch_generation": ("sglang.srt.managers.tp_worker", "TpModelWorker.forward_batch_generation"),
     "finish_deferred_gather": ("sglang.srt.layers.logits_processor", "LogitsProcessor.finish_deferred_gather"),
     "is_deferred_shard": ("sglang.srt.layers.logits_processor", "LogitsProcessor.is_deferred_shard"),
+    "all_gather": ("sglang.srt.distributed.parallel_state", "GroupCoordinator.all_gather"),
+    "sync": ("sglang.srt.speculative.spec_tp_sync", "SpecTpSync.sync"),
 }
 
 
@@ -179,3 +181,29 @@ def test_keywords_passed_to_sglang_objects_exist(site):
             wrong.append(f"{qualname}: {sorted(keywords - allowed)}")
     assert seen == set(FOREIGN_METHODS)
     assert wrong == []
+
+
+def test_tensor_parallel_names_exist(site):
+    """The TP top-K path: HeadShard copies VocabParallelEmbeddingShardIndices fields by name;
+    the TP group has world_size; the sync sites the worker names are SpecTpSyncSite members;
+    DFlashWorkerV2 sets the _tp_sync and draft_parallel_layout the worker uses."""
+    from ddtree.sglang.tree_round import HeadShard
+
+    indices = find_definition(_parse(site, "sglang.srt.layers.vocab_parallel_embedding"),
+                              "VocabParallelEmbeddingShardIndices")
+    assert set(HeadShard._fields) <= class_fields(indices)
+
+    coordinator = find_definition(_parse(site, "sglang.srt.distributed.parallel_state"), "GroupCoordinator")
+    stored = {node.attr for node in ast.walk(coordinator)
+              if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)}
+    assert "world_size" in stored
+
+    sites = class_fields(find_definition(_parse(site, "sglang.srt.speculative.spec_tp_sync"), "SpecTpSyncSite"))
+    used = {node.attr for node in ast.walk(WORKER_TREE)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "SpecTpSyncSite"}
+    assert used == {"DFLASH_ACCEPT_GREEDY", "DFLASH_ACCEPT_SAMPLE"}
+    assert used <= sites
+
+    dflash_stores = {node.attr for node in ast.walk(_dflash_class(site))
+                     if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)}
+    assert {"_tp_sync", "draft_parallel_layout"} <= dflash_stores

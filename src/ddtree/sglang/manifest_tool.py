@@ -87,6 +87,15 @@ REQUIRED: tuple[tuple[str, str, NameKind, tuple[str, ...], str], ...] = (
     ("srt/speculative/dflash_info_v2.py", "DFlashDraftInputV2.prepare_for_decode", M, (), "reserves 2N slots"),
     ("srt/speculative/eagle_utils.py", "eagle_sample", F, (), "tree verify"),
     ("srt/speculative/spec_utils.py", "move_accept_tokens_to_target_kvcache", F, (), "accepted KV to the front"),
+    ("srt/speculative/spec_utils.py", "draft_tp_context", F, (), "draft head scope, as DFlash's greedy head"),
+    ("srt/layers/vocab_parallel_embedding.py", "VocabParallelEmbeddingShardIndices", NameKind.FIELDS,
+     ("org_vocab_start_index", "org_vocab_end_index", "padded_org_vocab_start_index", "padded_org_vocab_end_index",
+      "added_vocab_start_index", "added_vocab_end_index"), "token ids of the local lm_head rows (HeadShard)"),
+    ("srt/distributed/parallel_state.py", "GroupCoordinator.all_gather", M, (), "TP > 1: gathers per-rank top-K"),
+    ("srt/speculative/spec_tp_sync.py", "SpecTpSync.sync", M, (), "TP > 1: rank 0's accept decision"),
+    ("srt/speculative/spec_tp_sync.py", "SpecTpSyncSite", NameKind.FIELDS,
+     ("DFLASH_ACCEPT_GREEDY", "DFLASH_ACCEPT_SAMPLE"), "TP sync sites of the accept step"),
+    ("srt/speculative/dflash_worker_v2.py", "_is_all_greedy", F, (), "picks the TP sync site"),
 )
 
 

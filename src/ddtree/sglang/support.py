@@ -76,3 +76,15 @@ def resolve_draft_block_size(explicit: int | None, from_drafter_config: int | No
     if from_drafter_config is not None:
         return int(from_drafter_config)
     return 16
+
+
+def check_tensor_parallel_head(*, tp_size: int, vocab_parallel: bool) -> None:
+    """TP > 1 works through the sharded top-K merge (local top-K + logsumexp, gathered), which
+    needs to know which token ids the local lm_head rows hold (SGLang's shard_indices)."""
+    if tp_size < 1:
+        raise UnsupportedSetupError(f"DDTree: tensor-parallel size must be >= 1, got {tp_size}")
+    if tp_size > 1 and not vocab_parallel:
+        raise UnsupportedSetupError(
+            f"DDTree: tensor parallelism {tp_size} needs a vocab-parallel target lm_head (with "
+            "shard_indices) for the sharded top-K merge"
+        )

@@ -1,8 +1,9 @@
 """The pure tensor steps of one DDTree round inside SGLang (no sglang import, CPU-testable).
 
 The worker (worker.py) is glue: it runs SGLang's forwards and kernels and calls these for
-everything in between. Tree building, verify-input packing and the keep-rows arithmetic
-come from the core (ddtree.batched / ddtree.verify / ddtree.commit).
+everything in between. Per-row top-K (sharded and merged), tree building, verify-input
+packing and the keep-rows arithmetic come from the core (ddtree.topk / ddtree.batched /
+ddtree.verify / ddtree.commit).
 
 Index conventions (SGLang's, see eagle_utils.eagle_sample): the verify window of request b
 is flat rows b*N .. b*N + N-1; tree index 0 is the root (the bonus token carried from the
@@ -11,35 +12,123 @@ previous round); `accept_index[b, j]` is the flat row of the j-th accepted tree 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
-from ddtree.batched import TreeBatch, build_ddtree_trees
+from ddtree.batched import TreeBatch, build_trees_from_top_log_probs
 from ddtree.commit import keep_indices_batch
+from ddtree.topk import ShardTopK, merge_top_k, shard_top_k, stack_shards, top_log_probs
 from ddtree.verify import MaskLayout, VerifyInputs, build_verify_inputs, pack_custom_mask
 
 
 def draft_logits_from_hidden(
     draft_hidden: torch.Tensor,  # [bs, B, H] the drafter's last hidden states for the block
-    head_weight: torch.Tensor,  # [V_org, H] the target's (unsharded) lm_head weight
+    head_weight: torch.Tensor,  # [Vs, H] rows of the target's lm_head (one vocabulary slice)
 ) -> torch.Tensor:
-    """[bs, B-1, V_org] draft logits: block position 0 is the bonus token, positions 1..B-1
+    """[bs, B-1, Vs] draft logits: block position 0 is the bonus token, positions 1..B-1
     score depths 1..D (D = B-1). Computed in the head's dtype, like SGLang's greedy head."""
     bs, block, hidden = draft_hidden.shape
     rows = draft_hidden[:, 1:, :].reshape(-1, hidden).to(head_weight.dtype)
     return torch.matmul(rows, head_weight.T).view(bs, block - 1, head_weight.shape[0])
 
 
-def build_round_trees(draft_logits: torch.Tensor, budget: int, topk: int) -> TreeBatch:
-    """Trees for a batch. draft_logits: [bs, D, V]. A top-K cap below the budget needs a core
-    builder that takes per-row top-K log-probs; until then it is refused here, loudly."""
-    if topk != budget:
-        raise NotImplementedError(
-            f"DDTREE_TOPK={topk} < DDTREE_BUDGET={budget} needs a core builder over top-K "
-            "log-probs (ddtree.batched has only build_ddtree_trees(logits, budget))"
+class HeadShard(NamedTuple):
+    """Where a vocab-parallel lm_head's local rows sit in the vocabulary: the fields of SGLang's
+    VocabParallelEmbeddingShardIndices that the worker copies (ints, read once at startup).
+    Local weight rows: [0, num_org) base vocab, padding up to num_org_padded, then the added
+    (LoRA) vocab."""
+
+    org_vocab_start_index: int
+    org_vocab_end_index: int
+    padded_org_vocab_start_index: int
+    padded_org_vocab_end_index: int
+    added_vocab_start_index: int
+    added_vocab_end_index: int
+
+
+class VocabSegment(NamedTuple):
+    """A run of local head rows that maps to consecutive global token ids."""
+
+    local_start: int  # first local weight row
+    local_end: int  # one past the last local weight row
+    global_start: int  # token id of local_start
+
+
+def head_vocab_segments(shard: Optional[HeadShard], weight_rows: int) -> tuple[VocabSegment, ...]:
+    """The real-vocabulary rows of a local head weight [weight_rows, H] (padding rows excluded);
+    a head without shard indices is one unsharded segment."""
+    if shard is None:
+        return (VocabSegment(0, weight_rows, 0),)
+    num_org = shard.org_vocab_end_index - shard.org_vocab_start_index
+    num_org_padded = shard.padded_org_vocab_end_index - shard.padded_org_vocab_start_index
+    num_added = shard.added_vocab_end_index - shard.added_vocab_start_index
+    segments = []
+    if num_org > 0:
+        segments.append(VocabSegment(0, num_org, shard.org_vocab_start_index))
+    if num_added > 0:
+        segments.append(VocabSegment(num_org_padded, num_org_padded + num_added, shard.added_vocab_start_index))
+    for segment in segments:
+        if segment.local_end > weight_rows:
+            raise ValueError(f"lm_head shard {shard} needs row {segment.local_end - 1}, weight has {weight_rows} rows")
+    return tuple(segments)
+
+
+def local_draft_top_k(
+    draft_hidden: torch.Tensor,  # [bs, B, H] drafter hidden states of the block
+    head_weight: torch.Tensor,  # [rows, H] this rank's lm_head weight (padding rows included)
+    segments: tuple[VocabSegment, ...],  # head_vocab_segments(...) of that weight
+    k: int,
+) -> ShardTopK:
+    """This rank's top-k raw logits and logsumexp per draft position ([bs, D, k], D = B-1),
+    merged over its segments (base and added vocab). Logits exist one segment at a time."""
+    bs, block, _hidden = draft_hidden.shape
+    parts = [
+        shard_top_k(draft_logits_from_hidden(draft_hidden, head_weight[s.local_start : s.local_end]), k, s.global_start)
+        for s in segments
+    ]
+    if not parts:  # a rank that owns no real vocabulary still answers the gather
+        return shard_top_k(head_weight.new_empty(bs, block - 1, 0), k)
+    return parts[0] if len(parts) == 1 else merge_top_k(stack_shards(parts), k)
+
+
+def pack_for_gather(top: ShardTopK) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two contiguous tensors for the TP all-gather: ([bs, D, K+1] float32 values with the
+    logsumexp as the last column, [bs, D, K] int64 ids). Two collectives per round, not three."""
+    floats = torch.cat([top.values, top.lse.unsqueeze(-1)], dim=-1).contiguous()
+    return floats, top.token_ids.contiguous()
+
+
+def unpack_gathered(
+    floats: torch.Tensor,  # [R*bs, D, K+1] float32: pack_for_gather of every rank, rank-major
+    ids: torch.Tensor,  # [R*bs, D, K] int64
+    world_size: int,  # R
+) -> ShardTopK:
+    """Stacked [R, ...] shards from a dim-0 all-gather (SGLang's GroupCoordinator.all_gather
+    concatenates rank-major along the gathered dimension)."""
+    rows, depth_limit, width_plus = floats.shape
+    if rows % world_size or ids.shape != (rows, depth_limit, width_plus - 1):
+        raise ValueError(
+            f"gathered shapes {tuple(floats.shape)} / {tuple(ids.shape)} do not fit world size {world_size}"
         )
-    return build_ddtree_trees(draft_logits, budget)
+    floats = floats.view(world_size, rows // world_size, depth_limit, width_plus)
+    return ShardTopK(
+        values=floats[..., :-1],
+        token_ids=ids.view(world_size, rows // world_size, depth_limit, width_plus - 1),
+        lse=floats[..., -1],
+    )
+
+
+def trees_from_top_k(top: ShardTopK, budget: int) -> TreeBatch:
+    """Trees for a batch from (merged) top-K: exact when K >= min(budget, V); K < budget caps
+    every depth at K candidates (DDTREE_TOPK)."""
+    log_probs, ids = top_log_probs(top)
+    return build_trees_from_top_log_probs(log_probs, ids, budget)
+
+
+def build_round_trees(draft_logits: torch.Tensor, budget: int, topk: int) -> TreeBatch:
+    """Trees from unsharded draft logits [bs, D, V] with a top-K cap (topk <= budget)."""
+    return trees_from_top_k(shard_top_k(draft_logits, topk), budget)
 
 
 def pack_round_inputs(

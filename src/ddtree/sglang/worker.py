@@ -8,12 +8,16 @@ is verified and how.
 One decode round per batch (bs requests, drafter block size B, budget, N = budget + 1):
 1. draft  - the DFlash drafter runs one block of width B (bonus + B-1 mask tokens) under a
             scoped spec override (speculative_num_draft_tokens = B); its hidden states at
-            positions 1..B-1 go through the target's lm_head: logits [bs, B-1, V];
+            positions 1..B-1 go through this rank's slice of the target's lm_head, which
+            keeps only the per-position top-K raw logits and the logsumexp (ddtree.topk);
+            with TP > 1 every rank all-gathers those over the TP group and merges them
+            into the global top-K log-probs [bs, B-1, K] (K = DDTREE_TOPK <= budget);
 2. trees  - the core builds one best-first tree per request on the device
-            (ddtree.batched.build_ddtree_trees) and packs SGLang's verify inputs
+            (ddtree.batched.build_trees_from_top_log_probs) and packs SGLang's verify inputs
             (ddtree.verify: retrieve_index / next_token / next_sibling, FULL mask);
 3. verify - the target runs TARGET_VERIFY over the N-wide window with the tree mask;
-            SGLang's eagle_sample walks the tree (greedy or target-only sampling);
+            SGLang's eagle_sample walks the tree (greedy or target-only sampling); with
+            TP > 1 rank 0's decision is broadcast (SpecTpSync, DFlash's own sites);
 4. commit - SGLang's move_accept_tokens_to_target_kvcache moves the accepted rows' KV to the
             front of the window; the draft KV of the committed rows is rewritten from the
             target hidden states of the accepted indices (as DFlash does for its prefix);
@@ -44,10 +48,12 @@ from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.dflash_worker_v2 import (
     DFlashWorkerV2,
+    _is_all_greedy,
     _resolve_dflash_embedding_module,
 )
 from sglang.srt.speculative.eagle_utils import eagle_sample
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 from sglang.srt.speculative.spec_utils import (
     GrammarTree,
     build_grammar_vocab_mask,
@@ -58,15 +64,21 @@ from sglang.srt.speculative.spec_utils import (
 from ddtree.sglang.errors import HookSelfCheckError, UnsupportedSetupError
 from ddtree.sglang.hooks import active_config
 from ddtree.sglang.round_metrics import RoundMetrics
+from ddtree.sglang.support import check_tensor_parallel_head
 from ddtree.sglang.tree_round import (
+    HeadShard,
     TreeVerifyView,
     accepted_rows_first,
-    build_round_trees,
     committed_tokens_and_bonus,
-    draft_logits_from_hidden,
     front_positions,
+    head_vocab_segments,
+    local_draft_top_k,
+    pack_for_gather,
     pack_round_inputs,
+    trees_from_top_k,
+    unpack_gathered,
 )
+from ddtree.topk import ShardTopK, merge_top_k
 
 logger = logging.getLogger("ddtree.sglang")
 
@@ -118,8 +130,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             reasons.append(f"page size {get_schedule().page_size} (only 1)")
         if get_parallel().attn_dp_enabled:
             reasons.append("DP attention")
-        if int(get_parallel().tp_group.world_size) != 1:
-            reasons.append("tensor parallelism > 1 (the sharded top-K merge is not implemented)")
         if spec.speculative_draft_window_size is not None:
             reasons.append("--speculative-draft-window-size (compact draft cache)")
         if spec.speculative_use_rejection_sampling or spec.speculative_use_block_verification:
@@ -140,6 +150,11 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             reasons.append("a target lm_head without a dense weight (quantized heads)")
         if reasons:
             raise UnsupportedSetupError("DDTree does not support: " + "; ".join(reasons))
+        # The drafter borrows the target's (vocab-parallel) head: read its layout once.
+        shard = getattr(lm_head, "shard_indices", None)
+        check_tensor_parallel_head(tp_size=int(get_parallel().tp_group.world_size), vocab_parallel=shard is not None)
+        self._head_shard = None if shard is None else HeadShard(*(int(getattr(shard, f)) for f in HeadShard._fields))
+        self._head_segments = head_vocab_segments(self._head_shard, int(lm_head.weight.shape[0]))
 
     def _maybe_build_draft_sampler(self):
         # DFlash folds an argmax head into the draft CUDA graph; DDTree needs full logits.
@@ -181,13 +196,11 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         draft_hidden = self._draft_block_hidden(batch, draft_input, window_locs, bs)  # [bs, B, H]
 
         timer = _EventTimer(self.device)
-        lm_head = unwrap_lora_layer(self.target_worker.model_runner.model.lm_head)
-        vocab = int(self.model_runner.model_config.vocab_size)
-        logits = draft_logits_from_hidden(draft_hidden, lm_head.weight[:vocab])  # [bs, B-1, V]
-        trees = build_round_trees(logits, self.ddtree.budget, self.ddtree.topk)
+        with draft_tp_context(self.draft_parallel_layout):  # as DFlash's greedy head does
+            top = self._draft_top_k(draft_hidden)  # [bs, B-1, K] global top-K + logsumexp
+        trees = trees_from_top_k(top, self.ddtree.budget)
         inputs, custom_mask = pack_round_inputs(trees, draft_input.bonus_tokens, prefix_lens, width)
         build_ms = timer.stop()
-        del logits
 
         grammar_tree = None
         if batch.has_grammar:  # host copy of the links, as NGRAM does (slow path, documented)
@@ -208,6 +221,13 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         predict, accept_lens, accept_index = eagle_sample(
             view, batch, logits_output, grammar_mask, watermark_state=self.model_runner.watermark_state,
         )  # [bs*N] int32, [bs] int32 (root included), [bs, N] int32 flat rows
+        # TP > 1: every rank must commit the same path; sampling draws from each rank's RNG.
+        site = (
+            SpecTpSyncSite.DFLASH_ACCEPT_GREEDY if _is_all_greedy(batch.sampling_info)
+            else SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE
+        )
+        for decision in (predict, accept_lens, accept_index):
+            self._tp_sync.sync(site, decision)
         out_tokens, bonus = committed_tokens_and_bonus(predict, accept_index, accept_lens)
         new_seq_lens = prefix_lens + accept_lens.to(prefix_lens.dtype)
 
@@ -249,6 +269,21 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             routed_experts_output=target_out.routed_experts_output,
             indexer_topk_output=target_out.indexer_topk_output,
         )
+
+    def _draft_top_k(self, draft_hidden: torch.Tensor) -> ShardTopK:
+        """[bs, B-1, K] global top-K raw logits + logsumexp of the draft positions. Each rank
+        scores only its lm_head rows; with TP > 1 the per-rank top-K and logsumexp are
+        all-gathered (two collectives, no host sync) and merged."""
+        lm_head = unwrap_lora_layer(self.target_worker.model_runner.model.lm_head)
+        k = self.ddtree.topk
+        local = local_draft_top_k(draft_hidden, lm_head.weight, self._head_segments, k)
+        tp_group = get_parallel().tp_group
+        world = int(tp_group.world_size)
+        if world == 1:
+            return local
+        floats, ids = pack_for_gather(local)  # [bs, D, K+1] float32, [bs, D, K] int64
+        gathered = unpack_gathered(tp_group.all_gather(floats, dim=0), tp_group.all_gather(ids, dim=0), world)
+        return merge_top_k(gathered, k)
 
     def _draft_block_hidden(self, batch, draft_input, window_locs, bs: int) -> torch.Tensor:
         """Run the drafter over [bonus, mask x (B-1)] at positions prefix..prefix+B-1, writing

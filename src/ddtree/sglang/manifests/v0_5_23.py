@@ -63,5 +63,11 @@ MANIFEST = Manifest(
         RequiredName('srt/speculative/dflash_info_v2.py', 'DFlashDraftInputV2.prepare_for_decode', NameKind.METHOD, '(batch)', (), None, 'reserves 2N slots'),
         RequiredName('srt/speculative/eagle_utils.py', 'eagle_sample', NameKind.FUNCTION, '(verify_input, batch, logits_output, grammar_mask=, uno_target_max_top_k=, *, watermark_state=, watermark_full_mask=)', (), None, 'tree verify'),
         RequiredName('srt/speculative/spec_utils.py', 'move_accept_tokens_to_target_kvcache', NameKind.FUNCTION, '(batch, accept_index, num_correct_drafts, token_to_kv_pool_allocator)', (), None, 'accepted KV to the front'),
+        RequiredName('srt/speculative/spec_utils.py', 'draft_tp_context', NameKind.FUNCTION, '(layout)', (), None, "draft head scope, as DFlash's greedy head"),
+        RequiredName('srt/layers/vocab_parallel_embedding.py', 'VocabParallelEmbeddingShardIndices', NameKind.FIELDS, None, ('org_vocab_start_index', 'org_vocab_end_index', 'padded_org_vocab_start_index', 'padded_org_vocab_end_index', 'added_vocab_start_index', 'added_vocab_end_index'), None, 'token ids of the local lm_head rows (HeadShard)'),
+        RequiredName('srt/distributed/parallel_state.py', 'GroupCoordinator.all_gather', NameKind.METHOD, '(input_, dim=, output_tensor_list=)', (), None, 'TP > 1: gathers per-rank top-K'),
+        RequiredName('srt/speculative/spec_tp_sync.py', 'SpecTpSync.sync', NameKind.METHOD, '(site, values)', (), None, "TP > 1: rank 0's accept decision"),
+        RequiredName('srt/speculative/spec_tp_sync.py', 'SpecTpSyncSite', NameKind.FIELDS, None, ('DFLASH_ACCEPT_GREEDY', 'DFLASH_ACCEPT_SAMPLE'), None, 'TP sync sites of the accept step'),
+        RequiredName('srt/speculative/dflash_worker_v2.py', '_is_all_greedy', NameKind.FUNCTION, '(sampling_info)', (), None, 'picks the TP sync site'),
     ),
 )
