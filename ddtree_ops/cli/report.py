@@ -1,6 +1,7 @@
 """`ddtree-ops report [RUN_ID]`: the host x stage table, each failure's reason, the budget
-sweep; `--json` for scripts, `--baseline FILE` to compare named metrics (exit 5 on a
-regression), `--plot DIR` for PNG charts. Also the renderer `smoke` and `bench` end with."""
+sweep and decode-bench tables; `--json` for scripts, `--baseline FILE` to compare with a
+metrics baseline or a decode baseline (told apart by content; exit 5 on a regression, 3 for a
+file that is neither), `--plot DIR` for PNG charts. Also the renderer `smoke` and `bench` end with."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,10 +9,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
+from ddtree_ops.report import DEFAULT_TAU_TOLERANCE
+
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
 
-    from ddtree_ops.report import Comparison, Report
+    from ddtree_ops.report import Comparison, DecodeComparison, Report
 
 _STATUS_STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow", "not_run": "dim",
                  "running": "cyan"}
@@ -105,46 +108,115 @@ def render_comparisons(comparisons: "list[Comparison]", console: "Console") -> N
         console.print(f"{mark} {escape(item.line())}", highlight=False)
 
 
+def render_decode_comparison(comparison: "DecodeComparison", console: "Console") -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=f"decode-bench vs baseline (tau ± {comparison.tau_tolerance:g})",
+                  title_justify="left")
+    for column in ("host", "method", "budget", "tau", "baseline tau", "speedup", "baseline speedup",
+                   "same as AR", "baseline cell", "verdict"):
+        table.add_column(column, justify="left" if column in ("host", "method", "baseline cell", "verdict")
+                         else "right")
+    for row in comparison.rows:
+        same = row.get("identical_to_ar")
+        verdict = {True: "[green]ok[/]", False: "[bold red]REGRESSION[/]", None: "[dim]-[/]"}[row["ok"]]
+        table.add_row(escape(str(row["host"])), escape(str(row["method"])),
+                      "-" if row.get("budget") is None else str(row["budget"]),
+                      _ms(row.get("tau")), _ms(row.get("baseline_tau")), _ms(row.get("speedup")),
+                      _ms(row.get("baseline_speedup")),
+                      f"{same:.0%}" if isinstance(same, (int, float)) else "-",
+                      escape(row.get("baseline_cell") or "no cell"), verdict)
+    console.print(table)
+    for item in comparison.checks:
+        mark = "[green]ok[/]        " if item.ok else "[bold red]REGRESSION[/]"
+        console.print(f"{mark} {escape(item.line())}", highlight=False)
+    for note in comparison.notes:
+        console.print(f"[yellow]note[/] {escape(note)}", highlight=False)
+
+
 def report(
     run_id: Annotated[Optional[str], typer.Argument(help="Run to report (default: the latest).",
                                                     show_default=False)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
     baseline: Annotated[Optional[Path], typer.Option(
-        "--baseline", help="Compare named metrics with this file (exit 5 on a regression).",
+        "--baseline", help="Compare with this file (exit 5 on a regression): a metrics baseline "
+        "(`metrics:` list) or a decode baseline from `ddtree-ops baseline import|paper`.",
         show_default=False)] = None,
+    tau_tolerance: Annotated[Optional[float], typer.Option(
+        "--tau-tolerance", min=0.0, help="Decode baselines: allowed |tau - baseline tau| "
+        f"(default {DEFAULT_TAU_TOLERANCE:g}).", show_default=False)] = None,
+    baseline_dataset: Annotated[Optional[str], typer.Option(
+        "--baseline-dataset", help="Decode baselines: compare the run's prompt set with this baseline "
+        "dataset (e.g. math500).", show_default=False)] = None,
+    baseline_model: Annotated[Optional[str], typer.Option(
+        "--baseline-model", help="Decode baselines: compare the run's model with this baseline model "
+        "(e.g. Qwen3-8B).", show_default=False)] = None,
     plot: Annotated[Optional[Path], typer.Option(
-        "--plot", help="Write PNG charts (tree-build time vs budget per host) into DIR.",
-        show_default=False)] = None,
+        "--plot", help="Write PNG charts into DIR: tree-build time vs budget per host; tau and "
+        "speedup vs budget (with a decode --baseline overlaid).", show_default=False)] = None,
     runs_dir: RunsDirOpt = None,
 ) -> int:
-    """Render a smoke run: status per host and stage, failures, the budget sweep."""
+    """Render a smoke run: status per host and stage, failures, the sweeps; compare with a baseline."""
     from ddtree_ops.cli.console import emit_json, say, stdout_console
-    from ddtree_ops.errors import ExitCode
-    from ddtree_ops.report import build_report, compare_with_baseline, load_baseline, plot_run
+    from ddtree_ops.errors import ExitCode, UsageError
+    from ddtree_ops.report import (
+        BaselineKind,
+        build_report,
+        compare_decode,
+        compare_with_baseline,
+        decode_baseline_overlay,
+        load_any_baseline,
+        plot_run,
+    )
     from ddtree_ops.results import RunStore, runs_root
 
-    checks = load_baseline(baseline) if baseline is not None else None
+    kind, loaded = load_any_baseline(baseline) if baseline is not None else (None, None)
+    decode_options = {"--tau-tolerance": tau_tolerance, "--baseline-dataset": baseline_dataset,
+                      "--baseline-model": baseline_model}
+    given = [name for name, value in decode_options.items() if value is not None]
+    if given and kind is not BaselineKind.DECODE:
+        what = f"{baseline} is a metrics baseline (tolerances are per metric there)" if baseline \
+            else "no --baseline given"
+        raise UsageError(f"{', '.join(given)} applies to a decode baseline; {what}")
     run = RunStore(runs_root(runs_dir)).load(run_id)
     model = build_report(run)
-    comparisons = compare_with_baseline(run, checks) if checks is not None else []
+    comparisons: list[Any] = []
+    decode = None
+    if kind is BaselineKind.METRICS:
+        comparisons = compare_with_baseline(run, loaded)
+    elif kind is BaselineKind.DECODE:
+        decode = compare_decode(model, loaded, DEFAULT_TAU_TOLERANCE if tau_tolerance is None else tau_tolerance,
+                                dataset=baseline_dataset, model=baseline_model)
+        comparisons = list(decode.checks)
     regressions = [c for c in comparisons if not c.ok]
-    plots = [str(p) for p in plot_run(model, plot)] if plot is not None else []
+    plots: list[str] = []
+    if plot is not None:
+        overlay = decode_baseline_overlay(model, loaded, baseline_dataset, baseline_model) \
+            if kind is BaselineKind.DECODE and model.decode else None
+        plots = [str(p) for p in plot_run(model, plot, decode_baseline=overlay)]
     code = ExitCode.REMOTE if regressions else ExitCode.OK
     if json_out:
         document = model.to_dict()
         document["report_exit_code"] = int(code)
-        if checks is not None:
-            document["baseline"] = {"file": str(baseline),
+        if kind is BaselineKind.METRICS:
+            document["baseline"] = {"file": str(baseline), "kind": kind.value,
                                     "comparisons": [c.to_dict() for c in comparisons],
                                     "regressions": len(regressions)}
+        elif decode is not None:
+            document["baseline"] = {"file": str(baseline), "kind": BaselineKind.DECODE.value,
+                                    "baseline_dataset": baseline_dataset, "baseline_model": baseline_model,
+                                    **decode.to_dict()}
         if plot is not None:
             document["plots"] = plots
         emit_json(document)
     else:
         console = stdout_console()
         render_report(model, console)
-        if checks is not None:
+        if kind is BaselineKind.METRICS:
             render_comparisons(comparisons, console)
+        elif decode is not None:
+            render_decode_comparison(decode, console)
         for path in plots:
             say(f"wrote {path}")
         if plot is not None and not plots:

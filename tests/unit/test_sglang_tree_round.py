@@ -183,9 +183,12 @@ def test_tensor_parallel_draft_top_k_gathers_to_the_unsharded_trees(world, added
 
 def _gloo_rank(rank: int, world: int, port: int, added: int, results) -> None:
     """One TP rank: its own head shard, the real collective (gloo over loopback), the merge."""
+    import datetime
+
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))  # a dead peer fails, never hangs
     try:
         gen = torch.Generator().manual_seed(99)  # every rank draws the same full head and hidden
         full, shards = _sglang_like_head_shards(gen, world, 61, added, 16)
@@ -200,7 +203,8 @@ def _gloo_rank(rank: int, world: int, port: int, added: int, results) -> None:
             gathered.append(out)
         trees = trees_from_top_k(merge_top_k(unpack_gathered(*gathered, world), 12), 12)
         reference = build_ddtree_trees(draft_logits_from_hidden(draft_hidden, full), 12)
-        results.put((rank, trees.token_ids, trees.parents, reference.token_ids, reference.parents))
+        # Plain lists: a shared-memory tensor would die with this process.
+        results.put((rank, *(t.tolist() for t in (trees.token_ids, trees.parents, reference.token_ids, reference.parents))))
     finally:
         dist.destroy_process_group()
 
@@ -217,11 +221,12 @@ def test_real_collective_gives_every_rank_the_unsharded_trees():
         port = probe.getsockname()[1]
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    mp.start_processes(_gloo_rank, args=(2, port, 3, results), nprocs=2, start_method="spawn").join()
+    mp.start_processes(_gloo_rank, args=(2, port, 3, results), nprocs=2, start_method="spawn")  # joins
     by_rank = dict((r[0], r[1:]) for r in (results.get(timeout=60) for _ in range(2)))
+    assert sorted(by_rank) == [0, 1]
     for tokens, parents, ref_tokens, ref_parents in by_rank.values():
-        assert torch.equal(tokens, ref_tokens) and torch.equal(parents, ref_parents)
-    assert torch.equal(by_rank[0][0], by_rank[1][0])
+        assert (tokens, parents) == (ref_tokens, ref_parents)
+    assert by_rank[0] == by_rank[1]
 
 
 def test_head_segments_skip_padding_rows():
