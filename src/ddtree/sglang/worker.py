@@ -157,7 +157,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._head_segments = head_vocab_segments(self._head_shard, int(lm_head.weight.shape[0]))
 
     def _maybe_build_draft_sampler(self):
-        # DFlash folds an argmax head into the draft CUDA graph; DDTree needs full logits.
+        # DFlash folds an argmax head into the draft CUDA graph; DDTree needs per-position
+        # top-K log-probs (_draft_top_k), computed eagerly after the draft forward.
         return None
 
     def init_attention_backends(self):
