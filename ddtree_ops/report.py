@@ -479,8 +479,8 @@ def compare_decode(report: Report, baseline: Any, tau_tolerance: float = DEFAULT
             offered_models = sorted({e.model for e in baseline.entries})
             checks.append(DecodeCheck(
                 f"{DECODE_STAGE}.tau", host, "a baseline cell", ", ".join(run_cells), None, False,
-                f"the baseline has no cell for it (datasets {', '.join(offered)}; models "
-                f"{', '.join(offered_models)}): name one with --baseline-dataset / --baseline-model"))
+                f"no such cell in the baseline, which has datasets {', '.join(offered)} and models "
+                f"{', '.join(offered_models)}: name one with --baseline-dataset / --baseline-model"))
     if not compared_hosts and not checks:
         checks.append(DecodeCheck(f"{DECODE_STAGE}.{DECODE_TABLE}", "-", "decode-bench results", None, None,
                                   False, f"no host of run {report.run_id} measured decode-bench"))
@@ -507,7 +507,8 @@ def decode_baseline_overlay(report: Report, baseline: Any, dataset: str | None =
                 continue
             seen.add(cell)
             label = f"baseline {_cell_name(cell)}"
-            points += [{"budget": b, "tau": t, "speedup": sp, "label": label} for b, t, sp in series.get(cell, [])]
+            points += [{"budget": b, "tau": t, "speedup": sp, "label": f"{label} · DDTree"}
+                       for b, t, sp in series.get(cell, [])]
             flat = index.get((*cell, "dflash"))
             if flat is not None:
                 points.append({"budget": None, "method": "dflash", "tau": flat.tau, "speedup": flat.speedup,

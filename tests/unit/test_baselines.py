@@ -260,3 +260,19 @@ def test_our_decode_records_saved_like_the_reference_import_back(tmp_path):
     tree = cells[("mini", "tiny", 0.0, "ddtree_tb8")]
     assert tree.tau == pytest.approx(tau([item["ddtree_tb8"] for item in results]))
     assert tree.identical_to_ar == 1.0 and tree.budget == 8
+
+
+def test_comparison_rows_name_the_cell_looked_up_and_the_best_budget():
+    run = [summary("ddtree_tb64", 9.6, 6.5, 1.0, dataset="mini"), summary("ddtree_tb128", 10.2, 6.9, 0.5, dataset="mini")]
+    for entry in run:
+        entry.model = "tiny"
+    result = compare_with_baseline(run, paper_baseline(), 0.5, dataset_alias={"mini": "math500"},
+                                   model_alias={"tiny": "Qwen3-8B"})
+    rows = {row.key[3]: row for row in result.rows}
+    assert rows["ddtree_tb64"].baseline_key == ("math500", "Qwen3-8B", 0.0, "ddtree_tb64")
+    assert rows["ddtree_tb64"].key == ("mini", "tiny", 0.0, "ddtree_tb64") and rows["ddtree_tb64"].tau_ok
+    assert rows["ddtree_best"].budget == 128 and rows["ddtree_best"].baseline_tau == 10.73
+    # token identity is judged once, on the budget's own row, not again on the derived best row
+    assert rows["ddtree_tb128"].lossless_ok is False and rows["ddtree_best"].lossless_ok is None
+    without_model = compare_with_baseline(run, paper_baseline(), 0.5, dataset_alias={"mini": "math500"})
+    assert all(row.tau_ok is None for row in without_model.rows)

@@ -47,13 +47,46 @@ def models(tmp_path_factory) -> dict:
 
 
 def test_lossless_stage_passes_on_cpu(tmp_path):
-    ctx = context(tmp_path, "lossless", {"name": "local"}, extra={"lossless_samples": 200, "lossless_tokens": 12})
-    result = lossless.run(ctx)
+    result = lossless.run(context(tmp_path, "lossless", {"name": "local"}))
     assert result.status is Status.PASS, result.reason
     assert result.metrics["mismatch_count"] == 0 and result.metrics["sampling_p_value"] > 1e-3
+    assert result.metrics["profile"] == "quick" and result.metrics["budgets"] == [4, 32]
+    assert result.metrics["sampling_samples"] == lossless.QUICK.samples
     methods = {row["method"] for row in result.tables["lossless"]}
-    assert methods == {"baseline", "dflash", "ddtree_tb1", "ddtree_tb4", "ddtree_tb16", "ddtree_tb64",
-                       "dflash+dflash-adapter", "ddtree_tb16+dflash-adapter"}
+    assert methods == {"baseline", "dflash", "ddtree_tb4", "ddtree_tb32",
+                       "dflash+dflash-adapter", "ddtree_tb32+dflash-adapter"}
+    taus = result.metrics["tau.seed0.bs8"]
+    assert taus[1] > taus[0] > 1.0  # the drafter speculated, and a bigger tree accepted more
+
+
+def test_lossless_stage_fails_when_draft_positions_are_off_by_one(tmp_path, monkeypatch):
+    from ddtree import decode
+
+    real = decode.compile_tree_inputs
+
+    def shifted(*args, **kwargs):
+        inputs = real(*args, **kwargs)
+        positions = inputs.position_ids.clone()
+        positions[0, 1:] += 1  # every draft node one position too far
+        return inputs._replace(position_ids=positions)
+
+    monkeypatch.setattr(decode, "compile_tree_inputs", shifted)
+    result = lossless.run(context(tmp_path, "lossless", {"name": "local"}, extra={"lossless_samples": 20}))
+    assert result.status is Status.FAIL
+    assert "differs from AR on prompt 0 (model seed 0) at new token" in result.reason
+    assert {row["method"] for row in result.tables["lossless"] if not row["identical_to_ar"]} >= {"ddtree_tb32"}
+    assert all(row["identical_to_ar"] for row in result.tables["lossless"] if row["method"] in ("baseline", "dflash"))
+
+
+def test_lossless_profiles_and_the_full_stage():
+    from smoke.stages import lossless_full
+
+    assert lossless.select_profile({}) is lossless.QUICK
+    full = lossless.select_profile({"lossless_full": True})
+    assert full == lossless.FULL and full.budgets == (1, 4, 16, 64) and len(full.models) == 2
+    assert lossless.select_profile({"lossless_full": True, "lossless_tokens": 8}).new_tokens == 8
+    assert lossless.QUICK.budgets[0] < lossless.QUICK.budgets[-1] and len(lossless.QUICK.budgets) >= 2
+    assert lossless_full.NAME == "lossless-full" and callable(lossless_full.run)
 
 
 def test_decode_bench_skips_without_models(tmp_path):
@@ -100,3 +133,27 @@ def test_decode_bench_refuses_a_drafter_with_another_vocabulary(tmp_path, models
     result = decode_bench.run(ctx)
     assert result.status is Status.FAIL
     assert "has vocabulary 192, the target has 96" in result.reason
+
+
+def test_decode_bench_tokenizes_text_prompts_through_ddtree(tmp_path, models):
+    """The shipped text prompts: the tokenizer saved with the target is loaded by
+    `ddtree.hf_target.load_tokenizer` (the stage never imports transformers itself)."""
+    import shutil
+
+    from tokenizers import Tokenizer, models as tokenizer_models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["[UNK]", "</s>", "how", "many", "write", "a", "python", "function", "the"]
+    core = Tokenizer(tokenizer_models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    target = tmp_path / "tiny-target-with-tokenizer"
+    shutil.copytree(models["target"], target)
+    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", eos_token="</s>").save_pretrained(target)
+    host_models = {key: value for key, value in models.items() if key != "prompts"} | {"target": str(target)}
+    ctx = context(tmp_path, "decode-bench", {"name": "local", "models": host_models}, budgets=[4],
+                  extra={"max_new_tokens": 6, "max_prompts": 2})
+    result = decode_bench.run(ctx)
+    assert result.status is Status.PASS, result.reason
+    rows = {row["method"]: row for row in result.tables["methods"]}
+    assert rows["baseline"]["dataset"] == decode_bench.DATASET_NAME and rows["baseline"]["requests"] == 2
+    assert rows["ddtree_tb4"]["identical_to_ar"] == 1.0

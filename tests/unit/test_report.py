@@ -144,7 +144,8 @@ def test_comparisons_name_metric_host_expected_and_measured(run):
 
 
 @pytest.mark.parametrize("content,message", [
-    ("[1, 2]", "expected a mapping with a `metrics:` list"),
+    ("[1, 2]", "not a baseline: expected a metrics baseline (a mapping with a `metrics:` list)"),
+    ('{"metrics": {"a.b": 1}}', "metrics: expected a list of checks, got dict"),
     ('{"metrics": [{"metric": "a.b"}]}', "metrics[0]: missing `expected`"),
     ('{"metrics": [{"metric": "a.b", "expected": 1, "tol": 1}]}', "metrics[0]: unknown key(s) ['tol']"),
     ('{"metrics": [{"metric": "a.b", "expected": 1, "better": "up"}]}',
