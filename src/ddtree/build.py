@@ -16,8 +16,24 @@ from ddtree.tree import DraftTree
 
 class BuildMethod(str, Enum):
     HEAP = "heap"  # the plain best-first heap: the reference semantics, the oracle for tests
-    FAST = "fast"  # rows read lazily; heap loop (budget <= 256) or per-depth frontier
-    AUTO = "auto"  # the fastest exact path for the input (today: FAST everywhere)
+    FAST = "fast"  # rows read lazily to a floor; heap loop (budget <= 64) or enumeration
+    AUTO = "auto"  # the fastest exact path for the input: `choose_method`
+
+
+# Below these sizes the reference's full-row top-k is cheap and the fast path's extra reads
+# and floor cost more than they save (measured on a 2-core CPU, docs/core.md).
+HEAP_MAX_VOCAB = 511
+HEAP_SMALL_BUDGET = 64
+HEAP_SMALL_BUDGET_MAX_VOCAB = 8192
+
+
+def choose_method(depth_limit: int, vocab: int, budget: int) -> BuildMethod:
+    """The exact path AUTO takes for a [D, V] input: a few integer comparisons, no tensor work."""
+    if depth_limit <= 1 and budget >= vocab:
+        return BuildMethod.HEAP  # one row read whole either way
+    if vocab <= HEAP_MAX_VOCAB or (budget <= HEAP_SMALL_BUDGET and vocab <= HEAP_SMALL_BUDGET_MAX_VOCAB):
+        return BuildMethod.HEAP
+    return BuildMethod.FAST
 
 
 def build_ddtree_tree_from_logits(
@@ -38,6 +54,8 @@ def build_ddtree_tree_from_logits(
     except ValueError:
         choices = ", ".join(m.value for m in BuildMethod)
         raise ValueError(f"method must be one of {choices}, got {method!r}") from None
+    if method is BuildMethod.AUTO:
+        method = choose_method(logits.shape[0], logits.shape[1], budget)
     if method is BuildMethod.HEAP:
         return build_heap_tree(logits, budget)
     from ddtree.frontier_build import build_fast_tree

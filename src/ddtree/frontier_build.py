@@ -1,31 +1,28 @@
-"""The fast exact builder: lazily read rows, then the heap loop or a per-depth frontier.
+"""The fast exact builders: rows read only as far as the tree needs them.
 
 Why it is exact. The best-first set is the `budget` best rank paths by (score desc, rank path
 lex asc). Any `budget` valid paths give a lower bound `floor` on the budget-th best score; a
 path scoring below it can never be placed, so a row only needs the ranks whose log-prob can
 still lift the best prefix of its depth (the greedy chain) to `floor`.
 
-Reading (`_read_rows_and_estimate_floor`): row 0 in full, rows 1.. a few ranks at a time (one
-batched top-k), only while the greedy chain still competes; `floor` = the budget-th best of
-the depth-1 ranks and every sibling of the greedy chain; rows whose unread ranks could still
-reach it are read wider, then exactly. Rows the tree never reaches are not normalised, and
-most rows need far fewer than `budget` ranks (the reference's `topk(k=budget)` over every row
-is its main CPU cost).
+Two builders share that idea:
+- `build_enumerated_tree` (= `build_fast_tree`, BuildMethod.FAST): described at its section
+  below. The default fast path.
+- `build_frontier_tree`: reads rows with `_Rows` / `_read_rows_and_estimate_floor` (row 0 in
+  full, later rows `PROBE_RANKS` at a time) and runs a per-depth tensor frontier: candidate
+  scores are the reference's incremental float64 chains (child: logw + lp[0]; next sibling:
+  logw - lp[r] + lp[r+1]), computed for a whole frontier by one sequential `cumsum`; the tree
+  is the budget best of what is kept, ordered by (score, rank path). Kept as a second exact
+  builder that the parity tests hold to the heap.
 
-Building: budget <= LAZY_HEAP_MAX_BUDGET runs the reference heap loop over the cut rows.
-Larger budgets run a per-depth frontier: frontier = kept paths of depth d-1; candidate scores
-are the reference's incremental float64 chains (child: logw + lp[0]; next sibling:
-logw - lp[r] + lp[r+1]), computed for a whole frontier at once by one sequential `cumsum`;
-`floor` rises to the budget-th best as depths are added; the tree is the budget best of
-what is kept, ordered by (score, rank path).
-
-The frontier's result is checked: every placed node's generator (previous sibling, or parent
-for rank 0) must be placed before it. That holds whenever scores never rise along a generator
+Both results are checked: every placed node's generator (previous sibling, or parent for
+rank 0) must be placed before it. That holds whenever scores never rise along a generator
 edge, which is what makes the reference's pop order equal to the sorted order; if float
 rounding ever breaks it, the heap oracle builds the tree instead.
 """
 from __future__ import annotations
 
+import heapq
 import math
 from typing import NamedTuple
 
@@ -127,32 +124,6 @@ class _Rows:
         return row[:k], self.ids[d][:k]
 
 
-class _LazyHeapRows:
-    """`best_first` row access over `_Rows`: rows 0-1 first, the rest in one chunk when the
-    tree first pops a depth-2 node (a tree that deep usually goes deeper)."""
-
-    def __init__(self, rows: _Rows):
-        self.rows = rows
-        self._lp: dict[int, list[float]] = {}
-        self._ids: dict[int, list[int]] = {}
-
-    def log_probs(self, d: int) -> list[float]:
-        if d not in self._lp:
-            rows = self.rows
-            if d >= rows.dead_from:
-                return []
-            if d not in rows.log_probs:
-                rows.fetch(d, min(rows.depth_limit, 2 if d < 2 else rows.depth_limit), _NEG_INF, 0.0)
-            if d >= rows.dead_from:
-                return []
-            self._lp[d] = rows.log_probs[d].tolist()
-            self._ids[d] = rows.ids[d].tolist()
-        return self._lp[d]
-
-    def ids(self, d: int) -> list[int]:
-        return self._ids[d]
-
-
 class _Block(NamedTuple):
     """Candidates of one depth, prefix-major: gids first_gid.. in order; within a prefix the
     ranks are 0, 1, 2, ... so a rank r > 0 candidate's previous sibling is gid - 1."""
@@ -225,25 +196,10 @@ def _predicted_reach(best: float, floor: float, depth: int) -> int:
     return 1 + int((floor - best) / per_row)
 
 
-# Up to this budget the heap loop's Python pops cost less than the frontier's tensor-op
-# overhead per depth; both read rows lazily. Measured on the benchmark shapes (docs/core.md).
-LAZY_HEAP_MAX_BUDGET = 256
-
-
 def build_fast_tree(logits: torch.Tensor, budget: int) -> DraftTree:
-    """logits: [D, V] (checked by the caller); budget >= 0. The exact tree, rows read lazily:
-    a best-first heap for small budgets, the per-depth frontier for large ones."""
-    depth_limit, vocab = logits.shape
-    if budget == 0 or depth_limit == 0:
-        return root_only_tree()
-    check_rows_finite(logits)
-    rows = _Rows(logits, min(budget, vocab), budget)
-    if budget <= LAZY_HEAP_MAX_BUDGET:
-        # Ranks below the floor are never popped within the budget, so the heap may run over
-        # rows cut at it; rows the estimate did not read are read whole on first use.
-        _read_rows_and_estimate_floor(rows, budget, depth_limit)
-        return best_first(_LazyHeapRows(rows), depth_limit, budget)
-    return build_frontier_tree(logits, budget, rows)
+    """logits: [D, V] (checked by the caller); budget >= 0. The exact tree, rows read lazily
+    (`build_enumerated_tree`, below)."""
+    return build_enumerated_tree(logits, budget)
 
 
 # Rows after the first are read `PROBE_RANKS` ranks at a time at first: a cheap top-k whose
@@ -457,3 +413,319 @@ def _lex_order(
     for column in reversed(range(max_depth)):
         order = order[torch.sort(paths[order, column], stable=True).indices]
     return order[torch.sort(pool_score[order], descending=True, stable=True).indices]
+
+
+# ---------------------------------------------------------------------------------------------
+# The enumerating builder: the default fast path (`build_fast_tree`).
+#
+# 1. Read rows: one batched logsumexp + top-k per chunk of rows (rows 0-1, then every further
+#    row the greedy chain reaches), a few ranks per row at first.
+# 2. Floor: the budget-th best of a family of valid paths whose scores need no extra reads:
+#    "greedy to depth d, rank r at depth d+1, greedy again to depth e" scores
+#    chain[e] - lp[d][0] + lp[d][r]. Every row then needs exactly the ranks with
+#    lp >= floor - chain[d]; rows whose read ranks stop above that are read wider (x4).
+# 3. Enumerate, in plain Python over float lists, every path scoring >= floor with the
+#    reference's own float64 chains (child: logw + lp[0]; sibling: logw - lp[r] + lp[r+1]),
+#    sort by (score desc, rank path asc), keep `budget`. The generator check of `_assemble`
+#    (previous sibling or parent placed before) proves the sorted order is the heap's pop order.
+# Anything unexpected (no finite floor, a path that runs past the read ranks, a failed check)
+# hands the input to the heap loop or the heap oracle.
+# ---------------------------------------------------------------------------------------------
+
+
+class _RowReader:
+    """Rows of [D, V] logits as Python lists of their top log-probs, read in batched chunks.
+
+    `lp[d]` / `ids[d]`: row d's read ranks (finite log-probs, sorted descending, float32 values
+    as Python floats) and token ids; `full[d]`: every usable rank (up to the row's cap) is read.
+    logsumexp always covers >= 2 rows (or a whole one-row input), like `_Rows`.
+    """
+
+    def __init__(self, logits: torch.Tensor, budget: int):
+        self.logits = logits  # [D, V] any float dtype, any device
+        depth_limit, vocab = logits.shape
+        self.depth_limit = depth_limit
+        # rank r at depth d+1 needs its d ancestors and r elder siblings placed first
+        self.cap = [max(0, min(budget, vocab, budget - d)) for d in range(depth_limit)]
+        self.log_z: dict[int, float] = {}
+        self.lp: dict[int, list[float]] = {}
+        self.ids: dict[int, list[int]] = {}
+        self.full: dict[int, bool] = {}
+        # known_above[d]: every usable rank of row d with a log-prob > it has been read
+        self.known_above: dict[int, float] = {}
+        self.dead_from = depth_limit  # first row without a finite logit
+
+    def _normalise(self, rows: list[int]) -> None:
+        missing = [d for d in rows if d not in self.log_z]
+        if not missing:
+            return
+        start, stop = missing[0], missing[-1] + 1
+        if stop - start == 1 and self.depth_limit > 1:
+            start, stop = (start, stop + 1) if stop < self.depth_limit else (start - 1, stop)
+        log_z = torch.logsumexp(self.logits[start:stop].float(), dim=-1)  # [c] float32
+        for offset, value in enumerate(log_z.tolist()):
+            row = start + offset
+            if math.isnan(value) or value == math.inf:
+                raise_bad_row(row, self.logits[row])
+            if value == _NEG_INF:
+                self.dead_from = min(self.dead_from, row)
+            self.log_z.setdefault(row, value)
+
+    def _chunk(self, rows: list[int]) -> torch.Tensor:
+        start, stop = rows[0], rows[-1] + 1
+        if stop - start == len(rows):
+            return self.logits[start:stop]  # [c, V] a view
+        return self.logits[torch.tensor(rows, device=self.logits.device)]  # [c, V] only these rows
+
+    def read(self, rows: list[int], k: int) -> None:
+        """Read the top min(k, cap) ranks of each of `rows` (ascending) in one top-k call."""
+        self._normalise(rows)
+        rows = [d for d in rows if d < self.dead_from]
+        if rows:
+            self._top(rows, self._chunk(rows).float(), [min(k, self.cap[d]) for d in rows], None)
+
+    def read_down_to(self, rows: list[int], needs: list[float]) -> None:
+        """Read, for each of `rows` (ascending, already normalised), every rank whose log-prob
+        is >= its `needs` entry: one comparison pass counts them, one top-k reads them."""
+        x = self._chunk(rows).float()  # [c, V]
+        margins = [2 * _slack(need) for need in needs]  # over-reading a few ranks is harmless
+        cuts = torch.tensor([n - m + self.log_z[d] for d, n, m in zip(rows, needs, margins)], dtype=torch.float64)
+        counts = (x >= cuts.to(x.device, torch.float32).unsqueeze(1)).sum(dim=1).tolist()
+        exact = [max(1, min(count, self.cap[d])) for d, count in zip(rows, counts)]
+        # A loose floor can ask for far more ranks than the tree will use: read at most 4x
+        # what the row has, then let the floor rise with what was read.
+        wanted = [min(k, 4 * max(len(self.lp[d]), 8)) for d, k in zip(rows, exact)]
+        known = [n - m / 2 if w == k else None for n, m, w, k in zip(needs, margins, wanted, exact)]
+        self._top(rows, x, wanted, known)
+
+    def _top(self, rows: list[int], x: torch.Tensor, wanted: list[int], known: list[float | None] | None) -> None:
+        width = max(wanted)  # x: [c, V] float32, one row per entry of rows
+        if width == 0:
+            for d in rows:
+                self.lp[d], self.ids[d], self.full[d], self.known_above[d] = [], [], True, _NEG_INF
+            return
+        values, ids = torch.topk(x, width, dim=-1)  # [c, width]
+        log_z = torch.tensor([self.log_z[d] for d in rows], dtype=torch.float32)
+        log_probs = values.to("cpu", torch.float32) - log_z.unsqueeze(1)  # the reference's own subtraction
+        lp_rows, id_rows = log_probs.tolist(), ids.tolist()
+        for i, (d, want, lp_row, id_row) in enumerate(zip(rows, wanted, lp_rows, id_rows)):
+            n = want
+            while n and lp_row[n - 1] == _NEG_INF:  # zero-probability tokens are never placed
+                n -= 1
+            self.lp[d], self.ids[d] = lp_row[:n], id_row[:n]
+            self.full[d] = n < want or want == self.cap[d]
+            if self.full[d]:
+                self.known_above[d] = _NEG_INF
+            else:  # a top-k read may leave ranks equal to its last one unread
+                exact = known is not None and known[i] is not None
+                self.known_above[d] = min(known[i], lp_row[n - 1]) if exact else lp_row[n - 1]
+
+
+
+class _HeapView:
+    """`best_first`'s `log_probs(d)` / `ids(d)` over a `_RowReader`. With a finite floor the
+    rows as read suffice (ranks below the floor are never popped within the budget); without
+    one, or for a row not read yet, the row is read whole (up to its cap) on first use."""
+
+    def __init__(self, reader: _RowReader, floor: float):
+        self.reader = reader
+        self.cut_rows_suffice = floor != _NEG_INF
+
+    def log_probs(self, d: int) -> list[float]:
+        reader = self.reader
+        if d >= reader.dead_from:
+            return []
+        if d not in reader.lp or not (reader.full[d] or self.cut_rows_suffice):
+            reader.read([d], reader.cap[d])
+        return reader.lp[d] if d < reader.dead_from else []
+
+    def ids(self, d: int) -> list[int]:
+        return self.reader.ids[d]
+
+
+def _first_reads(budget: int) -> tuple[int, int]:
+    """Ranks first read from rows 0-1 and from the deeper rows. Small budgets read whole
+    (capped) rows at once, as the reference does: a top-k that small costs about as much as a
+    probe. Larger ones probe: `PROBE_RANKS`, more below row 1 for larger budgets (a
+    drafter-like row at budget 1024 needs ~100 ranks)."""
+    if budget <= 2 * PROBE_RANKS:
+        return budget, budget
+    return PROBE_RANKS, PROBE_RANKS * max(1, budget // 256)
+
+
+def _greedy_chain(reader: _RowReader) -> list[float]:
+    """chain[d] = the best depth-d path score (plain float64 sums) over contiguous read rows."""
+    chain = [0.0]
+    d = 0
+    while d in reader.lp and d < reader.dead_from and reader.lp[d]:
+        chain.append(chain[-1] + reader.lp[d][0])
+        d += 1
+    return chain
+
+
+def _family_floor(reader: _RowReader, chain: list[float], budget: int) -> float:
+    """The budget-th best score of the family "greedy, one deviation, greedy", minus a margin
+    for float64 chain rounding; -inf when the family has fewer than `budget` paths."""
+    depths = len(chain) - 1
+    size = sum((depths - d) * (len(reader.lp[d]) - 1) for d in range(depths)) + depths
+    if size < budget:
+        return _NEG_INF
+    if size <= 512:  # a few hundred floats: plain Python beats a dozen tensor ops
+        family = list(chain[1:])
+        for d in range(depths):
+            row = reader.lp[d]
+            for e in range(d + 1, depths + 1):
+                shift = chain[e] - row[0]
+                family.extend([shift + value for value in row[1:]])
+        floor = heapq.nlargest(budget, family)[-1]
+        return floor - _slack(floor) * 1e-4
+    flat: list[float] = []
+    firsts: list[float] = []
+    counts: list[int] = []
+    for d in range(depths):
+        row = reader.lp[d]
+        flat.extend(row[1:])
+        firsts.append(row[0])
+        counts.append(len(row) - 1)
+    ends = torch.tensor(chain[1:], dtype=torch.float64)  # [E] chain[e] for e = 1..E
+    scores = [ends]
+    if flat:
+        count_t = torch.tensor(counts)
+        delta = torch.tensor(flat, dtype=torch.float64) - torch.tensor(firsts, dtype=torch.float64).repeat_interleave(count_t)
+        row_of = torch.arange(depths).repeat_interleave(count_t)  # [M] the row each deviation is in
+        grid = ends.unsqueeze(1) + delta.unsqueeze(0)  # [E, M] depth e+1 paths deviating at row_of
+        scores.append(grid[row_of.unsqueeze(0) <= torch.arange(depths).unsqueeze(1)])
+    scores = torch.cat(scores)
+    if scores.numel() < budget:
+        return _NEG_INF
+    floor = float(torch.topk(scores, budget, sorted=False).values.min())
+    return floor - _slack(floor) * 1e-4
+
+
+def _read_until_complete(reader: _RowReader, budget: int) -> tuple[list[float], float]:
+    """Read rows until every path scoring >= floor lies within the read ranks.
+    Returns (greedy chain, floor); floor -inf means no bound was found (rows read whole)."""
+    depth_limit = reader.depth_limit
+    first, deep = _first_reads(budget)
+    reader.read(list(range(min(2, depth_limit))), first)
+    for _ in range(64):
+        chain = _greedy_chain(reader)
+        reached = len(chain) - 1  # rows chained so far
+        more_rows = reached < min(depth_limit, reader.dead_from) and reached not in reader.lp
+        if not more_rows and all(reader.full[d] for d in range(reached)) and budget <= HEAP_LOOP_MAX_BUDGET:
+            return chain, _NEG_INF  # every row read whole: the heap loop needs no floor
+        floor = _family_floor(reader, chain, budget)
+        grow, needs = [], []
+        for d in range(reached):
+            if reader.full[d] or chain[d + 1] < floor:
+                continue
+            need = floor - chain[d] - _slack(floor, chain[d])
+            if reader.known_above[d] >= need:
+                grow.append(d)
+                needs.append(need)
+        if 0 in grow and reached >= 2 and reader.lp[0][-1] > chain[2]:
+            reader.read([0], reader.cap[0])  # depth 1 outscores depth 2: row 0 needs ~budget ranks
+            continue
+        if more_rows and chain[reached] >= floor:
+            reader.read(list(range(reached, depth_limit)), deep)  # a chain this deep usually goes on
+            continue
+        if not grow:
+            return chain, floor
+        if floor != _NEG_INF:
+            reader.read_down_to(grow, needs)
+            continue
+        for width in sorted({len(reader.lp[d]) for d in grow}):
+            rows = [d for d in grow if len(reader.lp[d]) == width]
+            reader.read(rows, width * 4)
+    return _greedy_chain(reader), _NEG_INF
+
+
+# Up to this budget the reference heap loop over the read rows costs less than the floor and
+# the enumeration (measured on the benchmark shapes, docs/core.md).
+HEAP_LOOP_MAX_BUDGET = 64
+
+
+def build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
+    """logits: [D, V] (checked by the caller); budget >= 0. The exact tree (see above)."""
+    depth_limit, _ = logits.shape
+    if budget == 0 or depth_limit == 0:
+        return root_only_tree()
+    check_rows_finite(logits)
+    reader = _RowReader(logits, budget)
+    chain, floor = _read_until_complete(reader, budget)
+    if floor == _NEG_INF or budget <= HEAP_LOOP_MAX_BUDGET:
+        # no bound (a small tree) or few pops: the reference loop over the read rows (rows it
+        # needs further are read whole on first use)
+        return best_first(_HeapView(reader, floor), depth_limit, budget)
+    tree = _enumerate(reader, len(chain) - 1, budget, floor - _slack(floor))
+    return tree if tree is not None else build_heap_tree(logits, budget)
+
+
+def _enumerate(reader: _RowReader, depths: int, budget: int, threshold: float) -> DraftTree | None:
+    """Every path scoring >= threshold, then the budget best in pop order; None if the read
+    ranks turn out short or the sorted order is not the heap's."""
+    parent: list[int] = []  # candidate -> parent candidate (-1 = root)
+    rank: list[int] = []
+    depth: list[int] = []
+    score: list[float] = []
+    token: list[int] = []
+    frontier = [(0.0, -1)]  # (score, candidate) of the previous depth
+    for d in range(depths):
+        row, ids, full, known_above = reader.lp[d], reader.ids[d], reader.full[d], reader.known_above[d]
+        n = len(row)
+        level = []
+        for base, pid in frontier:
+            s = base + row[0]
+            r = 0
+            while s >= threshold:
+                level.append((s, len(score)))
+                parent.append(pid)
+                rank.append(r)
+                depth.append(d + 1)
+                score.append(s)
+                token.append(ids[r])
+                if r + 1 >= n:
+                    if not full and known_above >= threshold - base:
+                        return None  # an unread rank might still score >= threshold
+                    break
+                s = s - row[r] + row[r + 1]
+                r += 1
+        frontier = level
+        if not frontier:
+            break
+    count = len(score)
+    order = sorted(range(count), key=score.__getitem__, reverse=True)  # stable: ties keep gid order
+    head = [score[i] for i in order[: budget + 1]]
+    if any(a == b for a, b in zip(head, head[1:])):  # exact score ties: order them by rank path
+        start = 0
+        while start < len(head):
+            stop = start + 1
+            while stop < len(head) and head[stop] == head[start]:
+                stop += 1
+            if stop - start > 1:  # the whole run of this score, which may continue past the head
+                while stop < count and score[order[stop]] == head[start]:
+                    stop += 1
+                order[start:stop] = sorted(order[start:stop], key=lambda i: _rank_path(i, parent, rank))
+            start = stop
+    chosen = order[:budget]
+    position = {gid: pos for pos, gid in enumerate(chosen)}
+    parents = [-1]
+    for pos, gid in enumerate(chosen):
+        generator = gid - 1 if rank[gid] > 0 else parent[gid]
+        if generator >= 0 and position.get(generator, pos) >= pos:
+            return None  # float rounding let a node outscore its generator: the heap decides
+        parents.append(position[parent[gid]] + 1 if parent[gid] >= 0 else 0)
+    return make_draft_tree(
+        parents,
+        torch.tensor([token[i] for i in chosen], dtype=torch.int64),
+        torch.tensor([depth[i] for i in chosen], dtype=torch.int64),
+        torch.tensor([score[i] for i in chosen], dtype=torch.float64),
+    )
+
+
+def _rank_path(gid: int, parent: list[int], rank: list[int]) -> tuple[int, ...]:
+    path = []
+    while gid >= 0:
+        path.append(rank[gid])
+        gid = parent[gid]
+    return tuple(reversed(path))

@@ -193,3 +193,25 @@ def test_batch_of_different_requests_matches_one_by_one():
         assert torch.equal(batch.visibility[b, : tree.num_nodes + 1, : tree.num_nodes + 1], heap.visibility)
         padding = batch.parents[b, tree.num_nodes + 1 :]
         assert (padding == -1).all()
+
+
+@pytest.mark.parametrize("probe", [1, 3, 32])
+def test_enumeration_path_on_small_shapes(probe, monkeypatch):
+    """FAST with the heap loop switched off: every finite-floor case goes through the Python
+    enumeration and its re-reads (probe 1 and 3 make rows grow constantly)."""
+    monkeypatch.setattr(frontier_build, "HEAP_LOOP_MAX_BUDGET", 0)
+    monkeypatch.setattr(frontier_build, "PROBE_RANKS", probe)
+    rng = random.Random(77 + probe)
+    for _ in range(300):
+        depth = rng.choice([1, 2, 3, 6, 15])
+        vocab = rng.choice([1, 2, 5, 20, 64, 300])
+        budget = rng.choice([1, 2, 5, 16, 33, 100, 300])
+        logits = random_logits(rng, depth, vocab, rng.choice(KINDS))
+        heap = build_ddtree_tree_from_logits(logits, budget, method=BuildMethod.HEAP)
+        fast = frontier_build.build_enumerated_tree(logits, budget)
+        validate_tree(fast, budget=budget, logits=logits)
+        if rows_have_ties(logits):
+            assert shape_of(fast) == shape_of(heap)
+            assert fast.node_scores.tolist() == heap.node_scores.tolist()
+        else:
+            assert_same(heap, fast)

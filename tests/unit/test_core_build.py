@@ -188,3 +188,31 @@ def test_batched_trees_from_precomputed_top_log_probs():
         assert set(tree.node_token_ids.tolist()) <= set(ids[b, :, :2].reshape(-1).tolist())
     with pytest.raises(ValueError, match=r"must both be \[bs, D, K\], got \(3, 5, 40\) and \(3, 5, 2\)"):
         build_trees_from_top_log_probs(log_probs, ids[:, :, :2], 20)
+
+
+@pytest.mark.parametrize(
+    "shape, budget, expected",
+    [
+        ((15, 96), 16, BuildMethod.HEAP),  # the decode loop's tiny vocabulary
+        ((15, 96), 256, BuildMethod.HEAP),
+        ((15, 4096), 64, BuildMethod.HEAP),  # small budget, small vocabulary
+        ((15, 4096), 256, BuildMethod.FAST),
+        ((15, 32000), 16, BuildMethod.FAST),
+        ((15, 151936), 1024, BuildMethod.FAST),
+        ((1, 600), 1024, BuildMethod.HEAP),  # one row read whole either way
+    ],
+)
+def test_auto_dispatch_picks_the_path_and_matches_the_heap(shape, budget, expected, monkeypatch):
+    from ddtree import build as build_module
+    from ddtree import frontier_build, heap_build
+
+    assert build_module.choose_method(shape[0], shape[1], budget) is expected
+    taken = []
+    monkeypatch.setattr(build_module, "build_heap_tree", lambda *a: taken.append("heap") or heap_build.build_heap_tree(*a))
+    monkeypatch.setattr(frontier_build, "build_fast_tree", lambda *a: taken.append("fast") or frontier_build.build_enumerated_tree(*a))
+    logits = torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape) + budget))
+    tree = build_ddtree_tree_from_logits(logits, budget)
+    assert taken == ["heap" if expected is BuildMethod.HEAP else "fast"]
+    monkeypatch.undo()
+    assert same_tree(tree, build_ddtree_tree_from_logits(logits, budget, method=BuildMethod.HEAP))
+    assert torch.equal(tree.node_scores, build_ddtree_tree_from_logits(logits, budget, method=BuildMethod.HEAP).node_scores)
