@@ -3,12 +3,13 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test bench
 
 setup:
 	@bash scripts/bootstrap.sh
 
 run: setup
+	$(BIN)/ddtree-ops hosts check -H local
 	$(BIN)/ddtree-ops smoke -H local
 
 test: setup
