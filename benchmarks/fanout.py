@@ -1,6 +1,13 @@
 """Fan-out speed on a loopback fleet of real sshd processes, measured in one run.
 
     .venv/bin/python benchmarks/fanout.py [--hosts 8] [--repeat 3]
+    .venv/bin/python benchmarks/fanout.py --login-user ddtree-bench --host-python /opt/bench-venv/bin/python
+
+The second form logs in as an existing account whose login shell runs no rc files, so the
+figures show ddtree-ops rather than the login shell's start-up (root's `.bashrc` here runs
+`pyenv init`, ~90 ms of CPU per SSH session). Make the account and a Python it can run once,
+as root: `useradd -m -s /bin/sh -p '*' ddtree-bench` (`-p '*'`: not locked, no password), `python3 -m venv /opt/bench-venv` (with the
+system Python) and `/opt/bench-venv/bin/pip install torch==2.13.0` (`hosts check` wants torch).
 
 Every figure is the wall time of a whole `ddtree-ops` process (CLI start included), median of
 `--repeat` interleaved rounds; "fresh" hosts get new, empty workdirs each time. The sshd processes share this
@@ -9,7 +16,6 @@ machine's cores with the client, so remote work is not free here. Prints a Markd
 from __future__ import annotations
 
 import argparse
-import getpass
 import os
 import shutil
 import statistics
@@ -68,7 +74,7 @@ def ssh_true(fleet: SshdFleet, hosts: int) -> float:
     """The floor for any SSH tool here: OpenSSH running `true` (connection + login shell)."""
     started = time.perf_counter()
     procs = [
-        subprocess.Popen([*openssh(fleet).split(), "-p", str(h.port), "127.0.0.1", "true"])
+        subprocess.Popen([*openssh(fleet).split(), "-l", fleet.login_user, "-p", str(h.port), "127.0.0.1", "true"])
         for h in fleet.hosts[:hosts]
     ]
     for proc in procs:
@@ -84,7 +90,7 @@ def rsync_all(fleet: SshdFleet, source: Path, tag: str) -> float:
     for host in fleet.hosts:
         dest = host.directory / f"rsync-{tag}"
         procs.append(subprocess.Popen(
-            ["rsync", "-a", "-e", f"{ssh} -p {host.port}", f"{source}/", f"{getpass.getuser()}@127.0.0.1:{dest}/"],
+            ["rsync", "-a", "-e", f"{ssh} -p {host.port}", f"{source}/", f"{fleet.login_user}@127.0.0.1:{dest}/"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         ))
     for proc in procs:
@@ -107,13 +113,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--login-user", help="log in to the loopback hosts as this existing account (root only)")
+    parser.add_argument("--host-python", default=sys.executable, help="the hosts' `python:` (readable by that account)")
     args = parser.parse_args()
     if not sshd_available() or not shutil.which("rsync"):
         raise SystemExit("needs sshd, ssh-keygen and rsync (scripts/bootstrap.sh installs them)")
     n, repeat = args.hosts, args.repeat
     load_before = os.getloadavg()[0]
     base = Path(tempfile.mkdtemp(prefix="ddtree-fanout-bench-"))
-    fleet = SshdFleet(base, command_timeout=120).start(n)
+    fleet = SshdFleet(base, command_timeout=120, python=args.host_python, login_user=args.login_user).start(n)
     try:
         staged = base / "staged"
         files = stage_bundle_files(staged)
@@ -163,6 +171,7 @@ def main() -> None:
         ("ddtree-ops --help", help_s, f"heavy imports: {', '.join(heavy) or 'none'}", verdict(help_s < 0.3 and not heavy) + " (< 0.3 s, no torch/fabric/paramiko)"),
     ]
     print(f"fan-out on a loopback fleet: {n} sshd, {files} release files, median of {repeat}, "
+          f"login user {fleet.login_user}, host python {args.host_python}, "
           f"python {sys.version.split()[0]}, {os.cpu_count()} cores, load average before/after "
           f"{load_before:.1f}/{os.getloadavg()[0]:.1f} (other work on the machine inflates every figure)")
     print()

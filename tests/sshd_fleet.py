@@ -84,6 +84,7 @@ class SshdHost:
     port: int
     authorized_keys: Path
     workdir: Path
+    login_user: str = field(default_factory=getpass.getuser)
     proc: Optional[subprocess.Popen] = None
     host_key: Path = field(init=False)
 
@@ -100,7 +101,7 @@ class SshdHost:
         return f"[127.0.0.1]:{self.port} {kind} {blob}\n"
 
     def start(self) -> None:
-        user = getpass.getuser()
+        user = self.login_user
         self.config.write_text(
             "\n".join(
                 [
@@ -170,8 +171,11 @@ class SshdHost:
 
 class SshdFleet:
     def __init__(self, base: Path, *, python: str = sys.executable, connect_timeout: float = 5,
-                 command_timeout: float = 30):
+                 command_timeout: float = 30, login_user: Optional[str] = None):
+        """`login_user`: log in as this existing account instead of the current user (root only;
+        e.g. one whose login shell runs no rc files, to measure without a heavy `.bashrc`)."""
         self.base = base
+        self.login_user = login_user or getpass.getuser()
         self.python = python
         self.connect_timeout = connect_timeout
         self.command_timeout = command_timeout
@@ -182,12 +186,18 @@ class SshdFleet:
         self.known_hosts = base / "known_hosts"
         self.known_hosts.write_text("")
         self.hosts: list[SshdHost] = []
+        if self.login_user != getpass.getuser():
+            # sshd reads authorized_keys as the login user: it must reach the file.
+            os.chmod(base, 0o755)
+            os.chmod(self.authorized_keys, 0o644)
 
     def add_host(self, name: Optional[str] = None) -> SshdHost:
         name = name or f"h{len(self.hosts)}"
         directory = self.base / name
         directory.mkdir()
-        host = SshdHost(name, directory, free_port(), self.authorized_keys, directory / "work")
+        host = SshdHost(name, directory, free_port(), self.authorized_keys, directory / "work", self.login_user)
+        if self.login_user != getpass.getuser():
+            shutil.chown(directory, user=self.login_user)  # workdirs are created inside it
         host.start()
         self.hosts.append(host)
         with self.known_hosts.open("a") as handle:
@@ -210,7 +220,7 @@ class SshdFleet:
         hosts.update(extra_hosts or {})
         return {
             "defaults": {
-                "user": getpass.getuser(),
+                "user": self.login_user,
                 "identity_file": str(self.client_key),
                 "known_hosts": str(self.known_hosts),
                 "ssh_config": str(self.base / "no-ssh-config"),
