@@ -11,6 +11,8 @@ from typing import Sequence
 
 import torch
 
+from ddtree.inputs import check_accepted_path
+
 
 @dataclass(frozen=True)
 class RoundCommit:
@@ -29,9 +31,7 @@ def commit_round(
     bonus_token: int,
 ) -> RoundCommit:
     tokens = verify_tokens.tolist() if isinstance(verify_tokens, torch.Tensor) else list(verify_tokens)
-    accepted = [int(i) for i in accepted]
-    if not accepted or accepted[0] != 0:
-        raise ValueError(f"accepted indices must start with the root 0, got {accepted}")
+    accepted = check_accepted_path(accepted)
     bad = [i for i in accepted if not 0 <= i < len(tokens)]
     if bad:
         raise ValueError(f"accepted index {bad[0]} is outside the {len(tokens)} verify tokens")

@@ -30,6 +30,7 @@ from ddtree.build import BuildMethod, build_ddtree_tree_from_logits
 from ddtree.commit import commit_round
 from ddtree.drafters import DraftRequest, Drafter, check_drafter
 from ddtree.hf_target import HFTarget
+from ddtree.inputs import check_budget
 from ddtree.kvcache import crop_cache, keep_cache_rows
 from ddtree.verify import follow_verified_tree
 
@@ -44,12 +45,15 @@ class DecodeMethod(str, Enum):
     DDTREE = "ddtree"
 
 
+DDTREE_KEY_PREFIX = "ddtree_tb"  # + the budget: the reference's DDTree method keys
+
+
 def method_key(method: DecodeMethod, budget: int | None = None) -> str:
     """`baseline`, `dflash`, `ddtree_tb64`: the keys of a reference run's `responses` items."""
     if method is DecodeMethod.DDTREE:
         if budget is None:
             raise ValueError("a DDTree method key needs its budget")
-        return f"ddtree_tb{budget}"
+        return f"{DDTREE_KEY_PREFIX}{budget}"
     return method.value
 
 
@@ -321,8 +325,7 @@ def generate_ddtree(
 
     `build_method` picks the core's tree builder (all return the same tree; their speed differs
     with the vocabulary and budget, see benchmarks/decode.py)."""
-    if budget < 0:
-        raise ValueError(f"budget must be >= 0, got {budget}")
+    budget = check_budget(budget)
     check_drafter(drafter, target)
     req = _Request(target, input_ids, config, STAGE_ORDER)
     drafter.begin(target)

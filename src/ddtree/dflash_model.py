@@ -141,7 +141,7 @@ class DFlashLayer(nn.Module):
         hidden: torch.Tensor,  # [1, q, H] block (noise) stream
         context: torch.Tensor,  # [1, c, H] fused target features of the new context rows
         cos: torch.Tensor,  # [c + q, head_dim] for positions of the new context rows then the block
-        sin: torch.Tensor,
+        sin: torch.Tensor,  # [c + q, head_dim]
         positions: torch.Tensor,  # [c + q] int64
         cache: "DFlashCache",
         layer: int,
@@ -182,8 +182,16 @@ class DFlashCache:
     def length(self) -> int:
         return 0 if self.keys[0] is None else int(self.keys[0].shape[2])
 
-    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor):
-        """Return the cached rows followed by k/v (the block included) without storing the block."""
+    def extend(
+        self,
+        layer: int,
+        k: torch.Tensor,  # [1, kv_heads, c + q, d] keys of the new context rows, then the block
+        v: torch.Tensor,  # [1, kv_heads, c + q, d]
+        positions: torch.Tensor,  # [c + q] int64
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Append k/v to layer `layer` and return (keys, values [1, kv_heads, T + c + q, d],
+        key positions [T + c + q]). The block's rows are stored too: `DFlashDraftNet.forward`
+        crops them off after the last layer and only then records the context positions."""
         old_k, old_v = self.keys[layer], self.values[layer]
         full_k = k if old_k is None else torch.cat([old_k, k], dim=2)
         full_v = v if old_v is None else torch.cat([old_v, v], dim=2)

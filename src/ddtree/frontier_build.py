@@ -40,6 +40,26 @@ def _slack(*values: float) -> float:
     return 1e-5 * (1.0 + sum(abs(v) for v in values if math.isfinite(v)))
 
 
+def _normalise_rows(owner: "_Rows | _RowReader", missing: list[int]) -> None:
+    """Fill `owner.log_z` for the rows `missing` (ascending, not yet normalised) with one
+    logsumexp over the span they cover, widened to >= 2 rows so the float32 sums are bit-equal
+    to the reference's full [D, V] call (see `_Rows`). Raises on NaN / +inf rows; lowers `owner.dead_from` at a row with
+    no finite logit. Shared by `_Rows` and `_RowReader`."""
+    if not missing:
+        return
+    start, stop = missing[0], missing[-1] + 1
+    if stop - start == 1 and owner.depth_limit > 1:
+        start, stop = (start, stop + 1) if stop < owner.depth_limit else (start - 1, stop)
+    log_z = torch.logsumexp(owner.logits[start:stop].float(), dim=-1)  # [c] float32
+    for offset, value in enumerate(log_z.tolist()):
+        row = start + offset
+        if math.isnan(value) or value == math.inf:
+            raise_bad_row(row, owner.logits[row])
+        if value == _NEG_INF:
+            owner.dead_from = min(owner.dead_from, row)
+        owner.log_z.setdefault(row, value)
+
+
 class _Rows:
     """Rows of [D, V] logits, normalised and top-k'd in chunks, only when the tree reaches them.
 
@@ -61,20 +81,7 @@ class _Rows:
         self.complete_above: dict[int, float] = {}  # row -> every usable rank with lp >= it is read
 
     def _normalise(self, start: int, stop: int) -> None:
-        missing = [d for d in range(start, stop) if d not in self.log_z]
-        if not missing:
-            return
-        start, stop = missing[0], missing[-1] + 1
-        if stop - start == 1 and self.depth_limit > 1:
-            start, stop = (start, stop + 1) if stop < self.depth_limit else (start - 1, stop)
-        log_z = torch.logsumexp(self.logits[start:stop].float(), dim=-1)  # [c] float32
-        for offset, value in enumerate(log_z.tolist()):
-            row = start + offset
-            if math.isnan(value) or value == math.inf:
-                raise_bad_row(row, self.logits[row])
-            if value == _NEG_INF:
-                self.dead_from = min(self.dead_from, row)
-            self.log_z.setdefault(row, value)
+        _normalise_rows(self, [d for d in range(start, stop) if d not in self.log_z])
 
     def fetch(self, start: int, stop: int, floor: float, best: float, probe: int | None = None) -> None:
         """Read rows [start, stop): the ranks any prefix scoring <= `best` needs to reach `floor`,
@@ -456,20 +463,7 @@ class _RowReader:
         self.dead_from = depth_limit  # first row without a finite logit
 
     def _normalise(self, rows: list[int]) -> None:
-        missing = [d for d in rows if d not in self.log_z]
-        if not missing:
-            return
-        start, stop = missing[0], missing[-1] + 1
-        if stop - start == 1 and self.depth_limit > 1:
-            start, stop = (start, stop + 1) if stop < self.depth_limit else (start - 1, stop)
-        log_z = torch.logsumexp(self.logits[start:stop].float(), dim=-1)  # [c] float32
-        for offset, value in enumerate(log_z.tolist()):
-            row = start + offset
-            if math.isnan(value) or value == math.inf:
-                raise_bad_row(row, self.logits[row])
-            if value == _NEG_INF:
-                self.dead_from = min(self.dead_from, row)
-            self.log_z.setdefault(row, value)
+        _normalise_rows(self, [d for d in rows if d not in self.log_z])
 
     def _chunk(self, rows: list[int]) -> torch.Tensor:
         start, stop = rows[0], rows[-1] + 1

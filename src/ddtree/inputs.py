@@ -1,5 +1,7 @@
-"""Input checks shared by the builders: one-line errors that carry the bad value."""
+"""Input checks shared by the core's entry points: one-line errors that carry the bad value."""
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 
@@ -12,6 +14,14 @@ def check_budget(budget: object) -> int:
     if budget < 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
     return budget
+
+
+def check_accepted_path(accepted: Sequence[int]) -> list[int]:
+    """Tree indices from `follow_verified_tree` as ints; they must start with the root 0."""
+    accepted = [int(i) for i in accepted]
+    if not accepted or accepted[0] != 0:
+        raise ValueError(f"accepted indices must start with the root 0, got {accepted}")
+    return accepted
 
 
 def check_logits_shape(logits: object, rank: int, name: str = "logits") -> torch.Tensor:

@@ -9,6 +9,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
+from ddtree.inputs import check_accepted_path
 from ddtree.tree import DraftTree
 
 
@@ -33,9 +34,7 @@ class TreeSummary:
 
 def summarize_ddtree(tree: DraftTree, budget: int, accepted: Sequence[int], bonus: int) -> TreeSummary:
     """accepted: tree indices from `follow_verified_tree` (starts with 0); bonus: its token."""
-    accepted = list(accepted)
-    if not accepted or accepted[0] != 0:
-        raise ValueError(f"accepted indices must start with the root 0, got {accepted}")
+    accepted = check_accepted_path(accepted)
     count = tree.num_nodes
     if max(accepted) > count:
         raise ValueError(f"accepted index {max(accepted)} is outside a tree of {count} nodes")

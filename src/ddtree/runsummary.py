@@ -13,16 +13,17 @@ from dataclasses import asdict, dataclass
 from statistics import mean
 from typing import Any, Mapping, Sequence
 
+from ddtree.decode import DDTREE_KEY_PREFIX, DecodeMethod
 from ddtree.metrics import acceptance_histogram, mean_acceptance_length
 
-AUTOREGRESSIVE_KEY = "baseline"
+AUTOREGRESSIVE_KEY = DecodeMethod.AUTOREGRESSIVE.value  # "baseline"
 
 
 def budget_of(method: str) -> int | None:
     """`ddtree_tb64` -> 64; None for the other method keys."""
-    prefix = "ddtree_tb"
-    if method.startswith(prefix) and method[len(prefix):].isdigit():
-        return int(method[len(prefix):])
+    digits = method.removeprefix(DDTREE_KEY_PREFIX)
+    if digits != method and digits.isdigit():
+        return int(digits)
     return None
 
 

@@ -27,6 +27,11 @@ class ShardTopK(NamedTuple):
     lse: torch.Tensor  # [bs, D] float32 logsumexp of the logits this top-K covers
 
 
+def _check_k(k: object) -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be an int >= 1, got {k!r}")
+
+
 def shard_top_k(
     logits: torch.Tensor,  # [bs, D, Vs] float32 / bfloat16 / float16, one vocabulary slice
     k: int,
@@ -39,8 +44,7 @@ def shard_top_k(
         raise ValueError(f"logits must be [bs, D, Vs], got shape {tuple(logits.shape)}")
     if not logits.is_floating_point():
         raise ValueError(f"logits must be a float tensor, got {logits.dtype}")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be an int >= 1, got {k!r}")
+    _check_k(k)
     if vocab_start < 0:
         raise ValueError(f"vocab_start must be >= 0, got {vocab_start}")
     bs, depth_limit, width = logits.shape
@@ -79,8 +83,7 @@ def merge_top_k(shards: ShardTopK, k: int) -> ShardTopK:
         )
     if shards.lse.shape != shards.values.shape[:3]:
         raise ValueError(f"stacked lse must be [R, bs, D], got {tuple(shards.lse.shape)}")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be an int >= 1, got {k!r}")
+    _check_k(k)
     count, bs, depth_limit, width = shards.values.shape
     candidates = shards.values.movedim(0, 2).reshape(bs, depth_limit, count * width)  # [bs, D, R*K]
     candidate_ids = shards.token_ids.movedim(0, 2).reshape(bs, depth_limit, count * width)

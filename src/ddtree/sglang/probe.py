@@ -87,11 +87,13 @@ def classify(
     if self_check is None:
         reasons.append("the plugin's self-check did not run (register() was not called by load_plugins)")
         return Verdict.FAILED, reasons
+    from ddtree.sglang.selfcheck import HookState  # lazy, like probe()'s other ddtree imports
+
     missing: list[str] = []
     for hook in self_check["hooks"]:
-        if hook["state"] == "applied":
+        if hook["state"] == HookState.APPLIED.value:
             continue
-        if hook["state"] == "unresolvable" and hook.get("missing_dependency"):
+        if hook["state"] == HookState.UNRESOLVABLE.value and hook.get("missing_dependency"):
             missing.append(hook["missing_dependency"])
             continue
         reasons.append(f"{hook['hook_id']} {hook['target']}: {hook['state']} ({hook['detail']})")

@@ -205,11 +205,3 @@ def enforce(report: SelfCheckReport, *, strict: bool) -> None:
     if strict:
         raise HookSelfCheckError(message + " (DDTREE_STRICT=1: stopping instead of serving linear DFlash)")
     logger.error("%s (DDTREE_STRICT=0: continuing; DDTree may be inactive)", message)
-
-
-def import_if_present(module: str) -> bool:
-    try:
-        importlib.import_module(module)
-    except Exception:  # noqa: BLE001 - only asks "does it import here"
-        return False
-    return True

@@ -50,7 +50,3 @@ HOOKS: tuple[HookSpec, ...] = (
         "capture the target-verify CUDA graph with a custom (tree) mask; refuse other backends",
     ),
 )
-
-
-def hook_spec(hook_id: HookId) -> HookSpec:
-    return next(spec for spec in HOOKS if spec.hook_id is hook_id)

@@ -179,7 +179,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 batch, on_publish=on_publish, grammar_barrier=grammar_barrier, pp_proxy_tensors=pp_proxy_tensors
             )
         if batch.spec_info is None or not isinstance(batch.spec_info, DFlashDraftInputV2):
-            raise RuntimeError("DDTree expected DFlashDraftInputV2 state on the running batch")
+            raise RuntimeError(
+                f"DDTree expected DFlashDraftInputV2 state on the running batch, got {type(batch.spec_info).__name__}"
+            )
         self._validate_phase1_sampling_support(batch)
         draft_input = batch.spec_info
         batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
