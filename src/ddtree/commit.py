@@ -38,6 +38,39 @@ def commit_round(
     return RoundCommit([int(tokens[i]) for i in accepted], int(bonus_token), accepted)
 
 
+def check_keep_rows(
+    keep_indices: Sequence[int] | torch.Tensor,  # [k] int64 window-relative rows, in order
+    past_length: int,
+    cache_rows: int,
+) -> list[int]:
+    """Validate keep rows against a cache of `cache_rows` rows whose appended window starts at
+    `past_length`; return them as host ints (one sync at most, for a device tensor)."""
+    if not 0 <= past_length <= cache_rows:
+        raise ValueError(f"past_length {past_length} outside a cache of {cache_rows} rows")
+    keep = keep_indices.tolist() if isinstance(keep_indices, torch.Tensor) else [int(i) for i in keep_indices]
+    window = cache_rows - past_length
+    if len(keep) > window:
+        raise ValueError(f"{len(keep)} rows to keep but the appended window holds {window}")
+    bad = [i for i in keep if not 0 <= i < window]
+    if bad:
+        raise ValueError(f"keep_indices {keep} must lie in [0, {window})")
+    return keep
+
+
+def move_kept_rows_(
+    cache: torch.Tensor,  # [..., T, ...] with the sequence on `seq_dim`
+    past_length: int,
+    keep: torch.Tensor,  # [k] int64 window-relative rows on cache.device, already checked
+    seq_dim: int,
+) -> None:
+    """The move itself, with no checks and no host sync: row past_length + keep[j] goes to
+    past_length + j. The kept rows are gathered before anything is written, so overlapping
+    moves are safe."""
+    window = cache.shape[seq_dim] - past_length
+    kept = cache.narrow(seq_dim, past_length, window).index_select(seq_dim, keep)
+    cache.narrow(seq_dim, past_length, keep.numel()).copy_(kept)
+
+
 def compact_appended_window_(
     cache: torch.Tensor,  # [..., T, ...] with the sequence on `dim`
     past_length: int,
@@ -45,23 +78,12 @@ def compact_appended_window_(
     dim: int = -2,
 ) -> int:
     """Move rows past_length + keep_indices[j] to past_length + j, in place. Returns the new
-    valid length past_length + k (rows after it are stale). Overlapping moves are safe: the
-    kept rows are gathered before anything is written."""
+    valid length past_length + k (rows after it are stale)."""
     seq_dim = dim % cache.dim()
-    window = cache.shape[seq_dim] - past_length
-    if not 0 <= past_length <= cache.shape[seq_dim]:
-        raise ValueError(f"past_length {past_length} outside a cache of {cache.shape[seq_dim]} rows on dim {dim}")
-    keep = torch.as_tensor(keep_indices, dtype=torch.int64).to(cache.device)
-    count = keep.numel()
-    if count > window:
-        raise ValueError(f"{count} rows to keep but the appended window holds {window}")
-    if count and not bool(((keep >= 0) & (keep < window)).all()):
-        raise ValueError(f"keep_indices {keep.tolist()} must lie in [0, {window})")
-    if count == 0 or torch.equal(keep, torch.arange(count, device=cache.device)):
-        return past_length + count  # already in place
-    kept = cache.narrow(seq_dim, past_length, window).index_select(seq_dim, keep)
-    cache.narrow(seq_dim, past_length, count).copy_(kept)
-    return past_length + count
+    keep = check_keep_rows(keep_indices, past_length, cache.shape[seq_dim])
+    if keep != list(range(len(keep))):  # else already in place
+        move_kept_rows_(cache, past_length, torch.tensor(keep, dtype=torch.int64, device=cache.device), seq_dim)
+    return past_length + len(keep)
 
 
 def keep_indices_batch(

@@ -357,8 +357,8 @@ def generate_ddtree(
         accepted, bonus = follow_verified_tree(tree.child_maps, posterior)
         commit = commit_round(inputs.input_ids[0], accepted, bonus)
         req.generated.extend(commit.tokens[1:] + [commit.bonus_token])
+        keep_cache_rows(req.cache, start, commit.keep_indices)  # host ints: no device round trip
         keep = torch.tensor(commit.keep_indices, dtype=torch.long, device=req.device)  # [K] int64
-        keep_cache_rows(req.cache, start, keep)
         feed.committed(commit.tokens, None if out.hidden is None else out.hidden.index_select(1, keep))
         req.stage_times["commit"] += req.clock() - verified
         if req.round_trees is not None:

@@ -8,11 +8,11 @@ pass a negative count and never call it with zero (4.5x would read 0 as "keep no
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 
-from ddtree.commit import compact_appended_window_
+from ddtree.commit import check_keep_rows, move_kept_rows_
 
 
 class UnsupportedCacheError(TypeError):
@@ -50,16 +50,20 @@ def _layer_tensors(cache: Any) -> Iterator[torch.Tensor]:
     raise UnsupportedCacheError(f"cannot compact a {type(cache).__name__}: no per-layer key/value tensors")
 
 
-def keep_cache_rows(cache: Any, past_length: int, keep: torch.Tensor) -> None:
+def keep_cache_rows(cache: Any, past_length: int, keep: Sequence[int] | torch.Tensor) -> None:
     """After a tree verify appended N+1 rows at `past_length`, keep only rows `keep`.
 
     keep: [K] int64 tree indices (root first, increasing); the cache ends `past_length + K`
-    rows long, in the order of `keep`.
+    rows long, in the order of `keep`. Checked once on the host; each layer's move is then
+    a gather and a copy with no host sync.
     """
-    tensors_by_device: dict[torch.device, torch.Tensor] = {}
-    for tensor in _layer_tensors(cache):
-        index = tensors_by_device.get(tensor.device)
-        if index is None:
-            index = tensors_by_device[tensor.device] = keep.to(tensor.device, torch.long)
-        compact_appended_window_(tensor, past_length, index)
-    crop_cache(cache, past_length + int(keep.numel()))
+    tensors = list(_layer_tensors(cache))  # refuses a cache layout we cannot compact
+    rows = check_keep_rows(keep, past_length, cache_length(cache))
+    if rows != list(range(len(rows))):  # else the kept rows are already a prefix
+        index_by_device: dict[torch.device, torch.Tensor] = {}
+        for tensor in tensors:
+            index = index_by_device.get(tensor.device)
+            if index is None:
+                index = index_by_device[tensor.device] = torch.tensor(rows, dtype=torch.int64, device=tensor.device)
+            move_kept_rows_(tensor, past_length, index, seq_dim=tensor.dim() - 2)
+    crop_cache(cache, past_length + len(rows))
