@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import os
 import re
@@ -25,6 +24,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ddtree.runsummary import MethodSummary, summarize_methods
 from ddtree_ops.errors import BaselineFileError
+from ddtree_ops.results import sha256_file
 
 BASELINE_FORMAT = "ddtree-ops-baseline/1"
 PAPER_DIR = Path(__file__).resolve().parent.parent / "baselines"
@@ -180,14 +180,6 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def import_reference_runs(paths: Sequence[Path]) -> Baseline:
     """Read every file first (all or nothing), then summarise; duplicate cells are an error."""
     entries: list[MethodSummary] = []
@@ -200,7 +192,7 @@ def import_reference_runs(paths: Sequence[Path]) -> Baseline:
                 raise BaselineFileError(f"{path}: {entry.key} already comes from {seen[entry.key]}")
             seen[entry.key] = path.name
             entries.append(entry)
-        sources.append({"file": path.name, "sha256": _sha256(path)})
+        sources.append({"file": path.name, "sha256": sha256_file(path)})
     return Baseline(entries=entries, sources=sources)
 
 

@@ -19,7 +19,7 @@ from typing import Any, Optional
 from ddtree_ops.errors import RemoteStepError
 from ddtree_ops.inventory import Host
 from ddtree_ops.release import ReleaseBundle
-from ddtree_ops.remote_layout import BOOTSTRAP, ensure_release, host_lock, parse_agent_reply
+from ddtree_ops.remote_layout import agent_argv, ensure_release, host_lock, parse_agent_reply
 from ddtree_ops.transport.base import Transport
 
 INSTALLER = "src/ddtree/sglang/install.py"
@@ -55,8 +55,8 @@ def call_installer(
     timeout: Optional[float] = None,
 ) -> dict[str, Any]:
     stdin = installer_stdin(bundle, op)
-    argv = [host.python, "-c", BOOTSTRAP, op, host.workdir, *args]
-    result = transport.run(argv, stdin=stdin, timeout=timeout)
+    # With site-packages: the installer works on the environment's site dir.
+    result = transport.run(agent_argv(host, op, *args, site=True), stdin=stdin, timeout=timeout)
     return parse_agent_reply(host, op, result)
 
 

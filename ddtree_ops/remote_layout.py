@@ -68,12 +68,13 @@ def agent_preamble() -> bytes:
     return b"%d\n" % len(source) + source
 
 
-def agent_argv(host: Host, op: str, *args: str) -> list[str]:
-    """argv that runs one agent operation with the host's Python (by absolute path).
+def agent_argv(host: Host, op: str, *args: str, site: bool = False) -> list[str]:
+    """argv that runs one script sent behind BOOTSTRAP (the agent, or with `site=True` the
+    SGLang installer) with the host's Python (by absolute path).
 
-    `-S` skips site-packages at start (3-5x faster start in a big ML environment); the
-    probe turns them on itself when it looks for torch and SGLang."""
-    return [host.python, "-S", "-c", BOOTSTRAP, op, host.workdir, *args]
+    Without `site`, `-S` skips site-packages at start (3-5x faster start in a big ML
+    environment); the probe turns them on itself when it looks for torch and SGLang."""
+    return [host.python, *(() if site else ("-S",)), "-c", BOOTSTRAP, op, host.workdir, *args]
 
 
 class _PayloadGate(io.RawIOBase):
@@ -236,10 +237,6 @@ def ensure_release(
 def remote_workdir(transport: Transport, host: Host) -> str:
     """The host's workdir as an absolute path (`~` resolved there)."""
     return call_agent(transport, host, "whereis")["workdir"]
-
-
-def active_release(transport: Transport, host: Host) -> Optional[str]:
-    return call_agent(transport, host, "whereis")["active_release"]
 
 
 def probe_host(

@@ -367,7 +367,7 @@ class CollectSummary:
                 "merged_events": self.merged_events}
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     import hashlib
 
     digest = hashlib.sha256()
@@ -409,7 +409,7 @@ def collect_host_files(transport: Any, host: str, list_argv: list[str], remote_r
         if relpath is None:
             continue
         local = remote_root / relpath
-        if local.is_file() and _sha256_file(local) == entry.get("sha256"):
+        if local.is_file() and sha256_file(local) == entry.get("sha256"):
             summary.unchanged += 1
             continue
         local.parent.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@ stage logs, artifacts) that did not stream back, e.g. after a dropped connection
 and resumable: files already held (same sha256) are not fetched again."""
 from __future__ import annotations
 
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -33,8 +33,9 @@ def collect(
     """Fetch a run's remaining files from its hosts into runs/<run-id>/<host>/remote/."""
     from ddtree_ops.cli.console import run_on_hosts
     from ddtree_ops.cli.options import select_hosts
-    from ddtree_ops.cli.smoke import RUNNER_RELPATH
+    from ddtree_ops.cli.smoke import runner_control_argv
     from ddtree_ops.errors import UsageError
+    from ddtree_ops.remote_layout import run_dir as remote_run_dir
     from ddtree_ops.results import RunStore, collect_host_files, read_json, runs_root
 
     store = RunStore(runs_root(runs_dir))
@@ -48,10 +49,9 @@ def collect(
         host_dir = run.path / ctx.host.name
         workdir = read_json(host_dir / "run.json").get("workdir") or ctx.host.workdir
         workdir = workdir.rstrip("/")
-        argv = [ctx.host.python, f"{workdir}/{RUNNER_RELPATH}", "files", "--run-id", run_id,
-                "--workdir", workdir]
+        argv = runner_control_argv(ctx.host, workdir, run_id, "files")
         return collect_host_files(ctx.transport, ctx.host.name, argv,
-                                  f"{workdir}/runs/{run_id}", host_dir, LIST_TIMEOUT_S)
+                                  remote_run_dir(workdir, run_id), host_dir, LIST_TIMEOUT_S)
 
     return run_on_hosts(
         "collect", in_run, task,

@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from ddtree_ops.cli.options import FanoutOptions
@@ -111,7 +112,9 @@ class LiveHostTable:
             finished = state in _FINAL_STATES
             elapsed = ((changed if finished else now) - begun) if begun is not None else 0.0
             style = _STATE_STYLE.get(state, "")
-            table.add_row(host, f"[{style}]{state}[/]" if style else state, f"{elapsed:.1f}s", detail)
+            # Host names and details carry remote text (paths, tracebacks): never Rich markup.
+            table.add_row(escape(host), f"[{style}]{state}[/]" if style else state, f"{elapsed:.1f}s",
+                          escape(detail))
         return table
 
 
@@ -147,13 +150,14 @@ def summary_table(
     for name, outcome in result.items():
         style = _STATE_STYLE.get(outcome.state.value, "")
         has_facts = outcome.ok or getattr(outcome.error, "details", None) is not None
-        cells = list(row(outcome)) if has_facts else [""] * len(columns)
+        cells = [escape(str(c)) for c in row(outcome)] if has_facts else [""] * len(columns)
+        # Cells and errors carry remote text: a `[/usr/...]` in it would be a Rich markup error.
         table.add_row(
-            name,
+            escape(name),
             f"[{style}]{outcome.state.value}[/]",
             *cells,
             f"{outcome.duration_s:.2f}s",
-            "" if outcome.ok else outcome.message(),
+            "" if outcome.ok else escape(outcome.message()),
         )
     return table
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -15,13 +15,9 @@ from ddtree_ops.cli.options import (
     InventoryOpt,
     JsonOpt,
     ParallelOpt,
+    SourceOpt,
     select_hosts,
 )
-
-SourceOpt = Annotated[
-    Optional[Path],
-    typer.Option("--source", help="Bundle this checkout instead of the ddtree ddtree-ops runs with.", show_default=False),
-]
 
 
 def _note(outcome: Any) -> str:

@@ -45,6 +45,11 @@ AcceptNewHostKeysOpt = Annotated[
     ),
 ]
 
+SourceOpt = Annotated[
+    Optional[Path],
+    typer.Option("--source", help="Bundle this checkout instead of the ddtree ddtree-ops runs with.", show_default=False),
+]
+
 
 @dataclass(frozen=True)
 class FanoutOptions:

@@ -1,8 +1,7 @@
 """`ddtree-ops push`: make the current ddtree release active on the selected hosts."""
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -15,6 +14,7 @@ from ddtree_ops.cli.options import (
     InventoryOpt,
     JsonOpt,
     ParallelOpt,
+    SourceOpt,
     select_hosts,
 )
 
@@ -28,10 +28,7 @@ def _size(n: int) -> str:
 def push(
     inventory: InventoryOpt = None,
     hosts: HostsOpt = None,
-    source: Annotated[
-        Optional[Path],
-        typer.Option("--source", help="Bundle this checkout instead of the ddtree ddtree-ops runs with.", show_default=False),
-    ] = None,
+    source: SourceOpt = None,
     keep: Annotated[int, typer.Option("--keep", min=1, help="Releases kept per host (the active one always).")] = DEFAULT_KEEP,
     json_out: JsonOpt = False,
     parallel: ParallelOpt = DEFAULT_PARALLEL,

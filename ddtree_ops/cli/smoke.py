@@ -196,9 +196,14 @@ class SmokePlan:
     release_id: Optional[str]  # what was pushed (None with --no-push)
 
 
+def runner_control_argv(host: "Host", workdir: str, run_id: str, subcommand: str) -> list[str]:
+    """argv of `runner.py SUBCOMMAND` for one run (`stop`, `files`; `run` adds its options)."""
+    return [host.python, f"{workdir.rstrip('/')}/{RUNNER_RELPATH}", subcommand,
+            "--run-id", run_id, "--workdir", workdir]
+
+
 def runner_argv(host: "Host", workdir: str, plan: SmokePlan, subcommand: str = "run") -> list[str]:
-    argv = [host.python, f"{workdir.rstrip('/')}/{RUNNER_RELPATH}", subcommand,
-            "--run-id", plan.run_id, "--workdir", workdir]
+    argv = runner_control_argv(host, workdir, plan.run_id, subcommand)
     if subcommand != "run":
         return argv
     argv += ["--host", host.name, "--options", json.dumps(plan.options, separators=(",", ":")),
@@ -385,6 +390,7 @@ def stop_runners(hosts: list["Host"], workdirs: dict[str, str], plan: SmokePlan,
     runner has written its last records), then fetch the run's files as `collect` does, so
     the local store ends with the host's complete record. In parallel, bounded."""
     from ddtree_ops.errors import DdtreeOpsError
+    from ddtree_ops.remote_layout import run_dir as remote_run_dir
     from ddtree_ops.results import collect_host_files
     from ddtree_ops.transport.factory import open_transport
 
@@ -394,7 +400,7 @@ def stop_runners(hosts: list["Host"], workdirs: dict[str, str], plan: SmokePlan,
             with open_transport(host, accept_new_host_keys=accept_new_host_keys) as transport:
                 transport.run(runner_argv(host, workdir, plan, "stop"), timeout=STOP_TIMEOUT_S)
                 collect_host_files(transport, host.name, runner_argv(host, workdir, plan, "files"),
-                                   f"{workdir}/runs/{plan.run_id}", run_dir / host.name,
+                                   remote_run_dir(workdir, plan.run_id), run_dir / host.name,
                                    STOP_TIMEOUT_S)
         except DdtreeOpsError as err:
             sys.stderr.write(f"ddtree-ops: {host.name}: could not stop the runner: {err}\n")

@@ -262,17 +262,10 @@ def activate_if_present(workdir, release_id, keep):
             "previous": previous, "pruned": pruned, "workdir": workdir}, None
 
 
-def op_sync(workdir, release_id, keep, lock_wait, take_lock):
-    """Activate the release if it is already here and intact; otherwise say it is missing."""
-    ensure_layout(workdir)
-    with maybe_lock(workdir, take_lock, "push", lock_wait):
-        reply, problem = activate_if_present(workdir, release_id, keep)
-        return reply or {"status": "missing", "replaced_broken": problem, "workdir": workdir}
-
-
 def op_push(workdir, release_id, keep, lock_wait, take_lock):
-    """sync + install in one process and one channel: when the release is missing, print
-    `{"need": ID}` and read the archive that the operator side then sends on stdin."""
+    """Activate an intact copy if present, else install, in one process and one channel: when
+    the release is missing, print `{"need": ID}` and read the archive that the operator side
+    then sends on stdin."""
     ensure_layout(workdir)
     with maybe_lock(workdir, take_lock, "push", lock_wait):
         reply, problem = activate_if_present(workdir, release_id, keep)
@@ -522,7 +515,6 @@ def op_probe(workdir, deep="0"):
 
 OPERATIONS = {
     "push": op_push,
-    "sync": op_sync,
     "install": op_install,
     "hold-lock": op_hold_lock,
     "whereis": op_whereis,

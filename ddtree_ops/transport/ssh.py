@@ -224,12 +224,16 @@ class SshTransport(Transport):
         for spec in target.proxy_jump.split(","):
             user, _, rest = spec.rpartition("@")
             alias, _, port = rest.partition(":")
+            if port and not port.isdigit():
+                # Same kind as an unreadable ssh_config in resolve_target: names value and source.
+                raise HostUnreachable(self.host_name, f"ssh_config ProxyJump {spec!r}: port {port!r} is not a number")
             hops.append(resolve_target(self.host, alias, user=user or None, port=int(port) if port else None))
         return hops
 
     def _connect_chain(self, target: SshTarget) -> paramiko.SSHClient:
         sock = None
-        for hop in self._jump_targets(target) + [target]:
+        chain = self._jump_targets(target) + [target]  # resolved once: each reads ssh_config
+        for hop in chain:
             where = f"{hop.hostname}:{hop.port}"
             if sock is None:
                 sock = _tcp_connect(self.host_name, hop.hostname, hop.port, self.connect_timeout)
@@ -257,7 +261,7 @@ class SshTransport(Transport):
             transport = client.get_transport()
             transport.set_keepalive(15)
             if hop is not target:
-                next_hop = (self._jump_targets(target) + [target])[len(self._clients)]
+                next_hop = chain[len(self._clients)]
                 try:
                     sock = transport.open_channel(
                         "direct-tcpip", (next_hop.hostname, next_hop.port), ("127.0.0.1", 0),
