@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from ddtree.runsummary import MethodSummary, summarize_methods
-from ddtree_ops.errors import BaselineFileError
+from ddtree_ops.errors import BaselineFileError, UsageError
 from ddtree_ops.results import sha256_file
 
 BASELINE_FORMAT = "ddtree-ops-baseline/1"
@@ -169,8 +169,11 @@ def read_baseline(path: Path) -> Baseline:
 
 def write_atomically(path: Path, text: str) -> None:
     """Write via a temporary file in the same folder and rename: never a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as err:
+        raise UsageError(f"{path}: cannot write the baseline here: {err.strerror or err}") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)

@@ -210,8 +210,12 @@ def parse_inventory(data: Any, *, source: str, base_dir: Path) -> Inventory:
 
 
 def _resolve_host(name: str, entry: HostEntry, defaults: _HostKeys, source: str, base_dir: Path) -> Host:
-    if not name or name != name.strip() or "," in name or name == ALL_HOSTS:
-        raise ConfigError(f"{source}: hosts.{name!r}: invalid host name (no commas, no outer spaces, not 'all')")
+    # A host name is also a folder of every local run (runs/<run>/<host>): no path separators.
+    if (not name or name != name.strip() or "," in name or name == ALL_HOSTS
+            or "/" in name or "\0" in name or name in (".", "..")):
+        raise ConfigError(
+            f"{source}: hosts.{name!r}: invalid host name (no commas, no '/', no outer spaces, not '.', '..' or 'all')"
+        )
 
     def pick(key: str) -> Any:
         own = getattr(entry, key)

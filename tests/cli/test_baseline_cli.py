@@ -81,3 +81,13 @@ def test_paper_baseline_command(tmp_path):
     assert main(["baseline", "paper", "-o", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert any(e["method"] == "ddtree_tb1024" and e["tau"] == 10.975 for e in doc["entries"])
+
+
+def test_an_unwritable_output_is_one_line_naming_the_file(tmp_path, capsys):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where a folder should be\n")
+    out = blocker / "paper.json"
+    assert main(["baseline", "paper", "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"ddtree-ops: error: {out}: cannot write the baseline here")
+    assert blocker.read_text() == "a file where a folder should be\n"

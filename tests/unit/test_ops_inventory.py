@@ -111,6 +111,8 @@ BAD_INVENTORIES = [
     ("hosts:\n  a: {port: 22\n", "hosts.yaml: line 3: invalid YAML: "),
     ("hosts:\n  a: {groups: [a]}\n", "hosts.yaml: hosts.a: a group has the same name as this host"),
     ("hosts:\n  'a,b': {}\n", "hosts.yaml: hosts.'a,b': invalid host name"),
+    ("hosts:\n  '../evil': {}\n", "hosts.yaml: hosts.'../evil': invalid host name"),
+    ("hosts:\n  '..': {}\n", "hosts.yaml: hosts.'..': invalid host name"),
     ("hosts:\n  a: {groups: [all]}\n", "hosts.yaml: hosts.a.groups: invalid group name 'all'"),
 ]
 
