@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from ddtree_ops.cli.app import main
+from fixtures.checkout import copy_release_files
 
-REPO = Path(__file__).resolve().parents[2]
 QUICK = ["--budgets", "16,64", "--batch-sizes", "1,2", "--repeat", "1"]
 
 EXTRA_STAGES = {
@@ -29,14 +29,8 @@ EXTRA_STAGES = {
 
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory) -> Path:
-    """A copy of this checkout's release files plus two purpose-built stages."""
-    root = tmp_path_factory.mktemp("checkout")
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(REPO / "src" / "ddtree", root / "src" / "ddtree", ignore=ignore)
-    shutil.copytree(REPO / "smoke", root / "smoke", ignore=ignore)
-    for name, code in EXTRA_STAGES.items():
-        (root / "smoke" / "stages" / f"{name}.py").write_text(code)
-    return root
+    """A copy of this checkout's release files plus the purpose-built stages above."""
+    return copy_release_files(tmp_path_factory.mktemp("checkout"), EXTRA_STAGES)
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ failing stage, a hanging stage, a host killed mid-run (exit 6, the others' resul
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -13,10 +12,10 @@ import pytest
 import yaml
 
 from ddtree_ops.cli.app import main
+from fixtures.checkout import copy_release_files
 
 pytestmark = [pytest.mark.sshd, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
 
 EXTRA_STAGES = {
     "broken": 'NAME = "broken"\nDESCRIPTION = "raises"\n'
@@ -33,13 +32,8 @@ EXTRA_STAGES = {
 
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("checkout")
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(REPO / "src" / "ddtree", root / "src" / "ddtree", ignore=ignore)
-    shutil.copytree(REPO / "smoke", root / "smoke", ignore=ignore)
-    for name, code in EXTRA_STAGES.items():
-        (root / "smoke" / "stages" / f"{name}.py").write_text(code)
-    return root
+    """A copy of this checkout's release files plus the purpose-built stages above."""
+    return copy_release_files(tmp_path_factory.mktemp("checkout"), EXTRA_STAGES)
 
 
 @pytest.fixture
