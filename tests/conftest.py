@@ -36,3 +36,15 @@ def isolated_cwd(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("DDTREE_OPS_INVENTORY", raising=False)
     return tmp_path
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op torch thread for a module of many tiny tensor ops (thread hand-offs cost more
+    than the ops on a shared 2-core machine); the previous count is restored afterwards."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

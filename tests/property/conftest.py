@@ -1,14 +1,10 @@
-"""Property tests run thousands of tiny tensor ops: one intra-op thread keeps them fast on a
-shared CI machine (thread hand-offs cost more than the ops). Restored afterwards."""
+"""Property tests run thousands of tiny tensor ops: one intra-op thread for every module here
+(`one_torch_thread` in tests/conftest.py restores the count afterwards)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True, scope="module")
-def single_intra_op_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
+def single_intra_op_thread(one_torch_thread):
     yield
-    torch.set_num_threads(previous)

@@ -24,13 +24,7 @@ from ddtree.lossless import (  # noqa: E402
 BUDGETS = [1, 4, 16, 64]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # A tiny model is dominated by per-op overhead; extra threads only fight the other tests.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize(

@@ -16,12 +16,7 @@ from smoke.stages import decode_bench, lossless  # noqa: E402
 from ddtree.lossless import TINY_VOCAB, build_tiny_target, save_tiny_dflash_drafter, tiny_dflash_config  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def context(tmp_path: Path, stage: str, host: dict, **options) -> StageContext:
