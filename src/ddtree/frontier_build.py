@@ -18,18 +18,20 @@ Two builders share that idea:
 Both results are checked: every placed node's generator (previous sibling, or parent for
 rank 0) must be placed before it. That holds whenever scores never rise along a generator
 edge, which is what makes the reference's pop order equal to the sorted order; if float
-rounding ever breaks it, the heap oracle builds the tree instead.
+rounding ever breaks it, a heap loop builds the tree instead.
 """
 from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_right
 from typing import NamedTuple
 
 import torch
 
 from ddtree.heap_build import best_first, build_heap_tree
 from ddtree.inputs import check_rows_finite, raise_bad_row
+from ddtree.row_select import Read, row_source
 from ddtree.tree import DraftTree, make_draft_tree, root_only_tree
 
 _NEG_INF = float("-inf")
@@ -425,18 +427,20 @@ def _lex_order(
 # ---------------------------------------------------------------------------------------------
 # The enumerating builder: the default fast path (`build_fast_tree`).
 #
-# 1. Read rows: one batched logsumexp + top-k per chunk of rows (rows 0-1, then every further
-#    row the greedy chain reaches), a few ranks per row at first.
+# 1. Read rows: one batched logsumexp per chunk of rows (rows 0-1, then every further row the
+#    greedy chain reaches; all rows at once when the block maxima predict a deep chain), a few
+#    ranks per row at first. Large vocabularies read ranks through block maxima
+#    (`ddtree.row_select`): only the blocks that can hold them are touched.
 # 2. Floor: the budget-th best of a family of valid paths whose scores need no extra reads:
 #    "greedy to depth d, rank r at depth d+1, greedy again to depth e" scores
 #    chain[e] - lp[d][0] + lp[d][r]. Every row then needs exactly the ranks with
-#    lp >= floor - chain[d]; rows whose read ranks stop above that are read wider (x4).
+#    lp >= floor - chain[d]; rows whose read ranks stop above that are read down to it.
 # 3. Enumerate, in plain Python over float lists, every path scoring >= floor with the
 #    reference's own float64 chains (child: logw + lp[0]; sibling: logw - lp[r] + lp[r+1]),
-#    sort by (score desc, rank path asc), keep `budget`. The generator check of `_assemble`
-#    (previous sibling or parent placed before) proves the sorted order is the heap's pop order.
-# Anything unexpected (no finite floor, a path that runs past the read ranks, a failed check)
-# hands the input to the heap loop or the heap oracle.
+#    sort by (score desc, rank path asc), keep `budget`. The generator check (previous
+#    sibling or parent placed before) proves the sorted order is the heap's pop order.
+# Anything unexpected (no finite floor, a path that runs past the read ranks, a failed check,
+# a floor so loose that the candidates explode) hands the rows as read to the heap loop.
 # ---------------------------------------------------------------------------------------------
 
 
@@ -445,13 +449,17 @@ class _RowReader:
 
     `lp[d]` / `ids[d]`: row d's read ranks (finite log-probs, sorted descending, float32 values
     as Python floats) and token ids; `full[d]`: every usable rank (up to the row's cap) is read.
-    logsumexp always covers >= 2 rows (or a whole one-row input), like `_Rows`.
+    Ranks are found through block maxima (`ddtree.row_select`), so a read touches the few
+    blocks that hold them, not the whole row; logsumexp always covers >= 2 rows (or a whole
+    one-row input), like `_Rows`.
     """
 
     def __init__(self, logits: torch.Tensor, budget: int):
         self.logits = logits  # [D, V] any float dtype, any device
         depth_limit, vocab = logits.shape
         self.depth_limit = depth_limit
+        self.source = row_source(logits)  # rows are checked for NaN / +inf as they are
+        # normalised (`_normalise_rows`), the rest by `check_unread_rows`
         # rank r at depth d+1 needs its d ancestors and r elder siblings placed first
         self.cap = [max(0, min(budget, vocab, budget - d)) for d in range(depth_limit)]
         self.log_z: dict[int, float] = {}
@@ -461,59 +469,64 @@ class _RowReader:
         # known_above[d]: every usable rank of row d with a log-prob > it has been read
         self.known_above: dict[int, float] = {}
         self.dead_from = depth_limit  # first row without a finite logit
+        self.family_best = _NEG_INF  # `_family_floor`'s last budget-th best score (no margin)
 
     def _normalise(self, rows: list[int]) -> None:
         _normalise_rows(self, [d for d in rows if d not in self.log_z])
 
-    def _chunk(self, rows: list[int]) -> torch.Tensor:
-        start, stop = rows[0], rows[-1] + 1
-        if stop - start == len(rows):
-            return self.logits[start:stop]  # [c, V] a view
-        return self.logits[torch.tensor(rows, device=self.logits.device)]  # [c, V] only these rows
+    def check_unread_rows(self) -> None:
+        """Raise for NaN / +inf in rows never normalised (a normalised row was checked then)."""
+        unread = [d for d in range(self.depth_limit) if d not in self.log_z]
+        if unread:
+            check_rows_finite(self.logits[unread[0] : unread[-1] + 1], first_row=unread[0])
 
     def read(self, rows: list[int], k: int) -> None:
-        """Read the top min(k, cap) ranks of each of `rows` (ascending) in one top-k call."""
+        """Read the top min(k, cap) ranks of each of `rows` (ascending)."""
         self._normalise(rows)
         rows = [d for d in rows if d < self.dead_from]
+        wanted = [min(k, self.cap[d]) for d in rows]
+        for d in [d for d, w in zip(rows, wanted) if w == 0]:
+            self.lp[d], self.ids[d], self.full[d], self.known_above[d] = [], [], True, _NEG_INF
+        rows, wanted = [d for d, w in zip(rows, wanted) if w], [w for w in wanted if w]
         if rows:
-            self._top(rows, self._chunk(rows).float(), [min(k, self.cap[d]) for d in rows], None)
+            self._store(rows, self.source.top(rows, wanted, self._log_z(rows)), wanted, None)
 
     def read_down_to(self, rows: list[int], needs: list[float]) -> None:
         """Read, for each of `rows` (ascending, already normalised), every rank whose log-prob
-        is >= its `needs` entry: one comparison pass counts them, one top-k reads them."""
-        x = self._chunk(rows).float()  # [c, V]
+        is >= its `needs` entry."""
         margins = [2 * _slack(need) for need in needs]  # over-reading a few ranks is harmless
         cuts = torch.tensor([n - m + self.log_z[d] for d, n, m in zip(rows, needs, margins)], dtype=torch.float64)
-        counts = (x >= cuts.to(x.device, torch.float32).unsqueeze(1)).sum(dim=1).tolist()
-        exact = [max(1, min(count, self.cap[d])) for d, count in zip(rows, counts)]
-        # A loose floor can ask for far more ranks than the tree will use: read at most 4x
-        # what the row has, then let the floor rise with what was read.
-        wanted = [min(k, 4 * max(len(self.lp[d]), 8)) for d, k in zip(rows, exact)]
-        known = [n - m / 2 if w == k else None for n, m, w, k in zip(needs, margins, wanted, exact)]
-        self._top(rows, x, wanted, known)
+        limits = [self.cap[d] for d in rows]
+        if not self.source.wide_reads_are_cheap:
+            # A loose floor can ask for far more ranks than the tree will use: read at most 4x
+            # what the row has, then let the floor rise with what was read.
+            limits = [min(limit, 4 * max(len(self.lp[d]), 8)) for d, limit in zip(rows, limits)]
+        read, counts = self.source.at_least(rows, cuts.to(torch.float32), limits, self._log_z(rows))
+        wanted = [min(count, limit) for count, limit in zip(counts, limits)]
+        exact = [w == min(count, self.cap[d]) for d, w, count in zip(rows, wanted, counts)]
+        known = [n - m / 2 if e else None for n, m, e in zip(needs, margins, exact)]
+        self._store(rows, read, wanted, known)
 
-    def _top(self, rows: list[int], x: torch.Tensor, wanted: list[int], known: list[float | None] | None) -> None:
-        width = max(wanted)  # x: [c, V] float32, one row per entry of rows
-        if width == 0:
-            for d in rows:
-                self.lp[d], self.ids[d], self.full[d], self.known_above[d] = [], [], True, _NEG_INF
-            return
-        values, ids = torch.topk(x, width, dim=-1)  # [c, width]
-        log_z = torch.tensor([self.log_z[d] for d in rows], dtype=torch.float32)
-        log_probs = values.to("cpu", torch.float32) - log_z.unsqueeze(1)  # the reference's own subtraction
-        lp_rows, id_rows = log_probs.tolist(), ids.tolist()
-        for i, (d, want, lp_row, id_row) in enumerate(zip(rows, wanted, lp_rows, id_rows)):
-            n = want
-            while n and lp_row[n - 1] == _NEG_INF:  # zero-probability tokens are never placed
-                n -= 1
-            self.lp[d], self.ids[d] = lp_row[:n], id_row[:n]
+    def _log_z(self, rows: list[int]) -> torch.Tensor:
+        return torch.tensor([self.log_z[d] for d in rows], dtype=torch.float32)  # [c] host
+
+    def _store(self, rows: list[int], read: Read, wanted: list[int], known: list[float | None] | None) -> None:
+        """Keep each row's read ranks (at most its `wanted`); `known[i]`: every rank with a
+        log-prob >= it is now read (None: unknown)."""
+        for i, (d, want) in enumerate(zip(rows, wanted)):
+            lp_row = read.log_probs[i]
+            n = len(lp_row)
+            if n == 0 and known is not None and known[i] is not None and d in self.lp:
+                # nothing reaches the need: what was read stands, and nothing above it is unread
+                self.known_above[d] = min(self.known_above[d], known[i])
+                continue
+            self.lp[d], self.ids[d] = lp_row, read.ids[i]
             self.full[d] = n < want or want == self.cap[d]
             if self.full[d]:
                 self.known_above[d] = _NEG_INF
-            else:  # a top-k read may leave ranks equal to its last one unread
+            else:  # ranks equal to the last one read may be unread
                 exact = known is not None and known[i] is not None
                 self.known_above[d] = min(known[i], lp_row[n - 1]) if exact else lp_row[n - 1]
-
 
 
 class _HeapView:
@@ -537,13 +550,16 @@ class _HeapView:
         return self.reader.ids[d]
 
 
-def _first_reads(budget: int) -> tuple[int, int]:
+def _first_reads(budget: int, wide_reads_are_cheap: bool) -> tuple[int, int]:
     """Ranks first read from rows 0-1 and from the deeper rows. Small budgets read whole
     (capped) rows at once, as the reference does: a top-k that small costs about as much as a
-    probe. Larger ones probe: `PROBE_RANKS`, more below row 1 for larger budgets (a
-    drafter-like row at budget 1024 needs ~100 ranks)."""
+    probe. Larger ones probe `PROBE_RANKS`; where a wide read costs a full-row top-k, deeper
+    rows are probed wider for larger budgets (a drafter-like row at budget 1024 needs ~100
+    ranks) so that one read, not two, usually suffices."""
     if budget <= 2 * PROBE_RANKS:
         return budget, budget
+    if wide_reads_are_cheap:
+        return PROBE_RANKS, PROBE_RANKS
     return PROBE_RANKS, PROBE_RANKS * max(1, budget // 256)
 
 
@@ -559,9 +575,17 @@ def _greedy_chain(reader: _RowReader) -> list[float]:
 
 def _family_floor(reader: _RowReader, chain: list[float], budget: int) -> float:
     """The budget-th best score of the family "greedy, one deviation, greedy", minus a margin
-    for float64 chain rounding; -inf when the family has fewer than `budget` paths."""
+    for float64 chain rounding; -inf when the family has fewer than `budget` paths.
+
+    The family only grows as rows are read wider or deeper, so its budget-th best never falls:
+    deviations already below the last one found (`reader.family_best`) are left out."""
     depths = len(chain) - 1
-    size = sum((depths - d) * (len(reader.lp[d]) - 1) for d in range(depths)) + depths
+    prune = reader.family_best
+    kept = []  # per row: how many of its ranks can still matter (rank 0 is the chain itself)
+    for d in range(depths):
+        row = reader.lp[d]
+        kept.append(bisect_right(row, chain[d] - prune, key=_negated) if prune != _NEG_INF else len(row))
+    size = sum((depths - d) * max(0, kept[d] - 1) for d in range(depths)) + depths
     if size < budget:
         return _NEG_INF
     if size <= 512:  # a few hundred floats: plain Python beats a dozen tensor ops
@@ -570,38 +594,54 @@ def _family_floor(reader: _RowReader, chain: list[float], budget: int) -> float:
             row = reader.lp[d]
             for e in range(d + 1, depths + 1):
                 shift = chain[e] - row[0]
-                family.extend([shift + value for value in row[1:]])
+                family.extend([shift + value for value in row[1 : kept[d]]])
         floor = heapq.nlargest(budget, family)[-1]
-        return floor - _slack(floor) * 1e-4
-    flat: list[float] = []
-    firsts: list[float] = []
-    counts: list[int] = []
-    for d in range(depths):
-        row = reader.lp[d]
-        flat.extend(row[1:])
-        firsts.append(row[0])
-        counts.append(len(row) - 1)
-    ends = torch.tensor(chain[1:], dtype=torch.float64)  # [E] chain[e] for e = 1..E
-    scores = [ends]
-    if flat:
-        count_t = torch.tensor(counts)
-        delta = torch.tensor(flat, dtype=torch.float64) - torch.tensor(firsts, dtype=torch.float64).repeat_interleave(count_t)
-        row_of = torch.arange(depths).repeat_interleave(count_t)  # [M] the row each deviation is in
-        grid = ends.unsqueeze(1) + delta.unsqueeze(0)  # [E, M] depth e+1 paths deviating at row_of
-        scores.append(grid[row_of.unsqueeze(0) <= torch.arange(depths).unsqueeze(1)])
-    scores = torch.cat(scores)
-    if scores.numel() < budget:
-        return _NEG_INF
-    floor = float(torch.topk(scores, budget, sorted=False).values.min())
+    else:
+        flat: list[float] = []
+        firsts: list[float] = []
+        counts: list[int] = []
+        for d in range(depths):
+            row = reader.lp[d]
+            flat.extend(row[1 : kept[d]])
+            firsts.append(row[0])
+            counts.append(max(0, kept[d] - 1))
+        ends = torch.tensor(chain[1:], dtype=torch.float64)  # [E] chain[e] for e = 1..E
+        scores = [ends]
+        if flat:
+            count_t = torch.tensor(counts)
+            delta = torch.tensor(flat, dtype=torch.float64) - torch.tensor(firsts, dtype=torch.float64).repeat_interleave(count_t)
+            row_of = torch.arange(depths).repeat_interleave(count_t)  # [M] the row each deviation is in
+            grid = ends.unsqueeze(1) + delta.unsqueeze(0)  # [E, M] depth e+1 paths deviating at row_of
+            scores.append(grid[row_of.unsqueeze(0) <= torch.arange(depths).unsqueeze(1)])
+        scores = torch.cat(scores)
+        floor = float(torch.kthvalue(scores, scores.numel() - budget + 1).values)  # the budget-th best
+    reader.family_best = max(reader.family_best, floor)
     return floor - _slack(floor) * 1e-4
+
+
+def _negated(value: float) -> float:
+    return -value
+
+
+# A greedy two-token path more likely than this (log-prob) predicts a deep tree. Only the
+# chunking of the reads depends on it, never the result.
+DEEP_GUESS_LOG_PROB = -2.0
+
+
+def _probably_deep(reader: _RowReader) -> bool:
+    bounds = reader.source.top_log_prob_bounds([0, 1])
+    return sum(bounds) >= DEEP_GUESS_LOG_PROB  # NaN (a NaN row) is False: read as usual
 
 
 def _read_until_complete(reader: _RowReader, budget: int) -> tuple[list[float], float]:
     """Read rows until every path scoring >= floor lies within the read ranks.
     Returns (greedy chain, floor); floor -inf means no bound was found (rows read whole)."""
     depth_limit = reader.depth_limit
-    first, deep = _first_reads(budget)
-    reader.read(list(range(min(2, depth_limit))), first)
+    first, deep = _first_reads(budget, reader.source.wide_reads_are_cheap)
+    rows = list(range(min(2, depth_limit)))
+    if first == deep and depth_limit > 2 and _probably_deep(reader):
+        rows = list(range(depth_limit))  # one batched read instead of two
+    reader.read(rows, first)
     for _ in range(64):
         chain = _greedy_chain(reader)
         reached = len(chain) - 1  # rows chained so far
@@ -644,53 +684,64 @@ def build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
     depth_limit, _ = logits.shape
     if budget == 0 or depth_limit == 0:
         return root_only_tree()
-    check_rows_finite(logits)
     reader = _RowReader(logits, budget)
     chain, floor = _read_until_complete(reader, budget)
     if floor == _NEG_INF or budget <= HEAP_LOOP_MAX_BUDGET:
         # no bound (a small tree) or few pops: the reference loop over the read rows (rows it
         # needs further are read whole on first use)
-        return best_first(_HeapView(reader, floor), depth_limit, budget)
-    tree = _enumerate(reader, len(chain) - 1, budget, floor - _slack(floor))
-    return tree if tree is not None else build_heap_tree(logits, budget)
+        tree = best_first(_HeapView(reader, floor), depth_limit, budget)
+    else:
+        tree = _enumerate(reader, len(chain) - 1, budget, floor - _slack(floor))
+        if tree is None:  # the reference loop over the rows as read: exact, only slower
+            tree = best_first(_HeapView(reader, floor), depth_limit, budget)
+    reader.check_unread_rows()  # NaN / +inf anywhere is an error, as in the reference
+    return tree
+
+
+# The family floor can sit far below the true one (near-uniform rows deeper than wide): past
+# this many candidates per budget node the enumeration gives way to the heap loop.
+ENUMERATION_SLACK = 8
 
 
 def _enumerate(reader: _RowReader, depths: int, budget: int, threshold: float) -> DraftTree | None:
     """Every path scoring >= threshold, then the budget best in pop order; None if the read
-    ranks turn out short or the sorted order is not the heap's."""
+    ranks turn out short, the candidates outgrow `ENUMERATION_SLACK * budget` or the sorted
+    order is not the heap's."""
+    limit = ENUMERATION_SLACK * budget + 1024
     parent: list[int] = []  # candidate -> parent candidate (-1 = root)
     rank: list[int] = []
     depth: list[int] = []
     score: list[float] = []
     token: list[int] = []
-    frontier = [(0.0, -1)]  # (score, candidate) of the previous depth
+    frontier_scores, frontier_ids = [0.0], [-1]  # the previous depth's candidates
     for d in range(depths):
         row, ids, full, known_above = reader.lp[d], reader.ids[d], reader.full[d], reader.known_above[d]
         n = len(row)
-        level = []
-        for base, pid in frontier:
+        level_start = len(score)
+        for base, pid in zip(frontier_scores, frontier_ids):
             s = base + row[0]
             r = 0
-            while s >= threshold:
-                level.append((s, len(score)))
-                parent.append(pid)
-                rank.append(r)
-                depth.append(d + 1)
+            while s >= threshold:  # the reference's own chain: child, then sibling after sibling
                 score.append(s)
-                token.append(ids[r])
-                if r + 1 >= n:
+                r += 1
+                if r >= n:
                     if not full and known_above >= threshold - base:
                         return None  # an unread rank might still score >= threshold
                     break
-                s = s - row[r] + row[r + 1]
-                r += 1
-        frontier = level
-        if not frontier:
+                s = s - row[r - 1] + row[r]
+            parent.extend([pid] * r)
+            rank.extend(range(r))
+            token.extend(ids[:r])
+            if len(score) > limit:
+                return None
+        depth.extend([d + 1] * (len(score) - level_start))
+        frontier_scores, frontier_ids = score[level_start:], range(level_start, len(score))
+        if not frontier_scores:
             break
     count = len(score)
     order = sorted(range(count), key=score.__getitem__, reverse=True)  # stable: ties keep gid order
     head = [score[i] for i in order[: budget + 1]]
-    if any(a == b for a, b in zip(head, head[1:])):  # exact score ties: order them by rank path
+    if len(set(head)) < len(head):  # exact score ties: order them by rank path
         start = 0
         while start < len(head):
             stop = start + 1
@@ -702,13 +753,16 @@ def _enumerate(reader: _RowReader, depths: int, budget: int, threshold: float) -
                 order[start:stop] = sorted(order[start:stop], key=lambda i: _rank_path(i, parent, rank))
             start = stop
     chosen = order[:budget]
-    position = {gid: pos for pos, gid in enumerate(chosen)}
+    position = [count] * count  # gid -> pop position (count: not chosen)
+    for pos, gid in enumerate(chosen):
+        position[gid] = pos
     parents = [-1]
     for pos, gid in enumerate(chosen):
-        generator = gid - 1 if rank[gid] > 0 else parent[gid]
-        if generator >= 0 and position.get(generator, pos) >= pos:
+        above = parent[gid]
+        generator = gid - 1 if rank[gid] else above
+        if generator >= 0 and position[generator] >= pos:
             return None  # float rounding let a node outscore its generator: the heap decides
-        parents.append(position[parent[gid]] + 1 if parent[gid] >= 0 else 0)
+        parents.append(position[above] + 1 if above >= 0 else 0)
     return make_draft_tree(
         parents,
         torch.tensor([token[i] for i in chosen], dtype=torch.int64),

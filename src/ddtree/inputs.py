@@ -50,10 +50,11 @@ def raise_bad_row(row: int, row_values: torch.Tensor, name: str = "logits") -> N
         raise ValueError(f"{name} row {row} (depth {row + 1}) contains +inf (first at token {bad})")
 
 
-def check_rows_finite(logits: torch.Tensor, name: str = "logits") -> None:
+def check_rows_finite(logits: torch.Tensor, name: str = "logits", first_row: int = 0) -> None:
     """Every row free of NaN and +inf. One cheap sum pass; rows whose sum is not finite are
-    inspected closely (a -inf logit or an overflowing sum is fine)."""
+    inspected closely (a -inf logit or an overflowing sum is fine). `first_row`: the index of
+    `logits[0]` in the caller's input, for the message."""
     sums = logits.sum(dim=-1, dtype=torch.float32)  # [D] a NaN or +inf makes its row's sum non-finite
     suspect = (~torch.isfinite(sums)).nonzero().flatten().tolist()
     for row in suspect:
-        raise_bad_row(row, logits[row], name)
+        raise_bad_row(first_row + row, logits[row], name)

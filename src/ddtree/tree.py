@@ -6,18 +6,20 @@ order, so a parent always has a smaller index than its children.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
 
 @dataclass
 class DraftTree:
+    """The pop-order arrays; `child_maps` and `visibility` are derived on first use (a decode
+    loop that packs verify inputs from the arrays never pays for them)."""
+
     parents: list[int]  # len N+1; parents[0] == -1, parents[i] < i
     node_token_ids: torch.Tensor  # [N] int64, pop order
     node_depths: torch.Tensor  # [N] int64, values 1..D
     node_scores: torch.Tensor  # [N] float64 logw (sum of log-probabilities on the path)
-    child_maps: list[dict[int, int]]  # len N+1; child_maps[i][token_id] = child index
-    visibility: torch.Tensor  # [N+1, N+1] bool; [i, j] iff j is i or an ancestor of i
 
     @property
     def num_nodes(self) -> int:
@@ -27,6 +29,19 @@ class DraftTree:
     @property
     def max_depth(self) -> int:
         return int(self.node_depths.max()) if self.num_nodes else 0
+
+    @cached_property
+    def child_maps(self) -> list[dict[int, int]]:
+        """len N+1; child_maps[i][token_id] = child index."""
+        child_maps: list[dict[int, int]] = [{} for _ in self.parents]
+        for index, (parent, token) in enumerate(zip(self.parents[1:], self.node_token_ids.tolist()), start=1):
+            child_maps[parent][token] = index
+        return child_maps
+
+    @cached_property
+    def visibility(self) -> torch.Tensor:
+        """[N+1, N+1] bool; [i, j] iff j is i or an ancestor of i."""
+        return ancestor_visibility(torch.tensor(self.parents, dtype=torch.int64), self.max_depth)
 
 
 def root_only_tree() -> DraftTree:
@@ -45,21 +60,8 @@ def make_draft_tree(
     node_depths: torch.Tensor,  # [N] int64
     node_scores: torch.Tensor,  # [N] float64
 ) -> DraftTree:
-    """Derive `child_maps` and `visibility` from the pop-order arrays (host tensors)."""
-    count = len(parents)
-    tokens = node_token_ids.tolist()
-    child_maps: list[dict[int, int]] = [{} for _ in range(count)]
-    for index in range(1, count):
-        child_maps[parents[index]][tokens[index - 1]] = index
-    max_depth = int(node_depths.max()) if count > 1 else 0
-    return DraftTree(
-        parents=parents,
-        node_token_ids=node_token_ids,
-        node_depths=node_depths,
-        node_scores=node_scores,
-        child_maps=child_maps,
-        visibility=ancestor_visibility(torch.tensor(parents, dtype=torch.int64), max_depth),
-    )
+    """A tree from its pop-order arrays (host tensors)."""
+    return DraftTree(parents, node_token_ids, node_depths, node_scores)
 
 
 def ancestor_visibility(parents: torch.Tensor, max_depth: int) -> torch.Tensor:

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddtree import BuildMethod, build_ddtree_tree_from_logits, build_ddtree_trees, validate_tree
-from ddtree import frontier_build
+from ddtree import frontier_build, row_select
 from ddtree.frontier_build import build_frontier_tree
 from ddtree.heap_build import top_log_probs
 
@@ -107,6 +107,36 @@ def test_seeded_sweep_small_shapes(block, monkeypatch):
         kind = rng.choice(KINDS)
         dtype = rng.choice([torch.float32] * 4 + [torch.bfloat16, torch.float16])
         check_case(random_logits(rng, depth, vocab, kind, dtype), budget, score_ties=dtype != torch.float32)
+
+
+@pytest.mark.parametrize("block_size", [1, 3, 4])
+def test_seeded_sweep_small_shapes_through_block_maxima(block_size, monkeypatch):
+    """The block-maxima reads (normally vocab >= 65536 only) on small shapes: blocks of 1, of
+    3 (a short tail block whenever 3 does not divide V) and of 4, with the enumeration on."""
+    monkeypatch.setattr(row_select, "BLOCK_MIN_VOCAB", 1)
+    monkeypatch.setattr(row_select, "BLOCK", block_size)
+    monkeypatch.setattr(frontier_build, "PROBE_RANKS", [1, 3, 32][block_size % 3])
+    monkeypatch.setattr(frontier_build, "HEAP_LOOP_MAX_BUDGET", [0, 64][block_size % 2])
+    rng = random.Random(500 + block_size)
+    for _ in range(400):
+        depth = rng.choice([1, 2, 3, 6, 15])
+        vocab = rng.choice([1, 2, 5, 20, 64, 300])
+        budget = rng.choice([1, 2, 5, 16, 33, 100, 300])
+        kind = rng.choice(KINDS)
+        dtype = rng.choice([torch.float32] * 4 + [torch.bfloat16, torch.float16])
+        check_case(random_logits(rng, depth, vocab, kind, dtype), budget, batched=False, score_ties=dtype != torch.float32)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_seeded_sweep_large_vocabulary(seed):
+    """Qwen-sized rows (151936 = 4748 blocks of 32) and a vocabulary with a short tail block:
+    the default block-maxima reads against the heap."""
+    rng = random.Random(900 + seed)
+    for _ in range(4):
+        depth = rng.choice([1, 7, 15])
+        vocab = rng.choice([151936, 65536 + 21])
+        budget = rng.choice([16, 64, 256, 1024])
+        check_case(random_logits(rng, depth, vocab, rng.choice(["flat", "peaked", "masked"])), budget, batched=False)
 
 
 @pytest.mark.parametrize("seed", range(3))

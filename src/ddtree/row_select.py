@@ -1,0 +1,191 @@
+"""Reading a row's largest log-probs without sorting, or for large vocabularies even scanning,
+the whole row more than once.
+
+Two sources answer the same two questions ("the top k of each row", "everything >= a cut in
+each row") and return log-probs exactly as the reference computes them (float32 logit minus
+the float32 logsumexp):
+- `FullRows`: one full-row `torch.topk` per read (small vocabularies: it is cheap there).
+- `BlockMaxima`: the rows are cut into blocks of `BLOCK` tokens and each block's maximum is
+  taken once (a vectorised `amax`, far cheaper than a top-k or a logsumexp pass). Every logit
+  >= a cut lies in a block whose maximum is >= that cut, so gathering only those blocks finds
+  exactly the logits a full-row comparison would; sorting that handful is cheap. The k-th
+  largest block maximum is a valid cut for a top-k read: the k blocks at or above it hold k
+  logits >= it, so the row's top k all lie at or above it.
+
+Ties between exactly equal logits may come out in a different order than `torch.topk` over the
+full row gives them; the values (and so the tree's scores) are the same.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+BLOCK = 32  # tokens per block: measured fastest for 32k-152k vocabularies on a 2-core CPU
+# Below this vocabulary a full-row top-k costs less than the block machinery (docs/core.md).
+BLOCK_MIN_VOCAB = 65536
+# Above this share of the rows, comparing full rows costs less than gathering blocks.
+MAX_GATHERED_SHARE = 0.25
+_NEG_INF = float("-inf")
+
+
+class Read(NamedTuple):
+    """Per row: finite log-probs sorted descending (float32 values as Python floats), token ids."""
+
+    log_probs: list[list[float]]
+    ids: list[list[int]]
+
+
+def row_source(logits: torch.Tensor) -> "FullRows | BlockMaxima":
+    """The cheaper way to read this input's rows."""
+    return BlockMaxima(logits) if logits.shape[1] >= BLOCK_MIN_VOCAB else FullRows(logits)
+
+
+class FullRows:
+    """Reads by full-row `torch.topk` (and one comparison pass for counts)."""
+
+    wide_reads_are_cheap = False  # a top-k's cost grows with k
+
+    def __init__(self, logits: torch.Tensor):
+        self.logits = logits  # [D, V] any float dtype, any device
+
+    def top_log_prob_bounds(self, rows: list[int]) -> list[float]:
+        """Upper bounds on the rows' top log-probs: every `BLOCK`-th logit and the row's
+        maximum are some of its logits, so their logsumexp is at most the row's."""
+        x = self.logits[rows[0] : rows[-1] + 1].float()  # [c, V] (rows are a contiguous run)
+        top = x.amax(dim=-1, keepdim=True)
+        return (top.squeeze(1) - torch.logsumexp(torch.cat([top, x[:, ::BLOCK]], dim=1), dim=-1)).tolist()
+
+    def _chunk(self, rows: list[int]) -> torch.Tensor:
+        start, stop = rows[0], rows[-1] + 1
+        if stop - start == len(rows):
+            return self.logits[start:stop].float()  # [c, V]
+        return self.logits[torch.tensor(rows, device=self.logits.device)].float()  # only these rows
+
+    def top(self, rows: list[int], ks: list[int], log_z: torch.Tensor) -> Read:
+        """Each row's top ks[i] finite log-probs (fewer where the row runs out).
+        log_z: [c] float32 host, the rows' logsumexp."""
+        return _top_of(self._chunk(rows), ks, log_z)
+
+    def at_least(self, rows: list[int], cuts: torch.Tensor, limits: list[int], log_z: torch.Tensor) -> tuple[Read, list[int]]:
+        """Each row's finite logits >= cuts[i] ([c] float32, logit scale) as log-probs, the
+        largest limits[i] of them, and how many there are in all."""
+        x = self._chunk(rows)
+        counts = (x >= cuts.to(x.device).unsqueeze(1)).sum(dim=1).tolist()
+        return _top_of(x, [min(c, limit) for c, limit in zip(counts, limits)], log_z), counts
+
+
+def _top_of(x: torch.Tensor, ks: list[int], log_z: torch.Tensor) -> Read:
+    width = max(ks)  # x: [c, V] float32
+    if width == 0:
+        return Read([[] for _ in ks], [[] for _ in ks])
+    values, ids = torch.topk(x, width, dim=-1)
+    log_probs = (values.cpu() - log_z.unsqueeze(1)).tolist()  # the reference's own subtraction
+    lp_rows, id_rows = [], []
+    for lp_row, id_row, k in zip(log_probs, ids.tolist(), ks):
+        n = k
+        while n and lp_row[n - 1] == _NEG_INF:  # zero-probability tokens are never placed
+            n -= 1
+        lp_rows.append(lp_row[:n])
+        id_rows.append(id_row[:n])
+    return Read(lp_rows, id_rows)
+
+
+class BlockMaxima:
+    """Block maxima of [D, V] logits, taken once, and reads through them."""
+
+    wide_reads_are_cheap = True  # a selection costs what it returns, not what it skips
+
+    def __init__(self, logits: torch.Tensor):
+        self.logits = logits  # [D, V] any float dtype, any device
+        depth_limit, vocab = logits.shape
+        self.vocab = vocab
+        self.whole = vocab // BLOCK  # block j holds tokens j*BLOCK .. j*BLOCK + BLOCK - 1 (a few cache lines)
+        self.block_count = self.whole + (1 if vocab % BLOCK else 0)  # the tail: one more, shorter block
+        self._maxima = torch.empty(depth_limit, self.block_count, device=logits.device)  # [D, NB] float32
+        self._ready = [False] * depth_limit  # rows whose maxima are taken (rows the tree reaches)
+
+    def maxima(self, rows: list[int]) -> torch.Tensor:
+        """[c, NB] float32: the block maxima of `rows` (ascending), taken on first use."""
+        missing = [d for d in rows if not self._ready[d]]
+        if missing:
+            start, stop = missing[0], missing[-1] + 1  # one pass over the span
+            source = self.logits[start:stop]
+            if source.dtype != torch.float32:
+                source = source.float()  # CPU amax on half types is slow
+            if self.whole:
+                main = source[:, : self.whole * BLOCK].view(stop - start, self.whole, BLOCK)
+                self._maxima[start:stop, : self.whole] = main.amax(dim=-1)
+            if self.whole < self.block_count:
+                self._maxima[start:stop, self.whole] = source[:, self.whole * BLOCK :].amax(dim=-1)
+            self._ready[start:stop] = [True] * (stop - start)
+        return self._maxima[rows]
+
+    def top_log_prob_bounds(self, rows: list[int]) -> list[float]:
+        """Upper bounds on the rows' top log-probs, from the maxima alone: the block maxima are
+        some of a row's logits, so their logsumexp is at most the row's."""
+        maxima = self.maxima(rows)  # [c, NB]
+        return (maxima.amax(dim=-1) - torch.logsumexp(maxima, dim=-1)).tolist()
+
+    def top(self, rows: list[int], ks: list[int], log_z: torch.Tensor) -> Read:
+        """As `FullRows.top`."""
+        if max(ks) >= self.block_count:  # as many ranks as blocks: no block can be skipped
+            return FullRows(self.logits).top(rows, ks, log_z)
+        read = self._select(rows, self._kth_largest_block_max(rows, ks), log_z)
+        return Read([lp[:k] for lp, k in zip(read.log_probs, ks)], [i[:k] for i, k in zip(read.ids, ks)])
+
+    def at_least(self, rows: list[int], cuts: torch.Tensor, limits: list[int], log_z: torch.Tensor) -> tuple[Read, list[int]]:
+        """As `FullRows.at_least`."""
+        read = self._select(rows, cuts.to(self.logits.device), log_z)
+        counts = [len(lp) for lp in read.log_probs]
+        return Read([lp[:n] for lp, n in zip(read.log_probs, limits)], [i[:n] for i, n in zip(read.ids, limits)]), counts
+
+    def _kth_largest_block_max(self, rows: list[int], ks: list[int]) -> torch.Tensor:
+        """[c] float32: per row, a cut under which that row's top ks[i] logits all lie: the
+        ks[i]-th largest block maximum, or a lower one (1 <= ks[i] < blocks)."""
+        maxima = self.maxima(rows)  # [c, NB]
+        width = max(ks)
+        if width <= 256:  # a top-k this small beats a selection (measured)
+            top = torch.topk(maxima, width, dim=-1).values  # [c, width]
+            return top.gather(1, torch.tensor(ks, device=top.device).sub(1).unsqueeze(1)).squeeze(1)
+        # one batched selection at the widest k: a lower cut is still a valid one
+        return torch.kthvalue(maxima, self.block_count - width + 1, dim=-1).values
+
+    def _select(self, rows: list[int], cuts: torch.Tensor, log_z: torch.Tensor) -> Read:
+        """Every finite logit >= cuts[i] of each row rows[i] (ascending), as sorted log-probs."""
+        cut = cuts.unsqueeze(1)  # [c, 1]
+        maxima = self.maxima(rows)  # [c, NB]
+        hit = (maxima >= cut) & (maxima > _NEG_INF)  # [c, NB] blocks that may hold a logit >= cut
+        if int(hit.sum()) * BLOCK > MAX_GATHERED_SHARE * len(rows) * self.vocab:
+            x = self.logits[rows].float()  # [c, V]: cheaper than gathering most of it
+            keep = (x >= cut) & (x > _NEG_INF)
+            row_of, token = keep.nonzero(as_tuple=True)
+            return _sorted_per_row(len(rows), row_of, x[keep], token, log_z)
+        row_of, block = hit.nonzero(as_tuple=True)  # [P] each
+        token = (block * BLOCK).unsqueeze(1) + torch.arange(BLOCK, device=block.device)  # [P, BLOCK]
+        in_vocab = token < self.vocab  # the tail block may be short
+        token = token.clamp_max(self.vocab - 1)
+        source_row = torch.tensor(rows, device=block.device)[row_of].unsqueeze(1)  # [P, 1]
+        values = self.logits[source_row, token].float()  # [P, BLOCK]
+        keep = (in_vocab & (values >= cut[row_of]) & (values > _NEG_INF)).flatten().nonzero().squeeze(1)
+        row_of = row_of.repeat_interleave(BLOCK)[keep]
+        return _sorted_per_row(len(rows), row_of, values.flatten()[keep], token.flatten()[keep], log_z)
+
+
+def _sorted_per_row(count: int, row_of: torch.Tensor, values: torch.Tensor, token: torch.Tensor, log_z: torch.Tensor) -> Read:
+    """Flat (row, logit, token) triples -> per-row log-probs sorted descending, and their ids.
+    One integer sort: the row in the high bits, the float32 logit's order-preserving integer
+    image (negated, for descending) in the low ones."""
+    bits = values.view(torch.int32).long()  # [M]
+    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # same order as the floats
+    order = torch.sort(row_of * (1 << 33) - ordered, stable=True).indices
+    row_of, token = row_of[order].cpu(), token[order].cpu()
+    log_probs = (values[order].cpu() - log_z[row_of]).tolist()  # the reference's own subtraction
+    sizes = torch.bincount(row_of, minlength=count).tolist()
+    ids = token.tolist()
+    lp_rows, id_rows, start = [], [], 0
+    for size in sizes:
+        lp_rows.append(log_probs[start : start + size])
+        id_rows.append(ids[start : start + size])
+        start += size
+    return Read(lp_rows, id_rows)

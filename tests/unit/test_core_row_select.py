@@ -1,0 +1,90 @@
+"""`ddtree.row_select`: block-maxima reads return exactly what full-row reads return."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddtree import BuildMethod, build_ddtree_tree_from_logits
+from ddtree import row_select
+from ddtree.row_select import BlockMaxima, FullRows, row_source
+
+
+def rows(depth: int, vocab: int, seed: int, kind: str) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(depth, vocab, generator=generator) * 2.0
+    if kind == "peaked":
+        logits[:, torch.randint(0, vocab, (1,), generator=generator)] += 16.0
+    elif kind == "masked":
+        logits[torch.rand(depth, vocab, generator=generator) < 0.6] = float("-inf")
+    elif kind == "tail-max":  # every row's best token sits in the short last block
+        logits[:, -1] = 50.0
+    return logits
+
+
+def assert_same_read(ours, reference):
+    """Bit-equal float32 log-probs in the same order; the same (log-prob, token) pairs (tens of
+    thousands of float32 randn draws hold a few exactly equal values, listed in either order)."""
+    assert ours.log_probs == reference.log_probs
+    for lp, ids, ref_lp, ref_ids in zip(ours.log_probs, ours.ids, reference.log_probs, reference.ids):
+        assert sorted(zip(lp, ids)) == sorted(zip(ref_lp, ref_ids))
+
+
+@pytest.mark.parametrize("vocab", [65536, 65536 + 7, 151936])
+@pytest.mark.parametrize("kind", ["flat", "peaked", "masked", "tail-max"])
+def test_top_and_at_least_match_full_rows(vocab, kind):
+    logits = rows(5, vocab, seed=vocab % 97, kind=kind)
+    log_z = torch.logsumexp(logits, dim=-1)
+    picked = [0, 2, 3, 4]
+    blocks, full = BlockMaxima(logits), FullRows(logits)
+    for ks in ([1, 1, 1, 1], [16, 3, 40, 7], [300, 1, 129, 64]):
+        ours, reference = blocks.top(picked, ks, log_z[picked]), full.top(picked, ks, log_z[picked])
+        assert_same_read(ours, reference)
+    cuts = logits[picked].max(dim=-1).values - torch.tensor([0.5, 3.0, 6.0, 9.0])
+    limits = [10**6] * 4
+    (ours, counts), (reference, full_counts) = blocks.at_least(picked, cuts, limits, log_z[picked]), full.at_least(picked, cuts, limits, log_z[picked])
+    assert counts == full_counts
+    assert_same_read(ours, reference)
+    assert all(len(lp) == n for lp, n in zip(ours.log_probs, counts))
+
+
+def test_reads_skip_zero_probability_tokens():
+    logits = torch.full((2, 70000), float("-inf"))
+    logits[0, [5, 69999]] = torch.tensor([1.0, 2.0])
+    log_z = torch.logsumexp(logits, dim=-1)
+    read = BlockMaxima(logits).top([0], [8], log_z[:1])
+    assert read.ids == [[69999, 5]]
+    assert read.log_probs == FullRows(logits).top([0], [8], log_z[:1]).log_probs
+
+
+def test_maxima_are_taken_only_for_rows_read():
+    logits = rows(6, 70000, seed=1, kind="flat")
+    blocks = BlockMaxima(logits)
+    blocks.maxima([0, 1])
+    assert blocks._ready == [True, True, False, False, False, False]
+    whole = 70000 // row_select.BLOCK * row_select.BLOCK
+    expected = torch.cat([logits[4, :whole].view(-1, row_select.BLOCK).amax(-1), logits[4, whole:].amax(-1, keepdim=True)])
+    assert torch.equal(blocks.maxima([4])[0], expected)
+    assert blocks._ready == [True, True, False, False, True, False]
+
+
+def test_source_follows_the_vocabulary_size():
+    assert isinstance(row_source(torch.zeros(2, row_select.BLOCK_MIN_VOCAB)), BlockMaxima)
+    assert isinstance(row_source(torch.zeros(2, row_select.BLOCK_MIN_VOCAB - 1)), FullRows)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_rows_read_like_the_reference(dtype):
+    logits = rows(4, 151936, seed=3, kind="peaked").to(dtype)
+    for budget in (16, 256):
+        fast = build_ddtree_tree_from_logits(logits, budget, method=BuildMethod.FAST)
+        heap = build_ddtree_tree_from_logits(logits, budget, method=BuildMethod.HEAP)
+        assert fast.parents == heap.parents  # half-precision rows tie often: shape and scores agree
+        assert fast.node_scores.tolist() == heap.node_scores.tolist()
+
+
+@pytest.mark.parametrize("row", [0, 3, 14])
+def test_nan_in_a_large_vocabulary_names_its_row(row):
+    logits = rows(15, 151936, seed=4, kind="flat")  # flat: the tree only reaches rows 0-1
+    logits[row, 1234] = float("nan")
+    with pytest.raises(ValueError, match=rf"row {row} \(depth {row + 1}\) contains NaN \(first at token 1234\)"):
+        build_ddtree_tree_from_logits(logits, 64)
