@@ -17,6 +17,7 @@ full row gives them; the values (and so the tree's scores) are the same.
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -84,7 +85,7 @@ def _top_of(x: torch.Tensor, ks: list[int], log_z: torch.Tensor) -> Read:
     lp_rows, id_rows = [], []
     for lp_row, id_row, k in zip(log_probs, ids.tolist(), ks):
         n = k
-        while n and lp_row[n - 1] == _NEG_INF:  # zero-probability tokens are never placed
+        while n and not math.isfinite(lp_row[n - 1]):  # zero-probability tokens are never placed
             n -= 1
         lp_rows.append(lp_row[:n])
         id_rows.append(id_row[:n])

@@ -228,3 +228,49 @@ def test_near_uniform_rows_deeper_than_wide_match_the_heap():
     assert fast.parents == heap.parents
     assert fast.node_token_ids.tolist() == heap.node_token_ids.tolist()
     assert fast.node_scores.tolist() == heap.node_scores.tolist()
+
+
+def chain_scores_by_path(log_probs: list[list[float]], depth_limit: int) -> dict[tuple[int, ...], float]:
+    """Every rank path's score, computed the reference's way (child: parent + lp[0]; sibling:
+    previous sibling - lp[r-1] + lp[r]), independently of any heap."""
+    scores: dict[tuple[int, ...], float] = {}
+    frontier = [((), 0.0)]
+    for d in range(depth_limit):
+        row, level = log_probs[d], []
+        for path, base in frontier:
+            s = base + row[0]
+            for r in range(len(row)):
+                if r:
+                    s = s - row[r - 1] + row[r]
+                scores[path + (r,)] = s
+                level.append((path + (r,), s))
+        frontier = level
+    return scores
+
+
+@pytest.mark.parametrize("row_values", [[3.0, 2.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.5, 0.5, 0.5]])
+def test_heap_pops_exact_score_ties_by_rank_path(row_values):
+    """Identical integer rows: many paths tie exactly. The heap's order must be the sorted
+    order by (score desc, rank path asc) of all paths, an oracle with no heap in it."""
+    from ddtree.heap_build import top_log_probs
+
+    depth_limit, budget = 3, 30
+    logits = torch.tensor(row_values).repeat(depth_limit, 1)
+    log_probs, _ = top_log_probs(logits, len(row_values))
+    scores = chain_scores_by_path(log_probs.tolist(), depth_limit)
+    ranked = sorted(scores, key=lambda path: (-scores[path], path))[:budget]
+    # the sorted order is the pop order only if no path outscores its generator: check the data
+    position = {path: i for i, path in enumerate(ranked)}
+    for path in ranked:
+        generator = path[:-1] + (path[-1] - 1,) if path[-1] else path[:-1]
+        assert not generator or position.get(generator, budget) < position[path]
+    assert len(set(scores[p] for p in ranked)) < len(ranked)  # the data does hold exact ties
+    tree = build_ddtree_tree_from_logits(logits, budget, method=BuildMethod.HEAP)
+    assert tree.node_scores.tolist() == [scores[p] for p in ranked]
+    assert tree.node_depths.tolist() == [len(p) for p in ranked]
+    paths = [()]
+    for index in range(1, tree.num_nodes + 1):
+        parent_path = paths[tree.parents[index]]
+        siblings = sum(1 for j in range(1, index) if tree.parents[j] == tree.parents[index])
+        paths.append(parent_path + (siblings,))  # children are popped in rank order
+    assert paths[1:] == ranked

@@ -171,3 +171,20 @@ def test_walk_with_root_rejected_everywhere():
     assert accept_index.tolist() == [[0, -1, -1], [3, 5, -1]]
     assert accept_length.tolist() == [0, 1]
     assert bonus.tolist() == [7, 6]
+
+
+@pytest.mark.parametrize("count", [1, 2, 7, 8, 9, 64, 127, 128])
+def test_bitset_visibility_equals_the_tensor_walk(count):
+    """Small host trees build their mask from integer bitsets; it must equal the per-depth
+    gather walk for every shape, across byte boundaries (7, 8, 9 nodes) and at the cut-over."""
+    from ddtree.tree import BITSET_MAX_NODES, ancestor_visibility, bitset_visibility
+
+    assert count <= BITSET_MAX_NODES
+    rng = random.Random(count)
+    for _ in range(20):
+        parents = [-1] + [rng.randrange(i) for i in range(1, count)]
+        depth = [0] * count
+        for i in range(1, count):
+            depth[i] = depth[parents[i]] + 1
+        expected = ancestor_visibility(torch.tensor(parents), max(depth))
+        assert torch.equal(bitset_visibility(parents), expected)
