@@ -3,7 +3,7 @@
 A vocab-parallel lm_head gives each rank the logits of one slice of the vocabulary. Each rank
 keeps its local top-K raw logits and its local logsumexp (`shard_top_k`); after a gather,
 `merge_top_k` picks the global top-K and the global logsumexp (the logsumexp of the local
-ones), so `top_log_probs` equals `logits - logsumexp(full row)` without any rank ever holding
+ones), so `ShardTopK.log_probs` equals `logits - logsumexp(full row)` without any rank ever holding
 a full row. Everything stays on the device: no host synchronisation, static shapes.
 
 Exactness: with one shard the result is bit-identical to `ddtree.batched.row_top_log_probs`.
@@ -25,6 +25,12 @@ class ShardTopK(NamedTuple):
     values: torch.Tensor  # [bs, D, K] float32 raw logits, sorted descending; padding -inf
     token_ids: torch.Tensor  # [bs, D, K] int64 global token ids; padding 0
     lse: torch.Tensor  # [bs, D] float32 logsumexp of the logits this top-K covers
+
+    def log_probs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """([bs, D, K] float32 log-probs sorted descending, [bs, D, K] int64 ids): the input of
+        `ddtree.batched.build_trees_from_top_log_probs`. Padding and NaN rows come out
+        non-finite, which the builder never places."""
+        return self.values - self.lse.unsqueeze(-1), self.token_ids
 
 
 def _check_k(k: object) -> None:
@@ -96,10 +102,3 @@ def merge_top_k(shards: ShardTopK, k: int) -> ShardTopK:
         ids = torch.nn.functional.pad(ids, (0, pad), value=0)
     lse = torch.logsumexp(shards.lse, dim=0)  # [bs, D]
     return ShardTopK(values, ids, lse)
-
-
-def top_log_probs(top: ShardTopK) -> tuple[torch.Tensor, torch.Tensor]:
-    """([bs, D, K] float32 log-probs sorted descending, [bs, D, K] int64 ids): the input of
-    `ddtree.batched.build_trees_from_top_log_probs`. Padding and NaN rows come out non-finite,
-    which the builder never places."""
-    return top.values - top.lse.unsqueeze(-1), top.token_ids

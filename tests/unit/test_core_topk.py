@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddtree.batched import build_ddtree_trees, build_trees_from_top_log_probs, row_top_log_probs
-from ddtree.topk import ShardTopK, merge_top_k, shard_top_k, stack_shards, top_log_probs
+from ddtree.topk import ShardTopK, merge_top_k, shard_top_k, stack_shards
 
 TREE_FIELDS = ("token_ids", "depths", "parents", "num_nodes", "visibility")
 
@@ -22,7 +22,7 @@ def _random_cuts(gen: torch.Generator, vocab: int, shards: int) -> list[int]:
 
 def _merged(logits: torch.Tensor, cuts: list[int], k: int) -> tuple[torch.Tensor, torch.Tensor]:
     parts = [shard_top_k(logits[..., lo:hi], k, lo) for lo, hi in zip(cuts, cuts[1:])]
-    return top_log_probs(merge_top_k(stack_shards(parts), k))
+    return merge_top_k(stack_shards(parts), k).log_probs()
 
 
 def _assert_same_trees(ours, reference) -> None:
@@ -51,7 +51,7 @@ def test_uneven_shards_merge_to_the_full_row_top_k(seed, shards):
 def test_one_shard_is_bit_identical_to_the_single_device_path():
     gen = torch.Generator().manual_seed(7)
     logits = (torch.randn(2, 4, 300, generator=gen) * 3).to(torch.bfloat16)
-    log_probs, ids = top_log_probs(merge_top_k(stack_shards([shard_top_k(logits, 16)]), 16))
+    log_probs, ids = merge_top_k(stack_shards([shard_top_k(logits, 16)]), 16).log_probs()
     ref_log_probs, ref_ids = row_top_log_probs(logits, 16)
     assert torch.equal(ids, ref_ids)
     assert torch.equal(log_probs, ref_log_probs)
@@ -110,7 +110,7 @@ def test_nan_rows_and_empty_shards_place_nothing():
     logits[1, 0, 17] = float("nan")  # request 1's depth-1 row is unusable
     parts = [shard_top_k(logits[..., 0:0], 6, 0), shard_top_k(logits[..., 0:50], 6, 0)]
     assert bool(torch.isneginf(parts[0].values).all()) and bool(torch.isneginf(parts[0].lse).all())
-    log_probs, ids = top_log_probs(merge_top_k(stack_shards(parts), 6))
+    log_probs, ids = merge_top_k(stack_shards(parts), 6).log_probs()
     trees = build_trees_from_top_log_probs(log_probs, ids, 6)
     assert int(trees.num_nodes[1]) == 0
     assert torch.equal(trees.token_ids[0], build_ddtree_trees(logits[:1], 6).token_ids[0])

@@ -18,7 +18,7 @@ import torch
 
 from ddtree.batched import TreeBatch, build_trees_from_top_log_probs
 from ddtree.commit import keep_indices_batch
-from ddtree.topk import ShardTopK, merge_top_k, shard_top_k, stack_shards, top_log_probs
+from ddtree.topk import ShardTopK, merge_top_k, shard_top_k, stack_shards
 from ddtree.verify import MaskLayout, VerifyInputs, build_verify_inputs, pack_custom_mask
 
 
@@ -122,7 +122,7 @@ def unpack_gathered(
 def trees_from_top_k(top: ShardTopK, budget: int) -> TreeBatch:
     """Trees for a batch from (merged) top-K: exact when K >= min(budget, V); K < budget caps
     every depth at K candidates (DDTREE_TOPK)."""
-    log_probs, ids = top_log_probs(top)
+    log_probs, ids = top.log_probs()
     return build_trees_from_top_log_probs(log_probs, ids, budget)
 
 
