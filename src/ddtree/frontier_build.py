@@ -550,14 +550,21 @@ class _HeapView:
         return self.reader.ids[d]
 
 
-def _first_reads(budget: int, wide_reads_are_cheap: bool) -> tuple[int, int]:
+# Ranks a block-maxima read takes first at small budgets: such a read costs what it returns, and
+# a drafter-like row needs only a few ranks at budgets <= 64 (the floor then reads the rest).
+SMALL_BUDGET_BLOCK_PROBE = 4
+
+
+def _first_reads(budget: int, wide_reads_are_cheap: bool, likely_deep: bool) -> tuple[int, int]:
     """Ranks first read from rows 0-1 and from the deeper rows. Small budgets read whole
-    (capped) rows at once, as the reference does: a top-k that small costs about as much as a
-    probe. Larger ones probe `PROBE_RANKS`; where a wide read costs a full-row top-k, deeper
-    rows are probed wider for larger budgets (a drafter-like row at budget 1024 needs ~100
-    ranks) so that one read, not two, usually suffices."""
+    (capped) rows at once, as the reference does (a top-k that small costs about as much as a
+    probe), except through block maxima on a likely deep tree: there a read costs what it
+    returns and each row needs only a few ranks. Larger budgets probe `PROBE_RANKS`; with
+    full-row reads deeper rows are probed wider (a drafter-like row at budget 1024 needs ~100
+    ranks) so that one top-k, not two, usually suffices."""
     if budget <= 2 * PROBE_RANKS:
-        return budget, budget
+        first = min(budget, SMALL_BUDGET_BLOCK_PROBE) if wide_reads_are_cheap and likely_deep else budget
+        return first, first
     if wide_reads_are_cheap:
         return PROBE_RANKS, PROBE_RANKS
     return PROBE_RANKS, PROBE_RANKS * max(1, budget // 256)
@@ -633,13 +640,13 @@ def _probably_deep(reader: _RowReader) -> bool:
     return sum(bounds) >= DEEP_GUESS_LOG_PROB  # NaN (a NaN row) is False: read as usual
 
 
-def _read_until_complete(reader: _RowReader, budget: int) -> tuple[list[float], float]:
+def _read_until_complete(reader: _RowReader, budget: int, likely_deep: bool) -> tuple[list[float], float]:
     """Read rows until every path scoring >= floor lies within the read ranks.
     Returns (greedy chain, floor); floor -inf means no bound was found (rows read whole)."""
     depth_limit = reader.depth_limit
-    first, deep = _first_reads(budget, reader.source.wide_reads_are_cheap)
+    first, deep = _first_reads(budget, reader.source.wide_reads_are_cheap, likely_deep)
     rows = list(range(min(2, depth_limit)))
-    if first == deep and depth_limit > 2 and _probably_deep(reader):
+    if likely_deep and first == deep:
         rows = list(range(depth_limit))  # one batched read instead of two
     reader.read(rows, first)
     for _ in range(64):
@@ -685,7 +692,12 @@ def build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
     if budget == 0 or depth_limit == 0:
         return root_only_tree()
     reader = _RowReader(logits, budget)
-    chain, floor = _read_until_complete(reader, budget)
+    likely_deep = depth_limit > 2 and _probably_deep(reader)
+    if budget <= HEAP_LOOP_MAX_BUDGET and likely_deep and not reader.source.wide_reads_are_cheap:
+        # Every row will be read to K and popped by the heap loop: that is the reference's own
+        # work, so run it without the reader's bookkeeping.
+        return build_heap_tree(logits, budget)
+    chain, floor = _read_until_complete(reader, budget, likely_deep)
     if floor == _NEG_INF or budget <= HEAP_LOOP_MAX_BUDGET:
         # no bound (a small tree) or few pops: the reference loop over the read rows (rows it
         # needs further are read whole on first use)
