@@ -1,10 +1,13 @@
 """Deploy the SGLang plugin into a host's Python environment, and roll it back.
 
-Per host, under the host lock (WORKDIR/lock, shared with `push`):
-deploy   - make the bundle the active release (ensure_release), then run the host-side
-           installer (src/ddtree/sglang/install.py, from the same bundle) in the inventory's
-           `python:`: gate, install (.pth + minimal dist-info), verify in a fresh interpreter,
-           record what was added under WORKDIR/deployments/;
+Per host, under the host lock (WORKDIR/lock, shared with `push`), in ONE process of the
+inventory's `python:` (the agent's `deploy` / `rollback` operations, which run the installer
+in-process):
+deploy   - make the bundle the active release (the archive is sent only if the host lacks an
+           intact copy), then run the host-side installer (src/ddtree/sglang/install.py, from
+           the same bundle): gate, install (.pth + minimal dist-info), verify, record what was
+           added under WORKDIR/deployments/. The verification is the one other Python start:
+           it must be a fresh interpreter, which loads the plugin as SGLang would;
 rollback - remove exactly what the record lists.
 `--dry-run` sends nothing and takes no lock: the installer only reports its plan.
 The gate's modules travel on stdin and are loaded in memory on the host, so a dry run writes
@@ -19,7 +22,16 @@ from typing import Any, Optional
 from ddtree_ops.errors import RemoteStepError
 from ddtree_ops.inventory import Host
 from ddtree_ops.release import ReleaseBundle
-from ddtree_ops.remote_layout import agent_argv, ensure_release, host_lock, parse_agent_reply
+from ddtree_ops.ids import IdKind, check_optional_host_id
+from ddtree_ops.remote_layout import (
+    DEFAULT_KEEP,
+    DEFAULT_LOCK_WAIT_S,
+    agent_argv,
+    agent_preamble,
+    parse_agent_reply,
+    push_outcome,
+    run_with_release_on_demand,
+)
 from ddtree_ops.transport.base import Transport
 
 INSTALLER = "src/ddtree/sglang/install.py"
@@ -96,9 +108,14 @@ def deploy_host(
         if plan["refusals"]:
             raise RemoteStepError(f"{host.name}: deploy would be refused: " + "; ".join(plan["refusals"]))
         return _outcome(bundle, plan, action=_would(plan["action"]), verdict="-", reasons=())
-    with host_lock(transport, host, owner="deploy"):
-        ensure_release(transport, host, bundle, take_lock=False)
-        reply = call_installer(transport, host, bundle, "install", bundle.release_id, flag)
+    limit = host.command_timeout
+    argv = agent_argv(host, "deploy", bundle.release_id, str(DEFAULT_KEEP), f"{DEFAULT_LOCK_WAIT_S:g}", flag,
+                      site=True)  # with site-packages: the installer works on the environment's site dir
+    result, _ = run_with_release_on_demand(transport, argv, bundle, before=installer_stdin(bundle, "install"),
+                                           timeout=limit)
+    both = parse_agent_reply(host, "deploy", result)
+    push_outcome(host, bundle, both["push"], 0)  # checks the release ids the host named
+    reply = both["install"]
     probe = reply.get("probe") or {}
     return _outcome(
         bundle, reply["plan"], action=reply["action"], verdict=probe.get("verdict", "?"),
@@ -132,11 +149,14 @@ class RollbackOutcome:
 
 
 def rollback_host(transport: Transport, host: Host, bundle: ReleaseBundle) -> RollbackOutcome:
-    with host_lock(transport, host, owner="rollback"):
-        reply = call_installer(transport, host, bundle, "rollback")
+    argv = agent_argv(host, "rollback", f"{DEFAULT_LOCK_WAIT_S:g}", site=True)
+    stdin = agent_preamble() + installer_stdin(bundle, "rollback")
+    reply = parse_agent_reply(host, "rollback", transport.run(argv, stdin=stdin, timeout=host.command_timeout))
+    reply = reply["rollback"]
     removed = reply.get("removed") or {}
     return RollbackOutcome(
-        action=reply["action"], release=reply.get("release"),
+        action=reply["action"],
+        release=check_optional_host_id(host.name, IdKind.RELEASE, reply.get("release"), "rollback: release"),
         removed=tuple(removed.get("removed", ())), modified_since_deploy=tuple(removed.get("modified_since_deploy", ())),
         recovered=reply.get("recovered"),
     )

@@ -128,11 +128,15 @@ def run_fanout(
     """Open a connection per host and run `task` on it, at most `parallel` hosts at a time.
 
     `deadline_s` bounds each host from the moment it starts (connect included); `connect`
-    replaces `open_transport` (tests). Never raises for a host's failure: see the result map."""
+    replaces `open_transport` (tests). Never raises for a host's failure: see the result map.
+    An unreadable ssh_config is not a host's failure but the inventory's: ConfigError, raised
+    before any host starts."""
     if parallel < 1:
         raise ValueError(f"parallel must be >= 1, got {parallel}")
     if connect is None:
-        from ddtree_ops.transport.factory import open_transport
+        from ddtree_ops.transport.factory import check_connection_config, open_transport
+
+        check_connection_config(hosts)  # raises ConfigError (exit 3) before any host is touched
 
         def connect(host: Host) -> Transport:
             return open_transport(host, accept_new_host_keys=accept_new_host_keys)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Optional
 
 from ddtree_ops.errors import HostLocked, RemoteStepError
+from ddtree_ops.ids import IdKind, check_host_id, check_optional_host_id
 from ddtree_ops.inventory import Host
 from ddtree_ops.release import ReleaseBundle
 from ddtree_ops.transport.base import CommandResult, Transport
@@ -68,13 +69,13 @@ def agent_preamble() -> bytes:
     return b"%d\n" % len(source) + source
 
 
-def agent_argv(host: Host, op: str, *args: str, site: bool = False) -> list[str]:
+def agent_argv(host: Host, op: str, *args: str, site: bool = False, workdir: Optional[str] = None) -> list[str]:
     """argv that runs one script sent behind BOOTSTRAP (the agent, or with `site=True` the
     SGLang installer) with the host's Python (by absolute path).
 
     Without `site`, `-S` skips site-packages at start (3-5x faster start in a big ML
     environment); the probe turns them on itself when it looks for torch and SGLang."""
-    return [host.python, *(() if site else ("-S",)), "-c", BOOTSTRAP, op, host.workdir, *args]
+    return [host.python, *(() if site else ("-S",)), "-c", BOOTSTRAP, op, workdir or host.workdir, *args]
 
 
 class _PayloadGate(io.RawIOBase):
@@ -203,8 +204,19 @@ def ensure_release(
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
     limit = timeout if timeout is not None else host.command_timeout
+    args = (bundle.release_id, str(keep), f"{lock_wait_s:g}", "1" if take_lock else "0")
+    reply, sent = run_with_release_on_demand(transport, agent_argv(host, "push", *args), bundle, timeout=limit)
+    return push_outcome(host, bundle, parse_agent_reply(host, "push", reply), sent)
+
+
+def run_with_release_on_demand(
+    transport: Transport, argv: list[str], bundle: ReleaseBundle, *, before: bytes = b"", timeout: float,
+) -> tuple[CommandResult, int]:
+    """Run an agent operation that may ask for the release (`{"need": ID}` on stdout, see
+    agent.push_locked); stdin carries the agent, then `before`, then the archive only if
+    asked. Returns the result and the archive bytes sent (0 when the host had it)."""
     archive = bundle.archive()
-    gate = _PayloadGate(archive, limit)
+    gate = _PayloadGate(archive, timeout)
 
     def on_line(line: str) -> None:
         if line.startswith('{"need"'):
@@ -212,24 +224,27 @@ def ensure_release(
         elif line.startswith("{"):
             gate.finish()
 
-    args = (bundle.release_id, str(keep), f"{lock_wait_s:g}", "1" if take_lock else "0")
     try:
         result = transport.run(
-            agent_argv(host, "push", *args),
-            stdin=_Chain(io.BytesIO(agent_preamble()), gate),
-            timeout=limit,
+            argv,
+            stdin=_Chain(io.BytesIO(agent_preamble() + before), gate),
+            timeout=timeout,
             on_stdout_line=on_line,
         )
     finally:
         gate.finish()
-    reply = parse_agent_reply(host, "push", result)
+    return result, len(archive) if gate.opened else 0
+
+
+def push_outcome(host: Host, bundle: ReleaseBundle, reply: dict[str, Any], bytes_sent: int) -> PushOutcome:
+    """A push reply as a PushOutcome; release ids the host names are checked (path parts)."""
     return PushOutcome(
         release_id=bundle.release_id,
         action=PushAction(reply["status"]),
-        previous=reply.get("previous"),
+        previous=check_optional_host_id(host.name, IdKind.RELEASE, reply.get("previous"), "push: previous"),
         workdir=reply["workdir"],
-        bytes_sent=len(archive) if gate.opened else 0,
-        pruned=tuple(reply.get("pruned", ())),
+        bytes_sent=bytes_sent,
+        pruned=tuple(check_host_id(host.name, IdKind.RELEASE, p, "push: pruned") for p in reply.get("pruned", ())),
         replaced_broken=reply.get("replaced_broken"),
     )
 
@@ -245,7 +260,9 @@ def probe_host(
     """Facts for `hosts check`, gathered by one process of the host's Python. `deep` imports
     torch there and asks torch.cuda (seconds); otherwise torch is found without importing it
     and GPUs come from nvidia-smi."""
-    return call_agent(transport, host, "probe", "1" if deep else "0", timeout=timeout)
+    facts = call_agent(transport, host, "probe", "1" if deep else "0", timeout=timeout)
+    check_optional_host_id(host.name, IdKind.RELEASE, facts.get("active_release"), "probe: active_release")
+    return facts
 
 
 @contextmanager

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ddtree_ops.errors import ConfigError, UsageError
+from ddtree_ops.ids import is_safe_id
 
 RUNS_DIR_ENV = "DDTREE_OPS_RUNS_DIR"
 DEFAULT_RUNS_DIR = "runs"
-_RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _STAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
@@ -63,9 +63,20 @@ def new_run_id(now: float | None = None) -> str:
 
 
 def check_run_id(run_id: str) -> str:
-    if not _RUN_ID_RE.match(run_id) or ".." in run_id:
-        raise UsageError(f"run id {run_id!r}: expected letters, digits, '.', '_' or '-'")
-    return run_id
+    """A run id given on the command line (or by a caller): UsageError unless safe."""
+    from ddtree_ops.ids import IdKind, check_cli_id
+
+    return check_cli_id(IdKind.RUN, run_id)
+
+
+def check_host_dir_name(path: Path, name: Any) -> str:
+    """A host name read back from a run record becomes a folder name: same rule as the
+    inventory's (no '/', not '.', '..', empty or with NUL)."""
+    if not isinstance(name, str) or not name or "/" in name or "\0" in name or name in (".", ".."):
+        from ddtree_ops.ids import shown
+
+        raise ConfigError(f"{path}: hosts: unsafe host name {shown(name)} (it names a folder of the run)")
+    return name
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -190,7 +201,7 @@ class RunStore:
         if not self.root.is_dir():
             return []
         return sorted(p.name for p in self.root.iterdir()
-                      if p.is_dir() and (p / "run.json").is_file() and _RUN_ID_RE.match(p.name))
+                      if p.is_dir() and (p / "run.json").is_file() and is_safe_id(p.name))
 
     def latest_run(self) -> str:
         runs = self.list_runs()
@@ -200,13 +211,16 @@ class RunStore:
         return runs[-1]
 
     def load(self, run_id: str | None = None) -> "RunRecord":
-        run_id = run_id or self.latest_run()
+        run_id = self.latest_run() if run_id is None else run_id  # "" is a bad id, not "latest"
         path = self.run_dir(run_id)
         if not (path / "run.json").is_file():
             known = ", ".join(self.list_runs()[-5:]) or "none"
             raise UsageError(f"no run {run_id!r} under {self.root} (latest: {known})")
         meta = read_json(path / "run.json")
         hosts = meta.get("hosts") or sorted(p.name for p in path.iterdir() if p.is_dir())
+        if not isinstance(hosts, list):
+            raise ConfigError(f"{path / 'run.json'}: hosts: expected a list, got {type(hosts).__name__}")
+        hosts = [check_host_dir_name(path / "run.json", h) for h in hosts]
         return RunRecord(run_id=run_id, path=path, meta=meta,
                          hosts={h: load_host(path / h, h) for h in hosts})
 
@@ -355,18 +369,6 @@ def hosts_exit_code(outcomes: Iterable[HostOutcome]) -> int:
 
 # ----------------------------------------------------------------------------- collect
 
-@dataclass
-class CollectSummary:
-    host: str
-    fetched: list[str] = field(default_factory=list)
-    unchanged: int = 0
-    merged_events: bool = False  # the host's own event log replaced ours (it had more)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"fetched": self.fetched, "unchanged": self.unchanged,
-                "merged_events": self.merged_events}
-
-
 def sha256_file(path: Path) -> str:
     import hashlib
 
@@ -375,48 +377,6 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: handle.read(1 << 16), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _safe_relpath(text: Any) -> str | None:
-    if not isinstance(text, str) or not text or text.startswith("/") or "\\" in text:
-        return None
-    parts = text.split("/")
-    if any(p in ("", ".", "..") for p in parts):
-        return None
-    return text
-
-
-def collect_host_files(transport: Any, host: str, list_argv: list[str], remote_run_dir: str,
-                       host_dir: Path, timeout: float) -> CollectSummary:
-    """Fetch the files a host kept for a run into `<host_dir>/remote/`, skipping those we
-    already hold (by sha256), then adopt the host's event log and stage records when they
-    are more complete than what streamed back. Idempotent; an interrupted collect resumes
-    where it stopped (each file lands under a temporary name and is renamed)."""
-    from ddtree_ops.errors import RemoteStepError
-
-    result = transport.run(list_argv, timeout=timeout)
-    if not result.ok:
-        raise RemoteStepError(f"{host}: cannot list the run's files (exit {result.exit_status}): "
-                              f"{result.tail()}")
-    summary = CollectSummary(host)
-    remote_root = host_dir / "remote"
-    for line in result.stdout.splitlines():
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        relpath = _safe_relpath(entry.get("path")) if isinstance(entry, dict) else None
-        if relpath is None:
-            continue
-        local = remote_root / relpath
-        if local.is_file() and sha256_file(local) == entry.get("sha256"):
-            summary.unchanged += 1
-            continue
-        local.parent.mkdir(parents=True, exist_ok=True)
-        transport.get_file(f"{remote_run_dir.rstrip('/')}/{relpath}", str(local), timeout=timeout)
-        summary.fetched.append(relpath)
-    summary.merged_events = adopt_remote_records(host_dir)
-    return summary
 
 
 def adopt_remote_records(host_dir: Path) -> bool:

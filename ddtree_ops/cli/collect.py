@@ -1,6 +1,7 @@
 """`ddtree-ops collect RUN_ID`: fetch what the hosts kept for a run (event log, stage records,
-stage logs, artifacts) that did not stream back, e.g. after a dropped connection. Idempotent
-and resumable: files already held (same sha256) are not fetched again."""
+stage logs, artifacts) that did not stream back, e.g. after a dropped connection, in one
+stream per host. Idempotent and resumable: files already held (same size and sha256) are not
+fetched again."""
 from __future__ import annotations
 
 from typing import Annotated, Any
@@ -18,7 +19,7 @@ from ddtree_ops.cli.options import (
 )
 from ddtree_ops.cli.report import RunsDirOpt
 
-LIST_TIMEOUT_S = 120.0
+COLLECT_TIMEOUT_S = 600.0  # one stream carries every missing file
 
 
 def collect(
@@ -30,14 +31,15 @@ def collect(
     parallel: ParallelOpt = DEFAULT_PARALLEL,
     accept_new_host_keys: AcceptNewHostKeysOpt = False,
 ) -> int:
-    """Fetch a run's remaining files from its hosts into runs/<run-id>/<host>/remote/."""
+    """Fetch a run's remaining files from its hosts into runs/<run-id>/<host>/remote/ (one
+    stream per host; files already held, by size and sha256, are not sent again)."""
     from ddtree_ops.cli.console import run_on_hosts
     from ddtree_ops.cli.options import select_hosts
-    from ddtree_ops.cli.smoke import runner_control_argv
     from ddtree_ops.errors import UsageError
-    from ddtree_ops.remote_layout import run_dir as remote_run_dir
-    from ddtree_ops.results import RunStore, collect_host_files, read_json, runs_root
+    from ddtree_ops.results import RunStore, check_run_id, read_json, runs_root
+    from ddtree_ops.run_fetch import collect_host_files
 
+    check_run_id(run_id)  # a path part here and on the hosts: refused before anything else
     store = RunStore(runs_root(runs_dir))
     run = store.load(run_id)
     _, selected = select_hosts(inventory, hosts)
@@ -48,10 +50,8 @@ def collect(
     def task(ctx: Any) -> Any:
         host_dir = run.path / ctx.host.name
         workdir = read_json(host_dir / "run.json").get("workdir") or ctx.host.workdir
-        workdir = workdir.rstrip("/")
-        argv = runner_control_argv(ctx.host, workdir, run_id, "files")
-        return collect_host_files(ctx.transport, ctx.host.name, argv,
-                                  remote_run_dir(workdir, run_id), host_dir, LIST_TIMEOUT_S)
+        return collect_host_files(ctx.transport, ctx.host, str(workdir).rstrip("/"), run_id, host_dir,
+                                  COLLECT_TIMEOUT_S)
 
     return run_on_hosts(
         "collect", in_run, task,

@@ -169,8 +169,10 @@ def report(
         load_any_baseline,
         plot_run,
     )
-    from ddtree_ops.results import RunStore, runs_root
+    from ddtree_ops.results import RunStore, check_run_id, runs_root
 
+    if run_id is not None:
+        check_run_id(run_id)  # a path part: refused before anything is read
     kind, loaded = load_any_baseline(baseline) if baseline is not None else (None, None)
     decode_options = {"--tau-tolerance": tau_tolerance, "--baseline-dataset": baseline_dataset,
                       "--baseline-model": baseline_model}

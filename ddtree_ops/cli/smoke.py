@@ -249,7 +249,10 @@ def run_smoke(
     from ddtree_ops.report import build_report
     from ddtree_ops.results import RunStore, new_run_id, runs_root
 
+    from ddtree_ops.transport.factory import check_connection_config
+
     _, selected = select_hosts(inventory, hosts)
+    check_connection_config(selected)  # before a run folder exists: exit 3, nothing recorded
     bundle = None
     if push:
         from ddtree_ops.release import build_bundle
@@ -390,8 +393,7 @@ def stop_runners(hosts: list["Host"], workdirs: dict[str, str], plan: SmokePlan,
     runner has written its last records), then fetch the run's files as `collect` does, so
     the local store ends with the host's complete record. In parallel, bounded."""
     from ddtree_ops.errors import DdtreeOpsError
-    from ddtree_ops.remote_layout import run_dir as remote_run_dir
-    from ddtree_ops.results import collect_host_files
+    from ddtree_ops.run_fetch import collect_host_files
     from ddtree_ops.transport.factory import open_transport
 
     def stop(host: "Host") -> None:
@@ -399,8 +401,7 @@ def stop_runners(hosts: list["Host"], workdirs: dict[str, str], plan: SmokePlan,
         try:
             with open_transport(host, accept_new_host_keys=accept_new_host_keys) as transport:
                 transport.run(runner_argv(host, workdir, plan, "stop"), timeout=STOP_TIMEOUT_S)
-                collect_host_files(transport, host.name, runner_argv(host, workdir, plan, "files"),
-                                   remote_run_dir(workdir, plan.run_id), run_dir / host.name,
+                collect_host_files(transport, host, workdir, plan.run_id, run_dir / host.name,
                                    STOP_TIMEOUT_S)
         except DdtreeOpsError as err:
             sys.stderr.write(f"ddtree-ops: {host.name}: could not stop the runner: {err}\n")

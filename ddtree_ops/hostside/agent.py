@@ -5,7 +5,9 @@ Stdlib only, Python >= 3.8. It arrives on stdin behind a small bootstrap (see
 left for the operation to read. Usage: `python -c BOOTSTRAP OP WORKDIR [ARGS...]`.
 
 Every operation prints exactly one JSON object as its last stdout line: `{"ok": true, ...}`
-or `{"ok": false, "kind": ..., "error": ...}` (exit status 0 or 1). Layout under WORKDIR:
+or `{"ok": false, "kind": ..., "error": ...}` (exit status 0 or 1); `collect`, whose stdout
+is a tar stream, prints it as the last line of stderr instead. `deploy` and `rollback` run
+the SGLang installer (sent on stdin) in this same process. Layout under WORKDIR:
 
     releases/<id>/          immutable release, repository-relative layout + MANIFEST.sha256
     releases/.incoming-*    a release being received (removed by the next push)
@@ -37,6 +39,20 @@ class AgentError(Exception):
     def __init__(self, kind, message):
         super().__init__(message)
         self.kind = kind
+
+
+# ---------------------------------------------------------------- ids
+
+SAFE_ID_FIRST = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+SAFE_ID_CHARS = SAFE_ID_FIRST + "._-"
+
+
+def check_id(value, what):
+    """Release and run ids are path parts here: same rule as ddtree_ops.ids (no re import,
+    which costs start time): 1-128 of [A-Za-z0-9._-], starting with a letter or digit."""
+    if not (0 < len(value) <= 128 and value[0] in SAFE_ID_FIRST and all(c in SAFE_ID_CHARS for c in value)):
+        raise AgentError("bad-id", "unsafe %s %r" % (what, value[:64]))
+    return value
 
 
 # ---------------------------------------------------------------- layout helpers
@@ -266,16 +282,22 @@ def op_push(workdir, release_id, keep, lock_wait, take_lock):
     """Activate an intact copy if present, else install, in one process and one channel: when
     the release is missing, print `{"need": ID}` and read the archive that the operator side
     then sends on stdin."""
+    check_id(release_id, "release id")
     ensure_layout(workdir)
     with maybe_lock(workdir, take_lock, "push", lock_wait):
-        reply, problem = activate_if_present(workdir, release_id, keep)
-        if reply is not None:
-            return reply
-        sys.stdout.write(json.dumps({"need": release_id}) + "\n")
-        sys.stdout.flush()
-        reply = install_from_stdin(workdir, release_id, keep)
-        reply["replaced_broken"] = problem
+        return push_locked(workdir, release_id, keep)
+
+
+def push_locked(workdir, release_id, keep):
+    """The body of push; the caller holds the lock."""
+    reply, problem = activate_if_present(workdir, release_id, keep)
+    if reply is not None:
         return reply
+    sys.stdout.write(json.dumps({"need": release_id}) + "\n")
+    sys.stdout.flush()
+    reply = install_from_stdin(workdir, release_id, keep)
+    reply["replaced_broken"] = problem
+    return reply
 
 
 def receive_archive(stream, target, release_id):
@@ -320,6 +342,7 @@ def receive_archive(stream, target, release_id):
 
 def op_install(workdir, release_id, keep, lock_wait, take_lock):
     """Receive the release on stdin, verify it, rename it into place, switch `current`."""
+    check_id(release_id, "release id")
     ensure_layout(workdir)
     with maybe_lock(workdir, take_lock, "push", lock_wait):
         clean_incoming(workdir)
@@ -511,6 +534,137 @@ def op_probe(workdir, deep="0"):
     }
 
 
+# ---------------------------------------------------------------- deploy / rollback (SGLang plugin)
+
+
+def load_installer(stream):
+    """The SGLang installer (src/ddtree/sglang/install.py of the release being deployed),
+    sent length-prefixed on stdin, then its JSON line of gate modules (absent for rollback).
+    Run in this process, so a deploy starts the host's Python once (plus the installer's
+    own check in a fresh interpreter, which must be fresh: it loads the plugin as SGLang would)."""
+    import types
+
+    size = int(stream.readline())
+    module = types.ModuleType("ddtree_sglang_installer")
+    module.__file__ = "<ddtree-sglang-installer>"
+    exec(compile(stream.read(size), module.__file__, "exec"), module.__dict__)
+    line = stream.readline()
+    sources = json.loads(line.decode("utf-8")) if line.strip() else {"modules": {}, "packages": []}
+    return module, sources
+
+
+def call_installer(installer, operation, *args):
+    try:
+        return operation(*args)
+    except installer.InstallError as err:
+        raise AgentError(err.kind, str(err))
+    except AgentError:
+        raise
+    except Exception as err:  # noqa: BLE001 - one JSON reply, whatever the installer hit
+        raise AgentError("internal", "installer: %s: %s" % (type(err).__name__, err))
+
+
+def op_deploy(workdir, release_id, keep, lock_wait, force):
+    """Under the layout lock: make the release active (asking for the archive only if the
+    host lacks an intact copy), then gate + install + verify with the installer."""
+    check_id(release_id, "release id")
+    sys.dont_write_bytecode = True  # leave no bytecode in site-packages or the payload
+    enable_site_packages()
+    installer, sources = load_installer(sys.stdin.buffer)
+    ensure_layout(workdir)
+    with Lock(workdir, "deploy", lock_wait):
+        pushed = push_locked(workdir, release_id, keep)
+        installed = call_installer(installer, installer.op_install, workdir, release_id, force, sources)
+    return {"push": pushed, "install": installed}
+
+
+def op_rollback(workdir, lock_wait):
+    sys.dont_write_bytecode = True
+    enable_site_packages()
+    installer, _ = load_installer(sys.stdin.buffer)
+    ensure_layout(workdir)
+    with Lock(workdir, "rollback", lock_wait):
+        return {"rollback": call_installer(installer, installer.op_rollback, workdir)}
+
+
+# ---------------------------------------------------------------- collect (a run's files)
+
+SHA256_PAX_KEY = "DDTREE.sha256"
+RUNNER_PID_FILE = "runner.pid"  # smoke/runner.py's PID_FILE: live state, not a result
+
+
+class ExactReader(object):
+    """Reads exactly `size` bytes of a file, zero-padded if it shrank meanwhile, so the tar
+    stream stays well-formed; the operator side then sees the sha256 differ."""
+
+    def __init__(self, handle, size):
+        self.handle, self.left = handle, size
+
+    def read(self, n=-1):
+        n = self.left if n is None or n < 0 else min(n, self.left)
+        data = self.handle.read(n)
+        data += b"\0" * (n - len(data))
+        self.left -= n
+        return data
+
+
+def run_files(run_dir, skipped):
+    """(relpath, path) of each regular file of a run; links are listed in `skipped`, never followed."""
+    for root, dirs, files in os.walk(run_dir):
+        dirs.sort()
+        for name in list(dirs):
+            if os.path.islink(os.path.join(root, name)):
+                dirs.remove(name)
+                skipped.append(os.path.relpath(os.path.join(root, name), run_dir))
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            relpath = os.path.relpath(path, run_dir).replace(os.sep, "/")
+            if name.startswith(".") or name == RUNNER_PID_FILE:
+                continue
+            if os.path.islink(path) or not os.path.isfile(path):
+                skipped.append(relpath)
+                continue
+            yield relpath, path
+
+
+def op_collect(workdir, run_id):
+    """Stream, as one tar on stdout, every file of runs/RUN_ID that the operator does not
+    already hold. Stdin: one JSON line {relpath: [size, sha256]} of what it holds. Each
+    member carries its sha256 (pax header); the reply goes to stderr (see STREAMING_OPS)."""
+    check_id(run_id, "run id")
+    run_dir = os.path.join(workdir, "runs", run_id)
+    if not os.path.isdir(run_dir):
+        raise AgentError("no-run", "no run %s under %s" % (run_id, os.path.dirname(run_dir)))
+    line = sys.stdin.buffer.readline()
+    held = json.loads(line.decode("utf-8")) if line.strip() else {}
+    sent, kept, skipped = 0, 0, []
+    out = sys.stdout.buffer
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as archive:
+        for relpath, path in run_files(run_dir, skipped):
+            try:
+                handle = open(path, "rb")
+            except OSError:
+                skipped.append(relpath)
+                continue
+            with handle:
+                stat = os.fstat(handle.fileno())
+                digest = hashlib.sha256()
+                for chunk in iter(lambda: handle.read(min(CHUNK, stat.st_size - handle.tell())), b""):
+                    digest.update(chunk)
+                size = handle.tell()  # shorter than st_size if the file shrank meanwhile
+                if held.get(relpath) == [size, digest.hexdigest()]:
+                    kept += 1
+                    continue
+                handle.seek(0)
+                info = tarfile.TarInfo(relpath)
+                info.size, info.mode, info.mtime = size, 0o644, int(stat.st_mtime)
+                info.pax_headers = {SHA256_PAX_KEY: digest.hexdigest()}
+                archive.addfile(info, ExactReader(handle, size))
+                sent += 1
+    out.flush()
+    return {"sent": sent, "kept": kept, "skipped": skipped, "run_dir": run_dir}
+
+
 # ---------------------------------------------------------------- entry point
 
 OPERATIONS = {
@@ -519,7 +673,11 @@ OPERATIONS = {
     "hold-lock": op_hold_lock,
     "whereis": op_whereis,
     "probe": op_probe,
+    "deploy": op_deploy,
+    "rollback": op_rollback,
+    "collect": op_collect,
 }
+STREAMING_OPS = ("collect",)  # stdout carries data: the JSON reply goes to stderr instead
 
 
 def main(argv):
@@ -530,6 +688,7 @@ def main(argv):
 
 
 def run(argv):
+    reply_stream = sys.stderr if argv and argv[0] in STREAMING_OPS else sys.stdout
     try:
         reply = main(argv)
         reply["ok"] = True
@@ -538,8 +697,8 @@ def run(argv):
         reply, code = {"ok": False, "kind": err.kind, "error": str(err)}, 1
     except OSError as err:
         reply, code = {"ok": False, "kind": "os-error", "error": "%s: %s" % (err.filename or "", err.strerror or err)}, 1
-    sys.stdout.write(json.dumps(reply) + "\n")
-    sys.stdout.flush()
+    reply_stream.write("\n" + json.dumps(reply) + "\n")
+    reply_stream.flush()
     return code
 
 

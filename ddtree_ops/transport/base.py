@@ -41,6 +41,7 @@ class CommandResult:
 
 
 LineHandler = Callable[[str], None]
+ChunkHandler = Callable[[bytes], None]
 StdinSource = Union[bytes, BinaryIO, None]
 
 
@@ -89,6 +90,18 @@ class Transport(ABC):
     ) -> CommandResult:
         """Run argv on the host and wait for it. With `on_stdout_line`, each complete stdout
         line is handed over as it arrives (and still collected in the result)."""
+
+    @abstractmethod
+    def run_streaming(
+        self,
+        argv: Sequence[str],
+        on_stdout: ChunkHandler,
+        *,
+        stdin: StdinSource = None,
+        timeout: float | None = None,
+    ) -> CommandResult:
+        """Run argv and hand its stdout over as raw byte chunks as they arrive (e.g. a tar
+        stream), in one channel; the result's `stdout` is empty, `stderr` is collected."""
 
     @abstractmethod
     def put_stream(

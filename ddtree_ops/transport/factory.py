@@ -1,6 +1,8 @@
 """Open the right transport for an inventory host (SSH is imported only when needed)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ddtree_ops.inventory import Host, TransportKind
 from ddtree_ops.transport.base import Transport
 
@@ -14,3 +16,15 @@ def open_transport(host: Host, *, accept_new_host_keys: bool = False) -> Transpo
     from ddtree_ops.transport.ssh import SshTransport
 
     return SshTransport(host, accept_new_host_keys=accept_new_host_keys)
+
+
+def check_connection_config(hosts: Sequence[Host]) -> None:
+    """Read every SSH host's ssh_config before any connection: one that cannot be read is a
+    config error (ConfigError, exit 3) for the whole command, not an unreachable host."""
+    ssh_hosts = [h for h in hosts if h.transport is not TransportKind.LOCAL]
+    if not ssh_hosts:
+        return
+    from ddtree_ops.transport.ssh import load_ssh_config
+
+    for host in ssh_hosts:
+        load_ssh_config(host)

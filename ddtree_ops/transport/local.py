@@ -11,7 +11,14 @@ from collections.abc import Mapping, Sequence
 from typing import BinaryIO
 
 from ddtree_ops.errors import CommandTimeout, HostUnreachable, RemoteStepError
-from ddtree_ops.transport.base import CommandResult, LineHandler, StdinSource, Transport, expand_home
+from ddtree_ops.transport.base import (
+    ChunkHandler,
+    CommandResult,
+    LineHandler,
+    StdinSource,
+    Transport,
+    expand_home,
+)
 
 _CHUNK = 1 << 16
 
@@ -31,6 +38,7 @@ class LocalTransport(Transport):
         timeout: float | None = None,
         on_stdout_line: LineHandler | None = None,
         on_stderr_line: LineHandler | None = None,
+        _stdout_chunks: ChunkHandler | None = None,
     ) -> CommandResult:
         argv = tuple(argv)
         limit = timeout if timeout is not None else self.command_timeout
@@ -58,8 +66,11 @@ class LocalTransport(Transport):
 
         out_chunks: list[bytes] = []
         err_chunks: list[bytes] = []
+        out_pump = (threading.Thread(target=_pump_chunks, args=(proc.stdout, _stdout_chunks), daemon=True)
+                    if _stdout_chunks is not None else
+                    threading.Thread(target=_pump_lines, args=(proc.stdout, out_chunks, on_stdout_line), daemon=True))
         threads = [
-            threading.Thread(target=_pump_lines, args=(proc.stdout, out_chunks, on_stdout_line), daemon=True),
+            out_pump,
             threading.Thread(target=_pump_lines, args=(proc.stderr, err_chunks, on_stderr_line), daemon=True),
         ]
         for thread in threads:
@@ -73,7 +84,10 @@ class LocalTransport(Transport):
             _kill_group(proc)
             raise CommandTimeout(self.host_name, f"{argv[0]} ran longer than {limit:g}s; killed") from None
         for thread in threads:
-            thread.join(timeout=5)
+            # A chunk consumer (an unpacker) may lag behind the exited process: let it finish
+            # within the command's deadline so no chunk arrives after we return.
+            slack = limit - (time.monotonic() - started) if _stdout_chunks is not None else 0
+            thread.join(timeout=max(5.0, slack))
         return CommandResult(
             host=self.host_name,
             argv=argv,
@@ -82,6 +96,16 @@ class LocalTransport(Transport):
             stderr=b"".join(err_chunks).decode("utf-8", "replace"),
             duration_s=time.monotonic() - started,
         )
+
+    def run_streaming(
+        self,
+        argv: Sequence[str],
+        on_stdout: ChunkHandler,
+        *,
+        stdin: StdinSource = None,
+        timeout: float | None = None,
+    ) -> CommandResult:
+        return self.run(argv, stdin=stdin, timeout=timeout, _stdout_chunks=on_stdout)
 
     def put_stream(self, source: BinaryIO, argv: Sequence[str], *, timeout: float | None = None) -> CommandResult:
         return self.run(argv, stdin=source, timeout=timeout)
@@ -106,6 +130,12 @@ def _pump_lines(stream: BinaryIO, sink: list[bytes], handler: LineHandler | None
         sink.append(line)
         if handler is not None:
             handler(line.decode("utf-8", "replace").rstrip("\n"))
+    stream.close()
+
+
+def _pump_chunks(stream: BinaryIO, handler: ChunkHandler) -> None:
+    for chunk in iter(lambda: stream.read1(_CHUNK), b""):
+        handler(chunk)
     stream.close()
 
 

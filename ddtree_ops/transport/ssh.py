@@ -27,6 +27,7 @@ from typing import BinaryIO, Optional
 
 from ddtree_ops.errors import (
     AuthenticationFailed,
+    ConfigError,
     CommandTimeout,
     ConnectionLost,
     ConnectionRefused,
@@ -37,7 +38,14 @@ from ddtree_ops.errors import (
     TransportError,
 )
 from ddtree_ops.inventory import Host
-from ddtree_ops.transport.base import CommandResult, LineHandler, StdinSource, Transport, shell_quote_argv
+from ddtree_ops.transport.base import (
+    ChunkHandler,
+    CommandResult,
+    LineHandler,
+    StdinSource,
+    Transport,
+    shell_quote_argv,
+)
 
 
 def _import_paramiko_without_invoke():
@@ -84,17 +92,26 @@ def _default_path(configured: Optional[str], fallback: str) -> Optional[str]:
     return path if os.path.exists(path) else None
 
 
+def load_ssh_config(host: Host) -> Optional["paramiko.SSHConfig"]:
+    """The host's ssh_config (inventory `ssh_config`, else ~/.ssh/config), or None when there
+    is no such file. One that exists but cannot be read or parsed (a folder, bad bytes, a
+    malformed line) is an inventory/config problem: ConfigError (exit 3), naming file and host."""
+    config_path = _default_path(host.ssh_config, "~/.ssh/config")
+    if not config_path or not os.path.lexists(config_path):
+        return None
+    try:
+        return paramiko.SSHConfig.from_path(config_path)
+    except (OSError, paramiko.SSHException, ValueError) as err:
+        reason = getattr(err, "strerror", None) or (str(err).splitlines() or [type(err).__name__])[0]
+        raise ConfigError(f"{config_path}: ssh_config of host {host.name}: cannot read it: {reason}") from None
+
+
 def resolve_target(host: Host, alias: Optional[str] = None, *, user: Optional[str] = None,
                    port: Optional[int] = None) -> SshTarget:
     """Merge ssh_config's entry for the alias under the inventory's explicit values."""
     alias = alias or host.hostname
-    config_path = _default_path(host.ssh_config, "~/.ssh/config")
-    entry: dict = {}
-    if config_path and os.path.isfile(config_path):
-        try:
-            entry = paramiko.SSHConfig.from_path(config_path).lookup(alias)
-        except (OSError, paramiko.SSHException, ValueError) as err:
-            raise HostUnreachable(host.name, f"cannot read ssh_config {config_path}: {err}") from None
+    config = load_ssh_config(host)
+    entry: dict = config.lookup(alias) if config is not None else {}
     is_main = alias == host.hostname
     identity = ([host.identity_file] if (is_main and host.identity_file) else []) or [
         os.path.expanduser(p) for p in entry.get("identityfile", [])
@@ -225,8 +242,9 @@ class SshTransport(Transport):
             user, _, rest = spec.rpartition("@")
             alias, _, port = rest.partition(":")
             if port and not port.isdigit():
-                # Same kind as an unreadable ssh_config in resolve_target: names value and source.
-                raise HostUnreachable(self.host_name, f"ssh_config ProxyJump {spec!r}: port {port!r} is not a number")
+                # A config problem, like an unreadable ssh_config: names the value and its source.
+                raise ConfigError(f"{self.host.ssh_config or '~/.ssh/config'}: ssh_config of host {self.host_name}: "
+                                  f"ProxyJump {spec!r}: port {port!r} is not a number")
             hops.append(resolve_target(self.host, alias, user=user or None, port=int(port) if port else None))
         return hops
 
@@ -362,6 +380,23 @@ class SshTransport(Transport):
         if status == -1:
             raise ConnectionLost(self.host_name, f"{argv[0]} ended without an exit status (connection dropped)")
         return status
+
+    def run_streaming(
+        self,
+        argv: Sequence[str],
+        on_stdout: ChunkHandler,
+        *,
+        stdin: StdinSource = None,
+        timeout: float | None = None,
+    ) -> CommandResult:
+        argv = tuple(argv)
+        limit = timeout if timeout is not None else self.command_timeout
+        started = time.monotonic()
+        channel, _ = self._open_channel(argv, None, None)
+        err = _LineCollector(None)
+        status = self._pump(channel, stdin, limit, argv, started, on_stdout, err.feed)
+        return CommandResult(host=self.host_name, argv=argv, exit_status=status, stdout="",
+                             stderr=err.finish(), duration_s=time.monotonic() - started)
 
     def put_stream(self, source: BinaryIO, argv: Sequence[str], *, timeout: float | None = None) -> CommandResult:
         return self.run(argv, stdin=source, timeout=timeout)

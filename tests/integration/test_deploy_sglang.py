@@ -296,3 +296,48 @@ def test_a_replacement_that_fails_its_check_restores_the_previous_release(host, 
     code, doc = run_cli(capsys, inventory, snapshot, "rollback")
     assert code == 0 and doc["hosts"]["h0"]["result"]["release"] == first["release"]
     assert site_listing(python) == before
+
+
+def test_deploy_starts_the_hosts_python_twice_rollback_and_dry_run_once(sshd_fleet, env, tmp_path, capsys):
+    """Counted by a `python` on the host that logs each start: a deploy is one agent process
+    (lock + push + gate + install + record) plus the installer's check in a FRESH interpreter,
+    which must be fresh (it loads the plugin as SGLang would). `exec -a` keeps the wrapper as
+    sys.executable, so that fresh interpreter is started through it too and counted."""
+    python, snapshot = env
+    log = tmp_path / "python-starts.log"
+    counted = Path(python).parent / "python-counted"  # next to the venv's python: same venv
+    counted.write_text(f'#!/bin/bash\necho "start $*" >> {log}\nexec -a "$0" {Path(python).resolve()} "$@"\n')
+    counted.chmod(0o755)
+    before = site_listing(python)
+
+    def starts() -> list[str]:
+        lines = log.read_text().splitlines() if log.exists() else []
+        log.unlink(missing_ok=True)
+        return lines
+
+    fleet = sshd_fleet(1, python=str(counted), command_timeout=120)
+    inventory = fleet.write_inventory()
+    try:
+        code, doc = run_cli(capsys, inventory, snapshot, "deploy")
+        assert code == 0, doc
+        assert doc["hosts"]["h0"]["result"]["action"] == "installed"
+        lines = starts()
+        assert len(lines) == 2, lines
+        assert " deploy " in lines[0] and lines[1] == "start -m ddtree.sglang.probe"
+
+        code, doc = run_cli(capsys, inventory, snapshot, "deploy")  # unchanged: still verified
+        assert (code, doc["hosts"]["h0"]["result"]["action"]) == (0, "unchanged")
+        assert [" deploy " in s for s in starts()] == [True, False]
+
+        code, doc = run_cli(capsys, inventory, snapshot, "deploy", "--dry-run")
+        assert code == 0 and doc["hosts"]["h0"]["result"]["action"] == "would stay unchanged"
+        assert [" plan " in s for s in starts()] == [True]
+
+        code, doc = run_cli(capsys, inventory, snapshot, "rollback")
+        assert (code, doc["hosts"]["h0"]["result"]["action"]) == (0, "rolled-back")
+        assert [" rollback " in s for s in starts()] == [True]
+        assert site_listing(python) == before
+    finally:
+        if site_listing(python) != before:  # leave the module's environment as it was
+            main(["rollback", "-i", str(inventory), "--source", str(snapshot)])
+        counted.unlink()

@@ -202,3 +202,6 @@ def test_ctrl_c_stops_the_remote_runners_over_ssh(sshd_fleet, runs, checkout):
         assert not (run_dir / "runner.pid").exists()  # the remote runner stopped
         last = json.loads((run_dir / "events.jsonl").read_text().splitlines()[-1])
         assert last["event"] == "run_end" and last["status"] == "interrupted"
+        # fetched in one stream after the stop, as `collect` does
+        assert (runs / doc["run_id"] / host.name / "remote" / "logs" / "hang.log").is_file()
+    assert "could not stop the runner" not in err

@@ -49,6 +49,11 @@ def test_commands_streams_env_cwd_and_files(sshd_fleet, tmp_path):
         assert (tmp_path / "copy.bin").read_bytes() == b"\x00\x01payload"
         with pytest.raises(RemoteStepError, match="cannot read"):
             transport.get_file(str(tmp_path / "nope"), str(tmp_path / "x"))
+        payload = os.urandom(1 << 20) + b"\xff\xfe\n\x00"  # raw bytes, not UTF-8, many chunks
+        chunks: list[bytes] = []
+        reverse = "import sys; sys.stdout.buffer.write(sys.stdin.buffer.read()[::-1]); sys.stderr.write('done')"
+        streamed = transport.run_streaming([sys.executable, "-c", reverse], chunks.append, stdin=payload)
+        assert b"".join(chunks) == payload[::-1] and (streamed.exit_status, streamed.stderr) == (0, "done")
         home = transport.run(["printf", "%s", "~/x y"]).stdout
         assert home == os.path.expanduser("~/x y")
         sock = transport._client.get_transport().sock

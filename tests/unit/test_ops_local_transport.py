@@ -84,3 +84,15 @@ def test_shell_quoting_expands_only_a_leading_home():
 @given(st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12).filter(lambda s: not s.startswith("~")), max_size=4))
 def test_shell_quoting_roundtrips_any_text(argv):
     assert _through_sh(argv) == argv
+
+
+STREAM_CODE = ("import sys, os; data = sys.stdin.buffer.read(); sys.stdout.buffer.write(data[::-1]); "
+               "sys.stderr.write('done'); sys.exit(3)")
+
+
+def test_run_streaming_hands_over_raw_bytes_in_order():
+    payload = os.urandom(1 << 20) + b"\xff\xfe\n\x00"  # not UTF-8, several pipe buffers
+    chunks: list[bytes] = []
+    result = LocalTransport("local").run_streaming([sys.executable, "-c", STREAM_CODE], chunks.append, stdin=payload)
+    assert b"".join(chunks) == payload[::-1]
+    assert (result.exit_status, result.stdout, result.stderr) == (3, "", "done")

@@ -1,0 +1,232 @@
+"""Fetch what a host kept for a run (`ddtree-ops collect`, and after Ctrl-C) in ONE stream.
+
+One process of the host's Python (the agent's `collect` operation) gets, on stdin, what we
+already hold under `runs/<run-id>/<host>/remote/` ({relpath: [size, sha256]}), and answers with
+one tar stream of every other file of the run, each member carrying its sha256. Here the
+stream is unpacked as it arrives, member by member, with the checks a hostile or broken host
+calls for: regular files only (no links, devices or directories), relative paths without
+`..`, no existing link on the way, every file written under a temporary name and renamed only
+when its sha256 matches. Idempotent (a re-run fetches nothing) and resumable (every file that
+landed before an interruption is complete and is not fetched again).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import queue
+import tarfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from ddtree_ops.errors import RemoteStepError
+from ddtree_ops.inventory import Host
+from ddtree_ops.remote_layout import agent_argv, agent_preamble, parse_agent_reply
+from ddtree_ops.results import adopt_remote_records, sha256_file
+from ddtree_ops.transport.base import Transport
+
+SHA256_PAX_KEY = "DDTREE.sha256"  # = hostside.agent.SHA256_PAX_KEY
+PART_SUFFIX = ".part"  # a file being received; never counted as held
+_QUEUE_CHUNKS = 64  # backpressure: at most this many chunks wait for the unpacker
+
+
+@dataclass
+class CollectSummary:
+    host: str
+    fetched: list[str] = field(default_factory=list)
+    unchanged: int = 0
+    merged_events: bool = False  # the host's own event log replaced ours (it had more)
+    skipped: list[str] = field(default_factory=list)  # links etc. the host did not send
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fetched": self.fetched, "unchanged": self.unchanged,
+                "merged_events": self.merged_events, "skipped": self.skipped}
+
+
+class UnsafeMember(Exception):
+    """An archive member that must not be written (the message says which and why)."""
+
+
+def held_files(root: Path) -> dict[str, list[Any]]:
+    """{relpath: [size, sha256]} of the regular files under root (links and partial files
+    are not held: they are fetched again)."""
+    held: dict[str, list[Any]] = {}
+    if not root.is_dir():
+        return held
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+        for name in filenames:
+            path = Path(dirpath) / name
+            if name.endswith(PART_SUFFIX) or path.is_symlink() or not path.is_file():
+                continue
+            held[path.relative_to(root).as_posix()] = [path.stat().st_size, sha256_file(path)]
+    return held
+
+
+def member_relpath(member: tarfile.TarInfo) -> str:
+    """The member's path if it is a regular file with a safe relative name, else UnsafeMember."""
+    name = member.name
+    if not member.isreg():
+        kind = "a link" if (member.issym() or member.islnk()) else "not a regular file"
+        raise UnsafeMember(f"archive member {name!r} is {kind}")
+    if not name or name.startswith("/") or "\\" in name or "\0" in name:
+        raise UnsafeMember(f"archive member {name!r} is not a relative path")
+    if any(part in ("", ".", "..") for part in name.split("/")):
+        raise UnsafeMember(f"archive member {name!r} has an empty, '.' or '..' part")
+    return name
+
+
+def safe_target(root: Path, relpath: str) -> Path:
+    """root/relpath, refusing any existing link on the way (it could lead outside root)."""
+    path = root
+    for part in relpath.split("/")[:-1]:
+        path = path / part
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            raise UnsafeMember(f"archive member {relpath!r}: {path} is a link or not a folder")
+    target = path / relpath.split("/")[-1]
+    if target.is_symlink() or target.is_dir():
+        raise UnsafeMember(f"archive member {relpath!r}: {target} is a link or a folder")
+    real_root = os.path.realpath(root)
+    if os.path.commonpath([real_root, os.path.realpath(target.parent)]) != real_root:
+        raise UnsafeMember(f"archive member {relpath!r} would land outside {root}")
+    return target
+
+
+class _ChunkStream:
+    """A readable file fed with byte chunks from the transport's thread (bounded queue).
+    Once the reader stops (`stop_reading`), further chunks are dropped, so the transport
+    never blocks on a reader that is gone."""
+
+    def __init__(self) -> None:
+        self.chunks: queue.Queue[Optional[bytes]] = queue.Queue(maxsize=_QUEUE_CHUNKS)
+        self.buffer = b""
+        self.ended = False
+        self.reading = threading.Event()
+        self.reading.set()
+
+    def feed(self, chunk: bytes) -> None:
+        while self.reading.is_set():
+            try:
+                self.chunks.put(chunk, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+
+    def end(self) -> None:
+        self.feed(None)  # type: ignore[arg-type]  # the end-of-stream marker
+
+    def stop_reading(self) -> None:
+        self.reading.clear()
+
+    def read(self, size: int = -1) -> bytes:
+        while not self.ended and (size < 0 or len(self.buffer) < size):
+            chunk = self.chunks.get()
+            if chunk is None:
+                self.ended = True
+            else:
+                self.buffer += chunk
+        if size < 0:
+            size = len(self.buffer)
+        data, self.buffer = self.buffer[:size], self.buffer[size:]
+        return data
+
+
+@dataclass
+class _Unpacked:
+    fetched: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)  # sha256 differed (changed while sent)
+    error: Optional[str] = None
+
+
+def unpack_stream(stream: Any, root: Path) -> _Unpacked:
+    """Write each member of a tar stream under root (see the module docstring); stops at the
+    first unsafe member or broken stream and says why in `error`."""
+    outcome = _Unpacked()
+    try:
+        with tarfile.open(fileobj=stream, mode="r|") as archive:
+            for member in archive:
+                relpath = member_relpath(member)
+                expected = member.pax_headers.get(SHA256_PAX_KEY, "")
+                if len(expected) != 64:
+                    raise UnsafeMember(f"archive member {relpath!r} carries no sha256")
+                target = safe_target(root, relpath)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                safe_target(root, relpath)  # again: nothing became a link meanwhile
+                if _receive(archive.extractfile(member), target, expected):
+                    outcome.fetched.append(relpath)
+                else:
+                    outcome.changed.append(relpath)
+    except UnsafeMember as err:
+        outcome.error = f"refused the host's archive: {err}"
+    except (tarfile.TarError, EOFError) as err:
+        outcome.error = f"broken archive stream: {err}"
+    return outcome
+
+
+def _receive(source: Any, target: Path, expected: str) -> bool:
+    """Write to target.part (never following a link there), rename if the sha256 matches."""
+    tmp = target.with_name(target.name + PART_SUFFIX)
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    digest = hashlib.sha256()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for chunk in iter(lambda: source.read(1 << 16), b""):
+                digest.update(chunk)
+                out.write(chunk)
+        if digest.hexdigest() != expected:
+            return False
+        os.replace(tmp, target)
+        return True
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def collect_host_files(transport: Transport, host: Host, workdir: str, run_id: str, host_dir: Path,
+                       timeout: float) -> CollectSummary:
+    """Fetch the files the host kept for run_id into `<host_dir>/remote/` that we do not hold
+    yet (one agent process, one stream), then adopt the host's event log and stage records
+    when they are more complete than what streamed back."""
+    from ddtree_ops.ids import IdKind, check_cli_id
+
+    check_cli_id(IdKind.RUN, run_id)
+    root = host_dir / "remote"
+    root.mkdir(parents=True, exist_ok=True)
+    stdin = agent_preamble() + json.dumps(held_files(root)).encode("utf-8") + b"\n"
+    stream = _ChunkStream()
+    unpacked: list[_Unpacked] = []
+
+    def unpack() -> None:
+        try:
+            unpacked.append(unpack_stream(stream, root))
+        finally:
+            stream.stop_reading()
+
+    reader = threading.Thread(target=unpack, name=f"collect-{host.name}", daemon=True)
+    reader.start()
+    try:
+        result = transport.run_streaming(agent_argv(host, "collect", run_id, workdir=workdir), stream.feed,
+                                         stdin=stdin, timeout=timeout)
+    finally:
+        stream.end()
+        reader.join(timeout)
+    outcome = unpacked[0] if unpacked else _Unpacked(error="the unpacker did not finish")
+    if outcome.error and "refused" in outcome.error:
+        raise RemoteStepError(f"{host.name}: collect: {outcome.error}")
+    # The agent's reply is the last line of stderr (stdout carried the archive).
+    reply = parse_agent_reply(host, "collect", dataclasses.replace(result, stdout=result.stderr))
+    if outcome.error:
+        raise RemoteStepError(f"{host.name}: collect: {outcome.error}")
+    if outcome.changed:
+        raise RemoteStepError(
+            f"{host.name}: collect: {len(outcome.changed)} file(s) changed while being sent (first "
+            f"{outcome.changed[0]}); {len(outcome.fetched)} landed; run collect again")
+    summary = CollectSummary(host.name, fetched=outcome.fetched, unchanged=int(reply.get("kept", 0)),
+                             skipped=[str(s) for s in reply.get("skipped", [])])
+    summary.merged_events = adopt_remote_records(host_dir)
+    return summary
