@@ -1,6 +1,6 @@
 """Tree-build speed: the heap oracle vs the public builder vs the top-k floor vs the batch.
 
-    python benchmarks/tree_build.py [--calls 20] [--threads N] [--quick]
+    python benchmarks/tree_build.py [--calls 20] [--threads N] [--quick] [--vocab V ...]
 
 Per (vocab, row kind, budget), medians over --calls calls, the methods interleaved call by
 call so a busy machine slows them alike:
@@ -163,11 +163,12 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20, help="calls per median (>= 20 for the docs)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--quick", action="store_true", help="budgets 16 and 1024, vocab 32000 only")
+    parser.add_argument("--vocab", type=int, action="append", help="vocabulary size (repeatable; default 151936 and 32000)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     budgets = (16, 1024) if args.quick else BUDGETS
-    vocabs = (32000,) if args.quick else VOCABS
+    vocabs = tuple(args.vocab) if args.vocab else (32000,) if args.quick else VOCABS
     cpu_table(args.calls, budgets, vocabs)
     if torch.cuda.is_available():
         cuda_rows(args.calls)

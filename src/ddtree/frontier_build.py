@@ -480,11 +480,12 @@ class _RowReader:
         if unread:
             check_rows_finite(self.logits[unread[0] : unread[-1] + 1], first_row=unread[0])
 
-    def read(self, rows: list[int], k: int) -> None:
-        """Read the top min(k, cap) ranks of each of `rows` (ascending)."""
+    def read(self, rows: list[int], k: int, first_row_k: int | None = None) -> None:
+        """Read the top min(k, cap) ranks of each of `rows` (ascending); row 0, if among them,
+        `first_row_k` ranks when given."""
         self._normalise(rows)
         rows = [d for d in rows if d < self.dead_from]
-        wanted = [min(k, self.cap[d]) for d in rows]
+        wanted = [min(first_row_k if d == 0 and first_row_k else k, self.cap[d]) for d in rows]
         for d in [d for d, w in zip(rows, wanted) if w == 0]:
             self.lp[d], self.ids[d], self.full[d], self.known_above[d] = [], [], True, _NEG_INF
         rows, wanted = [d for d, w in zip(rows, wanted) if w], [w for w in wanted if w]
@@ -648,7 +649,10 @@ def _read_until_complete(reader: _RowReader, budget: int, likely_deep: bool) -> 
     rows = list(range(min(2, depth_limit)))
     if likely_deep and first == deep:
         rows = list(range(depth_limit))  # one batched read instead of two
-    reader.read(rows, first)
+    # A shallow tree at a large budget takes most of its nodes from row 0: read it to K now
+    # when a read costs what it returns, rather than probe it first.
+    wide_row_0 = not likely_deep and budget > 2 * PROBE_RANKS and reader.source.wide_reads_are_cheap
+    reader.read(rows, first, first_row_k=reader.cap[0] if wide_row_0 else None)
     for _ in range(64):
         chain = _greedy_chain(reader)
         reached = len(chain) - 1  # rows chained so far
@@ -703,11 +707,42 @@ def build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
         # needs further are read whole on first use)
         tree = best_first(_HeapView(reader, floor), depth_limit, budget)
     else:
-        tree = _enumerate(reader, len(chain) - 1, budget, floor - _slack(floor))
+        tree = _depth_one_tree(reader, budget)
+        if tree is None:
+            tree = _enumerate(reader, len(chain) - 1, budget, floor - _slack(floor))
         if tree is None:  # the reference loop over the rows as read: exact, only slower
             tree = best_first(_HeapView(reader, floor), depth_limit, budget)
     reader.check_unread_rows()  # NaN / +inf anywhere is an error, as in the reference
     return tree
+
+
+def _depth_one_tree(reader: _RowReader, budget: int) -> DraftTree | None:
+    """The tree when it is row 0's first `budget` ranks alone (flat rows), else None.
+
+    The heap pops row 0's ranks in order (each is pushed only when the previous one is
+    popped), so it pops exactly those `budget` nodes iff every depth-2 candidate scores
+    strictly below each of them (a tie would pop the depth-2 path first: it is
+    lexicographically smaller). A child's score is its parent's plus row 1's top log-prob,
+    and float rounding is monotone, so the best child is max(scores) + lp[1][0]."""
+    row = reader.lp.get(0, [])
+    if len(row) < budget:
+        return None
+    scores = [row[0]]
+    score = row[0]
+    for rank in range(1, budget):  # the reference's sibling chain
+        score = score - row[rank - 1] + row[rank]
+        scores.append(score)
+    next_row = reader.lp.get(1) if reader.depth_limit > 1 and reader.dead_from > 1 else []
+    if next_row is None:
+        return None  # row 1 not read: nothing is known about depth 2
+    if next_row and not max(scores) + next_row[0] < min(scores):
+        return None
+    return make_draft_tree(
+        [-1] + [0] * budget,
+        torch.tensor(reader.ids[0][:budget], dtype=torch.int64),
+        torch.ones(budget, dtype=torch.int64),
+        torch.tensor(scores, dtype=torch.float64),
+    )
 
 
 # The family floor can sit far below the true one (near-uniform rows deeper than wide): past

@@ -104,6 +104,7 @@ class BlockMaxima:
         self.whole = vocab // BLOCK  # block j holds tokens j*BLOCK .. j*BLOCK + BLOCK - 1 (a few cache lines)
         self.block_count = self.whole + (1 if vocab % BLOCK else 0)  # the tail: one more, shorter block
         self._maxima = torch.empty(depth_limit, self.block_count, device=logits.device)  # [D, NB] float32
+        self._blocks = logits[:, : self.whole * BLOCK].view(depth_limit, self.whole, BLOCK)  # [D, NB', BLOCK] a view
         self._ready = [False] * depth_limit  # rows whose maxima are taken (rows the tree reaches)
 
     def maxima(self, rows: list[int]) -> torch.Tensor:
@@ -163,14 +164,19 @@ class BlockMaxima:
             row_of, token = keep.nonzero(as_tuple=True)
             return _sorted_per_row(len(rows), row_of, x[keep], token, log_z)
         row_of, block = hit.nonzero(as_tuple=True)  # [P] each
-        token = (block * BLOCK).unsqueeze(1) + torch.arange(BLOCK, device=block.device)  # [P, BLOCK]
-        in_vocab = token < self.vocab  # the tail block may be short
-        token = token.clamp_max(self.vocab - 1)
-        source_row = torch.tensor(rows, device=block.device)[row_of].unsqueeze(1)  # [P, 1]
-        values = self.logits[source_row, token].float()  # [P, BLOCK]
-        keep = (in_vocab & (values >= cut[row_of]) & (values > _NEG_INF)).flatten().nonzero().squeeze(1)
-        row_of = row_of.repeat_interleave(BLOCK)[keep]
-        return _sorted_per_row(len(rows), row_of, values.flatten()[keep], token.flatten()[keep], log_z)
+        source_row = torch.tensor(rows, device=block.device)[row_of]  # [P] rows of the logits
+        main = block < self.whole  # every block but a short tail one
+        if bool(main.all()):
+            values = self._blocks[source_row, block].float()  # [P, BLOCK]: whole blocks, one copy each
+        else:
+            values = torch.full((block.numel(), BLOCK), _NEG_INF, device=block.device)
+            values[main] = self._blocks[source_row[main], block[main]].float()
+            tail = self.logits[source_row[~main], self.whole * BLOCK :].float()  # [T, V % BLOCK]
+            values[~main, : tail.shape[1]] = tail
+        keep = (values >= cut[row_of]) & (values > _NEG_INF)  # [P, BLOCK]
+        hit_index, offset = keep.nonzero(as_tuple=True)
+        token = block[hit_index] * BLOCK + offset
+        return _sorted_per_row(len(rows), row_of[hit_index], values[hit_index, offset], token, log_z)
 
 
 def _sorted_per_row(count: int, row_of: torch.Tensor, values: torch.Tensor, token: torch.Tensor, log_z: torch.Tensor) -> Read:
