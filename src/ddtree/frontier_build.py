@@ -765,10 +765,21 @@ def _enumerate(reader: _RowReader, depths: int, budget: int, threshold: float) -
         row, ids, full, known_above = reader.lp[d], reader.ids[d], reader.full[d], reader.known_above[d]
         n = len(row)
         level_start = len(score)
+        first, first_id = row[0], ids[0]
         for base, pid in zip(frontier_scores, frontier_ids):
-            s = base + row[0]
+            s = base + first  # the reference's own chain: child, then sibling after sibling
+            if s < threshold:
+                continue
+            if n > 1:
+                after = s - first + row[1]
+                if after < threshold:  # one child only: the common case on drafter-like rows
+                    score.append(s)
+                    parent.append(pid)
+                    rank.append(0)
+                    token.append(first_id)
+                    continue
             r = 0
-            while s >= threshold:  # the reference's own chain: child, then sibling after sibling
+            while s >= threshold:
                 score.append(s)
                 r += 1
                 if r >= n:
