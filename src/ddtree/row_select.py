@@ -53,9 +53,10 @@ class FullRows:
     def top_log_prob_bounds(self, rows: list[int]) -> list[float]:
         """Upper bounds on the rows' top log-probs: every `BLOCK`-th logit and the row's
         maximum are some of its logits, so their logsumexp is at most the row's."""
-        x = self.logits[rows[0] : rows[-1] + 1].float()  # [c, V] (rows are a contiguous run)
-        top = x.amax(dim=-1, keepdim=True)
-        return (top.squeeze(1) - torch.logsumexp(torch.cat([top, x[:, ::BLOCK]], dim=1), dim=-1)).tolist()
+        x = self.logits[rows[0] : rows[-1] + 1]  # [c, V] (rows are a contiguous run)
+        tops = x.amax(dim=-1).tolist()
+        samples = torch.logsumexp(x[:, ::BLOCK].float(), dim=-1).tolist()
+        return [top - _log_add_exp(top, sample) for top, sample in zip(tops, samples)]
 
     def _chunk(self, rows: list[int]) -> torch.Tensor:
         start, stop = rows[0], rows[-1] + 1
@@ -74,6 +75,14 @@ class FullRows:
         x = self._chunk(rows)
         counts = (x >= cuts.to(x.device).unsqueeze(1)).sum(dim=1).tolist()
         return _top_of(x, [min(c, limit) for c, limit in zip(counts, limits)], log_z), counts
+
+
+def _log_add_exp(a: float, b: float) -> float:
+    """log(exp(a) + exp(b)) without overflow; NaN in, NaN out."""
+    high, low = (a, b) if a >= b else (b, a)
+    if high == -math.inf or low != low:
+        return high if low == low else low
+    return high + math.log1p(math.exp(low - high))
 
 
 def _top_of(x: torch.Tensor, ks: list[int], log_z: torch.Tensor) -> Read:
