@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ddtree_ops.errors import ConfigError
+from ddtree_ops.tolerances import DEFAULT_TAU_TOLERANCE
 from ddtree_ops.results import HostOutcome, RunRecord, StageStatus, hosts_exit_code
 
 SWEEP_STAGE = "tree-bench"
@@ -355,7 +356,6 @@ def compare_with_baseline(run: RunRecord, checks: list[MetricCheck]) -> list[Com
 
 # ----------------------------------------------------------------------------- decode baselines
 
-DEFAULT_TAU_TOLERANCE = 0.5  # tokens per round, absolute
 
 
 @dataclass(frozen=True)

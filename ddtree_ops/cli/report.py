@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from ddtree_ops.report import DEFAULT_TAU_TOLERANCE
+from ddtree_ops.tolerances import DEFAULT_TAU_TOLERANCE
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console

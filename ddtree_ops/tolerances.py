@@ -1,0 +1,5 @@
+"""Comparison defaults shared by `ddtree_ops.report` and the CLI. A module of its own so that
+the CLI can show them in `--help` without importing the report code at start-up."""
+from __future__ import annotations
+
+DEFAULT_TAU_TOLERANCE = 0.5  # tokens per round, absolute
