@@ -146,8 +146,17 @@ class BlockMaxima:
         return Read([lp[:k] for lp, k in zip(read.log_probs, ks)], [i[:k] for i, k in zip(read.ids, ks)])
 
     def at_least(self, rows: list[int], cuts: torch.Tensor, limits: list[int], log_z: torch.Tensor) -> tuple[Read, list[int]]:
-        """As `FullRows.at_least`."""
-        read = self._select(rows, cuts.to(self.logits.device), log_z)
+        """As `FullRows.at_least`, except that a count at or above its limit is only a lower
+        bound: a row whose cut clears far more blocks than `limits[i]` ranks need (a flat row
+        under a low cut) is read down to its k-th largest block maximum instead, which still
+        holds its top `limits[i]` and keeps the read the size of what it returns."""
+        cuts = cuts.to(self.logits.device, torch.float32).clone()
+        cleared = (self.maxima(rows) >= cuts.unsqueeze(1)).sum(dim=1).tolist()
+        wide = [i for i, (count, limit) in enumerate(zip(cleared, limits)) if count > 2 * limit + 8 and limit < self.block_count]
+        if wide:
+            raised = self._kth_largest_block_max([rows[i] for i in wide], [limits[i] for i in wide])
+            cuts[wide] = torch.maximum(cuts[wide], raised)
+        read = self._select(rows, cuts, log_z)
         counts = [len(lp) for lp in read.log_probs]
         return Read([lp[:n] for lp, n in zip(read.log_probs, limits)], [i[:n] for i, n in zip(read.ids, limits)]), counts
 

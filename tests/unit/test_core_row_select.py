@@ -88,3 +88,35 @@ def test_nan_in_a_large_vocabulary_names_its_row(row):
     logits[row, 1234] = float("nan")
     with pytest.raises(ValueError, match=rf"row {row} \(depth {row + 1}\) contains NaN \(first at token 1234\)"):
         build_ddtree_tree_from_logits(logits, 64)
+
+
+@pytest.mark.parametrize("flat_row", [2, 5])
+@pytest.mark.parametrize("scale", [0.5, 2.0])
+def test_deep_tree_with_a_flat_row_matches_the_heap(flat_row, scale):
+    """Drafter-like rows with one flat row inside (a read of it down to a loose floor clears
+    most of its blocks). At scale 0.5 its top log-prob (~ -9.8) stops the tree before it; at
+    scale 2.0 (top ~ -5.2) the tree goes through it, and the rows past it are reached only
+    through it."""
+    logits = rows(15, 151936, seed=7, kind="peaked")
+    logits[flat_row] = torch.randn(151936, generator=torch.Generator().manual_seed(8)) * scale
+    for budget in (256, 1024):
+        fast = build_ddtree_tree_from_logits(logits, budget, method=BuildMethod.FAST)
+        heap = build_ddtree_tree_from_logits(logits, budget, method=BuildMethod.HEAP)
+        assert fast.parents == heap.parents
+        assert fast.node_token_ids.tolist() == heap.node_token_ids.tolist()
+        assert fast.node_scores.tolist() == heap.node_scores.tolist()
+        if scale == 2.0:
+            assert heap.max_depth > flat_row + 1  # the tree does go past the flat row
+        else:
+            assert heap.max_depth == flat_row  # ...or stops right before it
+
+
+def test_a_low_cut_on_a_flat_row_reads_only_what_the_limit_needs():
+    logits = torch.randn(3, 151936, generator=torch.Generator().manual_seed(9))
+    log_z = torch.logsumexp(logits, dim=-1)
+    cuts = torch.full((3,), -50.0)  # clears every block of every row
+    read, counts = BlockMaxima(logits).at_least([0, 1, 2], cuts, [10, 40, 200], log_z)
+    reference = FullRows(logits).top([0, 1, 2], [10, 40, 200], log_z)
+    assert [lp[: len(ref)] for lp, ref in zip(read.log_probs, reference.log_probs)] == reference.log_probs
+    assert all(count >= limit for count, limit in zip(counts, [10, 40, 200]))
+    assert all(count < 151936 // 4 for count in counts)  # not the whole row
