@@ -133,17 +133,20 @@ def compile_tree_inputs(
 ) -> TreeInputs:
     """The verify forward's inputs: every tree row sees all committed rows and its ancestors."""
     n = 1 + int(node_token_ids.numel())
-    input_ids = torch.empty((1, n), dtype=torch.long)
-    input_ids[0, 0] = root_token
-    input_ids[0, 1:] = node_token_ids
-    position_ids = torch.empty((1, n), dtype=torch.long)
-    position_ids[0, 0] = 0
-    position_ids[0, 1:] = node_depths
-    position_ids += start
+    # Two host lists, one tensor each: a round's overhead is mostly per-op cost.
+    input_ids = torch.tensor([[root_token] + node_token_ids.tolist()], dtype=torch.long, device=device)
+    position_ids = torch.tensor([[start] + [start + depth for depth in node_depths.tolist()]], dtype=torch.long, device=device)
     mask = torch.zeros((1, 1, n, start + n), dtype=dtype, device=device)
-    hidden = ~visibility.to(device)
-    mask[0, 0, :, start:].masked_fill_(hidden, torch.finfo(dtype).min)
-    return TreeInputs(input_ids.to(device), position_ids.to(device), mask)
+    mask[0, 0, :, start:].masked_fill_(visibility.to(device).logical_not(), torch.finfo(dtype).min)
+    return TreeInputs(input_ids, position_ids, mask)
+
+
+def _rows_kept(hidden: torch.Tensor, keep: list[int]) -> torch.Tensor:
+    """hidden [1, N+1, F] -> [1, K, F], the accepted tree rows (a view when they are a prefix,
+    as on a greedy chain)."""
+    if keep == list(range(len(keep))):
+        return hidden[:, : len(keep)]
+    return hidden.index_select(1, torch.tensor(keep, dtype=torch.long, device=hidden.device))
 
 
 # --------------------------------------------------------------------------- the shared loop
@@ -358,8 +361,7 @@ def generate_ddtree(
         commit = commit_round(inputs.input_ids[0], accepted, bonus)
         req.generated.extend(commit.tokens[1:] + [commit.bonus_token])
         keep_cache_rows(req.cache, start, commit.keep_indices)  # host ints: no device round trip
-        keep = torch.tensor(commit.keep_indices, dtype=torch.long, device=req.device)  # [K] int64
-        feed.committed(commit.tokens, None if out.hidden is None else out.hidden.index_select(1, keep))
+        feed.committed(commit.tokens, None if out.hidden is None else _rows_kept(out.hidden, commit.keep_indices))
         req.stage_times["commit"] += req.clock() - verified
         if req.round_trees is not None:
             req.round_trees.append({
