@@ -58,6 +58,6 @@ def build_ddtree_tree_from_logits(
         method = choose_method(logits.shape[0], logits.shape[1], budget)
     if method is BuildMethod.HEAP:
         return build_heap_tree(logits, budget)
-    from ddtree.frontier_build import build_fast_tree
+    from ddtree.fast_build import build_fast_tree
 
     return build_fast_tree(logits, budget)

@@ -1,65 +1,32 @@
-"""The fast exact builders: rows read only as far as the tree needs them.
+"""The per-depth tensor frontier builder: a second exact builder, held to the heap by tests.
 
 Why it is exact. The best-first set is the `budget` best rank paths by (score desc, rank path
 lex asc). Any `budget` valid paths give a lower bound `floor` on the budget-th best score; a
 path scoring below it can never be placed, so a row only needs the ranks whose log-prob can
 still lift the best prefix of its depth (the greedy chain) to `floor`.
 
-Two builders share that idea:
-- `build_enumerated_tree` (= `build_fast_tree`, BuildMethod.FAST): described at its section
-  below. The default fast path.
-- `build_frontier_tree`: reads rows with `_Rows` / `_read_rows_and_estimate_floor` (row 0 in
-  full, later rows `PROBE_RANKS` at a time) and runs a per-depth tensor frontier: candidate
-  scores are the reference's incremental float64 chains (child: logw + lp[0]; next sibling:
-  logw - lp[r] + lp[r+1]), computed for a whole frontier by one sequential `cumsum`; the tree
-  is the budget best of what is kept, ordered by (score, rank path). Kept as a second exact
-  builder that the parity tests hold to the heap.
-
-Both results are checked: every placed node's generator (previous sibling, or parent for
-rank 0) must be placed before it. That holds whenever scores never rise along a generator
-edge, which is what makes the reference's pop order equal to the sorted order; if float
-rounding ever breaks it, a heap loop builds the tree instead.
+`build_frontier_tree` reads rows with `_Rows` / `_read_rows_and_estimate_floor` (row 0 in full,
+later rows `PROBE_RANKS` at a time) and runs a per-depth tensor frontier: candidate scores are
+the reference's incremental float64 chains (child: logw + lp[0]; next sibling:
+logw - lp[r] + lp[r+1]), computed for a whole frontier by one sequential `cumsum`; the tree is
+the budget best of what is kept, ordered by (score, rank path). The result is checked: every
+placed node's generator (previous sibling, or parent for rank 0) must be placed before it.
+That holds whenever scores never rise along a generator edge, which is what makes the
+reference's pop order equal to the sorted order; if float rounding ever breaks it, the heap
+builds the tree instead. The default fast path is `ddtree.fast_build`.
 """
 from __future__ import annotations
 
-import heapq
-import math
-from bisect import bisect_right
 from typing import NamedTuple
 
 import torch
 
-from ddtree.heap_build import best_first, build_heap_tree
-from ddtree.inputs import check_rows_finite, raise_bad_row
-from ddtree.row_select import Read, row_source
+from ddtree.heap_build import build_heap_tree
+from ddtree.inputs import check_rows_finite
+from ddtree.row_select import float_slack, normalise_rows
 from ddtree.tree import DraftTree, make_draft_tree, root_only_tree
 
 _NEG_INF = float("-inf")
-
-
-def _slack(*values: float) -> float:
-    """Absolute margin for approximate (non-chain) score comparisons: over-reading is harmless."""
-    return 1e-5 * (1.0 + sum(abs(v) for v in values if math.isfinite(v)))
-
-
-def _normalise_rows(owner: "_Rows | _RowReader", missing: list[int]) -> None:
-    """Fill `owner.log_z` for the rows `missing` (ascending, not yet normalised) with one
-    logsumexp over the span they cover, widened to >= 2 rows so the float32 sums are bit-equal
-    to the reference's full [D, V] call (see `_Rows`). Raises on NaN / +inf rows; lowers `owner.dead_from` at a row with
-    no finite logit. Shared by `_Rows` and `_RowReader`."""
-    if not missing:
-        return
-    start, stop = missing[0], missing[-1] + 1
-    if stop - start == 1 and owner.depth_limit > 1:
-        start, stop = (start, stop + 1) if stop < owner.depth_limit else (start - 1, stop)
-    log_z = torch.logsumexp(owner.logits[start:stop].float(), dim=-1)  # [c] float32
-    for offset, value in enumerate(log_z.tolist()):
-        row = start + offset
-        if math.isnan(value) or value == math.inf:
-            raise_bad_row(row, owner.logits[row])
-        if value == _NEG_INF:
-            owner.dead_from = min(owner.dead_from, row)
-        owner.log_z.setdefault(row, value)
 
 
 class _Rows:
@@ -83,7 +50,7 @@ class _Rows:
         self.complete_above: dict[int, float] = {}  # row -> every usable rank with lp >= it is read
 
     def _normalise(self, start: int, stop: int) -> None:
-        _normalise_rows(self, [d for d in range(start, stop) if d not in self.log_z])
+        normalise_rows(self, [d for d in range(start, stop) if d not in self.log_z])
 
     def fetch(self, start: int, stop: int, floor: float, best: float, probe: int | None = None) -> None:
         """Read rows [start, stop): the ranks any prefix scoring <= `best` needs to reach `floor`,
@@ -102,7 +69,7 @@ class _Rows:
             cut = (floor - best) + log_z.double()
             cut -= 1e-5 * (1.0 + cut.abs())  # over-reading a few ranks is harmless
             counts = (x >= cut.to(x.device, torch.float32).unsqueeze(1)).sum(dim=1).tolist()
-            cut_lp = (floor - best) - _slack(floor, best)
+            cut_lp = (floor - best) - float_slack(floor, best)
             cuts = [cut_lp if c < cap else _NEG_INF for c, cap in zip(counts, caps)]
             counts = [min(c, cap) for c, cap in zip(counts, caps)]
         wanted = [min(c, probe) if probe else c for c in counts]
@@ -129,7 +96,7 @@ class _Rows:
         row = self.log_probs[d]
         k = min(row.numel(), k_cap)
         if threshold != _NEG_INF and k:
-            k = min(k, int((row >= threshold - _slack(threshold)).sum()))
+            k = min(k, int((row >= threshold - float_slack(threshold)).sum()))
         return row[:k], self.ids[d][:k]
 
 
@@ -205,12 +172,6 @@ def _predicted_reach(best: float, floor: float, depth: int) -> int:
     return 1 + int((floor - best) / per_row)
 
 
-def build_fast_tree(logits: torch.Tensor, budget: int) -> DraftTree:
-    """logits: [D, V] (checked by the caller); budget >= 0. The exact tree, rows read lazily
-    (`build_enumerated_tree`, below)."""
-    return build_enumerated_tree(logits, budget)
-
-
 # Rows after the first are read `PROBE_RANKS` ranks at a time at first: a cheap top-k whose
 # tree gives a much better floor; the few rows that then need more are read again exactly.
 PROBE_RANKS = 32
@@ -238,7 +199,7 @@ def build_frontier_tree(logits: torch.Tensor, budget: int, rows: _Rows | None = 
         stale = [
             d
             for d, best in result.best_prefix.items()
-            if rows.complete_above[d] > result.floor - best - _slack(result.floor, best)
+            if rows.complete_above[d] > result.floor - best - float_slack(result.floor, best)
         ]
         if not stale:
             return _assemble(logits, budget, result)
@@ -275,7 +236,7 @@ def _read_rows_and_estimate_floor(rows: _Rows, budget: int, depth_limit: int) ->
         scores = torch.cat(family)
         if scores.numel() >= budget:
             floor = float(torch.topk(scores, budget, sorted=False).values.min())
-            floor -= _slack(floor) * 1e-4  # plain sums here, chains in the tree: stay below
+            floor -= float_slack(floor) * 1e-4  # plain sums here, chains in the tree: stay below
     # Rows whose probe ended above the bound may hold more of the best paths: read them 4x
     # wider (one batched top-k) and tighten the bound with what they add, a few times.
     probe = PROBE_RANKS
@@ -287,12 +248,12 @@ def _read_rows_and_estimate_floor(rows: _Rows, budget: int, depth_limit: int) ->
         rows.fetch(wide[0], wide[-1] + 1, _NEG_INF, 0.0, probe=probe)
         family = [rows.log_probs[0].double()] + [chain[d] + rows.log_probs[d].double() for d in range(1, len(chain) - 1)]
         floor = float(torch.topk(torch.cat(family), budget, sorted=False).values.min())
-        floor -= _slack(floor) * 1e-4
+        floor -= float_slack(floor) * 1e-4
     for d in [d for d in range(1, len(chain)) if d in rows.log_probs]:  # rows the chain reaches
         if floor == _NEG_INF:  # no bound (fewer paths than the budget): read them whole
             if rows.complete_above[d] != _NEG_INF:
                 rows.fetch(d, d + 1, _NEG_INF, 0.0)
-        elif rows.complete_above[d] > floor - chain[d] - _slack(floor, chain[d]):
+        elif rows.complete_above[d] > floor - chain[d] - float_slack(floor, chain[d]):
             rows.fetch(d, d + 1, floor, chain[d])
     return floor
 
@@ -329,7 +290,7 @@ def _frontier_pass(rows: _Rows, budget: int, depth_limit: int, start_floor: floa
         if floor == _NEG_INF:
             counts = torch.full_like(frontier_gid, k)
         else:  # ranks each prefix needs: lp[r] >= floor - score (a prefix of the sorted row)
-            reach = floor - frontier_score - _slack(floor)
+            reach = floor - frontier_score - float_slack(floor)
             counts = torch.searchsorted(-lp, -reach, right=True)  # [F] non-increasing
             alive = int((counts > 0).sum())
             if alive == 0:
@@ -422,417 +383,3 @@ def _lex_order(
     for column in reversed(range(max_depth)):
         order = order[torch.sort(paths[order, column], stable=True).indices]
     return order[torch.sort(pool_score[order], descending=True, stable=True).indices]
-
-
-# ---------------------------------------------------------------------------------------------
-# The enumerating builder: the default fast path (`build_fast_tree`).
-#
-# 1. Read rows: one batched logsumexp per chunk of rows (rows 0-1, then every further row the
-#    greedy chain reaches; all rows at once when the block maxima predict a deep chain), a few
-#    ranks per row at first. Large vocabularies read ranks through block maxima
-#    (`ddtree.row_select`): only the blocks that can hold them are touched.
-# 2. Floor: the budget-th best of a family of valid paths whose scores need no extra reads:
-#    "greedy to depth d, rank r at depth d+1, greedy again to depth e" scores
-#    chain[e] - lp[d][0] + lp[d][r]. Every row then needs exactly the ranks with
-#    lp >= floor - chain[d]; rows whose read ranks stop above that are read down to it.
-# 3. Enumerate, in plain Python over float lists, every path scoring >= floor with the
-#    reference's own float64 chains (child: logw + lp[0]; sibling: logw - lp[r] + lp[r+1]),
-#    sort by (score desc, rank path asc), keep `budget`. The generator check (previous
-#    sibling or parent placed before) proves the sorted order is the heap's pop order.
-# Anything unexpected (no finite floor, a path that runs past the read ranks, a failed check,
-# a floor so loose that the candidates explode) hands the rows as read to the heap loop.
-# ---------------------------------------------------------------------------------------------
-
-
-class _RowReader:
-    """Rows of [D, V] logits as Python lists of their top log-probs, read in batched chunks.
-
-    `lp[d]` / `ids[d]`: row d's read ranks (finite log-probs, sorted descending, float32 values
-    as Python floats) and token ids; `full[d]`: every usable rank (up to the row's cap) is read.
-    Ranks are found through block maxima (`ddtree.row_select`), so a read touches the few
-    blocks that hold them, not the whole row; logsumexp always covers >= 2 rows (or a whole
-    one-row input), like `_Rows`.
-    """
-
-    def __init__(self, logits: torch.Tensor, budget: int):
-        self.logits = logits  # [D, V] any float dtype, any device
-        depth_limit, vocab = logits.shape
-        self.depth_limit = depth_limit
-        self.source = row_source(logits)  # rows are checked for NaN / +inf as they are
-        # normalised (`_normalise_rows`), the rest by `check_unread_rows`
-        # rank r at depth d+1 needs its d ancestors and r elder siblings placed first
-        self.cap = [max(0, min(budget, vocab, budget - d)) for d in range(depth_limit)]
-        self.log_z: dict[int, float] = {}
-        self.lp: dict[int, list[float]] = {}
-        self.ids: dict[int, list[int]] = {}
-        self.full: dict[int, bool] = {}
-        # known_above[d]: every usable rank of row d with a log-prob > it has been read
-        self.known_above: dict[int, float] = {}
-        self.dead_from = depth_limit  # first row without a finite logit
-        self.family_best = _NEG_INF  # `_family_floor`'s last budget-th best score (no margin)
-
-    def _normalise(self, rows: list[int]) -> None:
-        _normalise_rows(self, [d for d in rows if d not in self.log_z])
-
-    def check_unread_rows(self) -> None:
-        """Raise for NaN / +inf in rows never normalised (a normalised row was checked then)."""
-        unread = [d for d in range(self.depth_limit) if d not in self.log_z]
-        if unread:
-            check_rows_finite(self.logits[unread[0] : unread[-1] + 1], first_row=unread[0])
-
-    def read(self, rows: list[int], k: int, first_row_k: int | None = None) -> None:
-        """Read the top min(k, cap) ranks of each of `rows` (ascending); row 0, if among them,
-        `first_row_k` ranks when given."""
-        self._normalise(rows)
-        rows = [d for d in rows if d < self.dead_from]
-        wanted = [min(first_row_k if d == 0 and first_row_k else k, self.cap[d]) for d in rows]
-        for d in [d for d, w in zip(rows, wanted) if w == 0]:
-            self.lp[d], self.ids[d], self.full[d], self.known_above[d] = [], [], True, _NEG_INF
-        rows, wanted = [d for d, w in zip(rows, wanted) if w], [w for w in wanted if w]
-        if rows:
-            self._store(rows, self.source.top(rows, wanted, self._log_z(rows)), wanted, None)
-
-    def read_down_to(self, rows: list[int], needs: list[float]) -> None:
-        """Read, for each of `rows` (ascending, already normalised), every rank whose log-prob
-        is >= its `needs` entry."""
-        margins = [2 * _slack(need) for need in needs]  # over-reading a few ranks is harmless
-        cuts = torch.tensor([n - m + self.log_z[d] for d, n, m in zip(rows, needs, margins)], dtype=torch.float64)
-        limits = [self.cap[d] for d in rows]
-        if not self.source.wide_reads_are_cheap:
-            # A loose floor can ask for far more ranks than the tree will use: read at most 4x
-            # what the row has, then let the floor rise with what was read.
-            limits = [min(limit, 4 * max(len(self.lp[d]), 8)) for d, limit in zip(rows, limits)]
-        read, counts = self.source.at_least(rows, cuts.to(torch.float32), limits, self._log_z(rows))
-        wanted = [min(count, limit) for count, limit in zip(counts, limits)]
-        exact = [w == min(count, self.cap[d]) for d, w, count in zip(rows, wanted, counts)]
-        known = [n - m / 2 if e else None for n, m, e in zip(needs, margins, exact)]
-        self._store(rows, read, wanted, known)
-
-    def _log_z(self, rows: list[int]) -> torch.Tensor:
-        return torch.tensor([self.log_z[d] for d in rows], dtype=torch.float32)  # [c] host
-
-    def _store(self, rows: list[int], read: Read, wanted: list[int], known: list[float | None] | None) -> None:
-        """Keep each row's read ranks (at most its `wanted`); `known[i]`: every rank with a
-        log-prob >= it is now read (None: unknown)."""
-        for i, (d, want) in enumerate(zip(rows, wanted)):
-            lp_row = read.log_probs[i]
-            n = len(lp_row)
-            if n == 0 and known is not None and known[i] is not None and d in self.lp:
-                # nothing reaches the need: what was read stands, and nothing above it is unread
-                self.known_above[d] = min(self.known_above[d], known[i])
-                continue
-            self.lp[d], self.ids[d] = lp_row, read.ids[i]
-            self.full[d] = n < want or want == self.cap[d]
-            if self.full[d]:
-                self.known_above[d] = _NEG_INF
-            else:  # ranks equal to the last one read may be unread
-                exact = known is not None and known[i] is not None
-                self.known_above[d] = min(known[i], lp_row[n - 1]) if exact else lp_row[n - 1]
-
-
-class _HeapView:
-    """`best_first`'s `log_probs(d)` / `ids(d)` over a `_RowReader`. With a finite floor the
-    rows as read suffice (ranks below the floor are never popped within the budget); without
-    one, or for a row not read yet, the row is read whole (up to its cap) on first use."""
-
-    def __init__(self, reader: _RowReader, floor: float):
-        self.reader = reader
-        self.cut_rows_suffice = floor != _NEG_INF
-
-    def log_probs(self, d: int) -> list[float]:
-        reader = self.reader
-        if d >= reader.dead_from:
-            return []
-        if d not in reader.lp or not (reader.full[d] or self.cut_rows_suffice):
-            reader.read([d], reader.cap[d])
-        return reader.lp[d] if d < reader.dead_from else []
-
-    def ids(self, d: int) -> list[int]:
-        return self.reader.ids[d]
-
-
-# Ranks a block-maxima read takes first at small budgets: such a read costs what it returns, and
-# a drafter-like row needs only a few ranks at budgets <= 64 (the floor then reads the rest).
-SMALL_BUDGET_BLOCK_PROBE = 4
-
-
-def _first_reads(budget: int, wide_reads_are_cheap: bool, likely_deep: bool) -> tuple[int, int]:
-    """Ranks first read from rows 0-1 and from the deeper rows. Small budgets read whole
-    (capped) rows at once, as the reference does (a top-k that small costs about as much as a
-    probe), except through block maxima on a likely deep tree: there a read costs what it
-    returns and each row needs only a few ranks. Larger budgets probe `PROBE_RANKS`; with
-    full-row reads deeper rows are probed wider (a drafter-like row at budget 1024 needs ~100
-    ranks) so that one top-k, not two, usually suffices."""
-    if budget <= 2 * PROBE_RANKS:
-        first = min(budget, SMALL_BUDGET_BLOCK_PROBE) if wide_reads_are_cheap and likely_deep else budget
-        return first, first
-    if wide_reads_are_cheap:
-        return PROBE_RANKS, PROBE_RANKS
-    return PROBE_RANKS, PROBE_RANKS * max(1, budget // 256)
-
-
-def _greedy_chain(reader: _RowReader) -> list[float]:
-    """chain[d] = the best depth-d path score (plain float64 sums) over contiguous read rows."""
-    chain = [0.0]
-    d = 0
-    while d in reader.lp and d < reader.dead_from and reader.lp[d]:
-        chain.append(chain[-1] + reader.lp[d][0])
-        d += 1
-    return chain
-
-
-def _family_floor(reader: _RowReader, chain: list[float], budget: int) -> float:
-    """The budget-th best score of the family "greedy, one deviation, greedy", minus a margin
-    for float64 chain rounding; -inf when the family has fewer than `budget` paths.
-
-    The family only grows as rows are read wider or deeper, so its budget-th best never falls:
-    deviations already below the last one found (`reader.family_best`) are left out."""
-    depths = len(chain) - 1
-    prune = reader.family_best
-    kept = []  # per row: how many of its ranks can still matter (rank 0 is the chain itself)
-    for d in range(depths):
-        row = reader.lp[d]
-        kept.append(bisect_right(row, chain[d] - prune, key=_negated) if prune != _NEG_INF else len(row))
-    size = sum((depths - d) * max(0, kept[d] - 1) for d in range(depths)) + depths
-    if size < budget:
-        return _NEG_INF
-    if size <= 512:  # a few hundred floats: plain Python beats a dozen tensor ops
-        family = list(chain[1:])
-        for d in range(depths):
-            row = reader.lp[d]
-            for e in range(d + 1, depths + 1):
-                shift = chain[e] - row[0]
-                family.extend([shift + value for value in row[1 : kept[d]]])
-        floor = heapq.nlargest(budget, family)[-1]
-    else:
-        flat: list[float] = []
-        firsts: list[float] = []
-        counts: list[int] = []
-        for d in range(depths):
-            row = reader.lp[d]
-            flat.extend(row[1 : kept[d]])
-            firsts.append(row[0])
-            counts.append(max(0, kept[d] - 1))
-        ends = torch.tensor(chain[1:], dtype=torch.float64)  # [E] chain[e] for e = 1..E
-        scores = [ends]
-        if flat:
-            count_t = torch.tensor(counts)
-            delta = torch.tensor(flat, dtype=torch.float64) - torch.tensor(firsts, dtype=torch.float64).repeat_interleave(count_t)
-            row_of = torch.arange(depths).repeat_interleave(count_t)  # [M] the row each deviation is in
-            grid = ends.unsqueeze(1) + delta.unsqueeze(0)  # [E, M] depth e+1 paths deviating at row_of
-            scores.append(grid[row_of.unsqueeze(0) <= torch.arange(depths).unsqueeze(1)])
-        scores = torch.cat(scores)
-        floor = float(torch.kthvalue(scores, scores.numel() - budget + 1).values)  # the budget-th best
-    reader.family_best = max(reader.family_best, floor)
-    return floor - _slack(floor) * 1e-4
-
-
-def _negated(value: float) -> float:
-    return -value
-
-
-# A greedy two-token path more likely than this (log-prob) predicts a deep tree. Only the
-# chunking of the reads depends on it, never the result.
-DEEP_GUESS_LOG_PROB = -2.0
-
-
-def _probably_deep(reader: _RowReader) -> bool:
-    bounds = reader.source.top_log_prob_bounds([0, 1])
-    return sum(bounds) >= DEEP_GUESS_LOG_PROB  # NaN (a NaN row) is False: read as usual
-
-
-def _read_until_complete(reader: _RowReader, budget: int, likely_deep: bool) -> tuple[list[float], float]:
-    """Read rows until every path scoring >= floor lies within the read ranks.
-    Returns (greedy chain, floor); floor -inf means no bound was found (rows read whole)."""
-    depth_limit = reader.depth_limit
-    first, deep = _first_reads(budget, reader.source.wide_reads_are_cheap, likely_deep)
-    rows = list(range(min(2, depth_limit)))
-    if likely_deep and first == deep:
-        rows = list(range(depth_limit))  # one batched read instead of two
-    # A shallow tree at a large budget takes most of its nodes from row 0: read it to K now
-    # when a read costs what it returns, rather than probe it first.
-    wide_row_0 = not likely_deep and budget > 2 * PROBE_RANKS and reader.source.wide_reads_are_cheap
-    reader.read(rows, first, first_row_k=reader.cap[0] if wide_row_0 else None)
-    for _ in range(64):
-        chain = _greedy_chain(reader)
-        reached = len(chain) - 1  # rows chained so far
-        more_rows = reached < min(depth_limit, reader.dead_from) and reached not in reader.lp
-        if not more_rows and all(reader.full[d] for d in range(reached)) and budget <= HEAP_LOOP_MAX_BUDGET:
-            return chain, _NEG_INF  # every row read whole: the heap loop needs no floor
-        floor = _family_floor(reader, chain, budget)
-        grow, needs = [], []
-        for d in range(reached):
-            if reader.full[d] or chain[d + 1] < floor:
-                continue
-            need = floor - chain[d] - _slack(floor, chain[d])
-            if reader.known_above[d] >= need:
-                grow.append(d)
-                needs.append(need)
-        if 0 in grow and reached >= 2 and reader.lp[0][-1] > chain[2]:
-            reader.read([0], reader.cap[0])  # depth 1 outscores depth 2: row 0 needs ~budget ranks
-            continue
-        if more_rows and chain[reached] >= floor:
-            reader.read(list(range(reached, depth_limit)), deep)  # a chain this deep usually goes on
-            continue
-        if not grow:
-            return chain, floor
-        if floor != _NEG_INF:
-            reader.read_down_to(grow, needs)
-            continue
-        for width in sorted({len(reader.lp[d]) for d in grow}):
-            rows = [d for d in grow if len(reader.lp[d]) == width]
-            reader.read(rows, width * 4)
-    return _greedy_chain(reader), _NEG_INF
-
-
-# Up to this budget the reference heap loop over the read rows costs less than the floor and
-# the enumeration (measured on the benchmark shapes, docs/core.md).
-HEAP_LOOP_MAX_BUDGET = 64
-
-
-def build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
-    """logits: [D, V] (checked by the caller); budget >= 0. The exact tree (see above)."""
-    depth_limit, _ = logits.shape
-    if budget == 0 or depth_limit == 0:
-        return root_only_tree()
-    reader = _RowReader(logits, budget)
-    likely_deep = depth_limit > 2 and _probably_deep(reader)
-    if budget <= HEAP_LOOP_MAX_BUDGET and likely_deep and not reader.source.wide_reads_are_cheap:
-        # Every row will be read to K and popped by the heap loop: that is the reference's own
-        # work, so run it without the reader's bookkeeping.
-        return build_heap_tree(logits, budget)
-    chain, floor = _read_until_complete(reader, budget, likely_deep)
-    if floor == _NEG_INF or budget <= HEAP_LOOP_MAX_BUDGET:
-        # no bound (a small tree) or few pops: the reference loop over the read rows (rows it
-        # needs further are read whole on first use)
-        tree = best_first(_HeapView(reader, floor), depth_limit, budget)
-    else:
-        tree = _depth_one_tree(reader, budget)
-        if tree is None:
-            tree = _enumerate(reader, len(chain) - 1, budget, floor - _slack(floor))
-        if tree is None:  # the reference loop over the rows as read: exact, only slower
-            tree = best_first(_HeapView(reader, floor), depth_limit, budget)
-    reader.check_unread_rows()  # NaN / +inf anywhere is an error, as in the reference
-    return tree
-
-
-def _depth_one_tree(reader: _RowReader, budget: int) -> DraftTree | None:
-    """The tree when it is row 0's first `budget` ranks alone (flat rows), else None.
-
-    The heap pops row 0's ranks in order (each is pushed only when the previous one is
-    popped), so it pops exactly those `budget` nodes iff every depth-2 candidate scores
-    strictly below each of them (a tie would pop the depth-2 path first: it is
-    lexicographically smaller). A child's score is its parent's plus row 1's top log-prob,
-    and float rounding is monotone, so the best child is max(scores) + lp[1][0]."""
-    row = reader.lp.get(0, [])
-    if len(row) < budget:
-        return None
-    scores = [row[0]]
-    score = row[0]
-    for rank in range(1, budget):  # the reference's sibling chain
-        score = score - row[rank - 1] + row[rank]
-        scores.append(score)
-    next_row = reader.lp.get(1) if reader.depth_limit > 1 and reader.dead_from > 1 else []
-    if next_row is None:
-        return None  # row 1 not read: nothing is known about depth 2
-    if next_row and not max(scores) + next_row[0] < min(scores):
-        return None
-    return make_draft_tree(
-        [-1] + [0] * budget,
-        torch.tensor(reader.ids[0][:budget], dtype=torch.int64),
-        torch.ones(budget, dtype=torch.int64),
-        torch.tensor(scores, dtype=torch.float64),
-    )
-
-
-# The family floor can sit far below the true one (near-uniform rows deeper than wide): past
-# this many candidates per budget node the enumeration gives way to the heap loop.
-ENUMERATION_SLACK = 8
-
-
-def _enumerate(reader: _RowReader, depths: int, budget: int, threshold: float) -> DraftTree | None:
-    """Every path scoring >= threshold, then the budget best in pop order; None if the read
-    ranks turn out short, the candidates outgrow `ENUMERATION_SLACK * budget` or the sorted
-    order is not the heap's."""
-    limit = ENUMERATION_SLACK * budget + 1024
-    parent: list[int] = []  # candidate -> parent candidate (-1 = root)
-    rank: list[int] = []
-    depth: list[int] = []
-    score: list[float] = []
-    token: list[int] = []
-    frontier_scores, frontier_ids = [0.0], [-1]  # the previous depth's candidates
-    for d in range(depths):
-        row, ids, full, known_above = reader.lp[d], reader.ids[d], reader.full[d], reader.known_above[d]
-        n = len(row)
-        level_start = len(score)
-        first, first_id = row[0], ids[0]
-        for base, pid in zip(frontier_scores, frontier_ids):
-            s = base + first  # the reference's own chain: child, then sibling after sibling
-            if s < threshold:
-                continue
-            if n > 1:
-                after = s - first + row[1]
-                if after < threshold:  # one child only: the common case on drafter-like rows
-                    score.append(s)
-                    parent.append(pid)
-                    rank.append(0)
-                    token.append(first_id)
-                    continue
-            r = 0
-            while s >= threshold:
-                score.append(s)
-                r += 1
-                if r >= n:
-                    if not full and known_above >= threshold - base:
-                        return None  # an unread rank might still score >= threshold
-                    break
-                s = s - row[r - 1] + row[r]
-            parent.extend([pid] * r)
-            rank.extend(range(r))
-            token.extend(ids[:r])
-            if len(score) > limit:
-                return None
-        depth.extend([d + 1] * (len(score) - level_start))
-        frontier_scores, frontier_ids = score[level_start:], range(level_start, len(score))
-        if not frontier_scores:
-            break
-    count = len(score)
-    # stable: ties keep gid order (a tensor sort beats `sorted` from ~100 candidates on)
-    order = torch.sort(torch.tensor(score, dtype=torch.float64), descending=True, stable=True).indices.tolist()
-    head = [score[i] for i in order[: budget + 1]]
-    if len(set(head)) < len(head):  # exact score ties: order them by rank path
-        start = 0
-        while start < len(head):
-            stop = start + 1
-            while stop < len(head) and head[stop] == head[start]:
-                stop += 1
-            if stop - start > 1:  # the whole run of this score, which may continue past the head
-                while stop < count and score[order[stop]] == head[start]:
-                    stop += 1
-                order[start:stop] = sorted(order[start:stop], key=lambda i: _rank_path(i, parent, rank))
-            start = stop
-    chosen = order[:budget]
-    position = [count] * count  # gid -> pop position (count: not chosen)
-    for pos, gid in enumerate(chosen):
-        position[gid] = pos
-    parents = [-1]
-    for pos, gid in enumerate(chosen):
-        above = parent[gid]
-        generator = gid - 1 if rank[gid] else above
-        if generator >= 0 and position[generator] >= pos:
-            return None  # float rounding let a node outscore its generator: the heap decides
-        parents.append(position[above] + 1 if above >= 0 else 0)
-    return make_draft_tree(
-        parents,
-        torch.tensor([token[i] for i in chosen], dtype=torch.int64),
-        torch.tensor([depth[i] for i in chosen], dtype=torch.int64),
-        torch.tensor([score[i] for i in chosen], dtype=torch.float64),
-    )
-
-
-def _rank_path(gid: int, parent: list[int], rank: list[int]) -> tuple[int, ...]:
-    path = []
-    while gid >= 0:
-        path.append(rank[gid])
-        gid = parent[gid]
-    return tuple(reversed(path))

@@ -18,9 +18,11 @@ full row gives them; the values (and so the tree's scores) are the same.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
+
+from ddtree.inputs import raise_bad_row
 
 BLOCK = 32  # tokens per block: measured fastest for 32k-152k vocabularies on a 2-core CPU
 # Below this vocabulary a full-row top-k costs less than the block machinery (docs/core.md).
@@ -214,3 +216,33 @@ def _sorted_per_row(count: int, row_of: torch.Tensor, values: torch.Tensor, toke
         id_rows.append(ids[start : start + size])
         start += size
     return Read(lp_rows, id_rows)
+
+
+# --------------------------------------------------------------- shared by the fast builders
+
+
+def float_slack(*values: float) -> float:
+    """Absolute margin for approximate (non-chain) score comparisons: over-reading is harmless."""
+    return 1e-5 * (1.0 + sum(abs(v) for v in values if math.isfinite(v)))
+
+
+def normalise_rows(owner: Any, missing: list[int]) -> None:
+    """Fill `owner.log_z` for the rows `missing` (ascending, not yet normalised) with one
+    logsumexp over the span they cover, widened to >= 2 rows so the float32 sums are bit-equal
+    to the reference's full [D, V] call: torch reduces a lone row with a thread-split sum but
+    each row of a multi-row call serially, as the reference does. Raises on NaN / +inf rows;
+    lowers `owner.dead_from` at a row with no finite logit. `owner`: the builders' row readers
+    (`logits`, `depth_limit`, `log_z: dict[int, float]`, `dead_from`)."""
+    if not missing:
+        return
+    start, stop = missing[0], missing[-1] + 1
+    if stop - start == 1 and owner.depth_limit > 1:
+        start, stop = (start, stop + 1) if stop < owner.depth_limit else (start - 1, stop)
+    log_z = torch.logsumexp(owner.logits[start:stop].float(), dim=-1)  # [c] float32
+    for offset, value in enumerate(log_z.tolist()):
+        row = start + offset
+        if math.isnan(value) or value == math.inf:
+            raise_bad_row(row, owner.logits[row])
+        if value == _NEG_INF:
+            owner.dead_from = min(owner.dead_from, row)
+        owner.log_z.setdefault(row, value)

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddtree import BuildMethod, build_ddtree_tree_from_logits, build_ddtree_trees, validate_tree
-from ddtree import frontier_build, row_select
+from ddtree import fast_build, frontier_build, row_select
 from ddtree.frontier_build import build_frontier_tree
 from ddtree.heap_build import top_log_probs
 
@@ -99,6 +99,7 @@ def test_seeded_sweep_small_shapes(block, monkeypatch):
     blocks probe rows one rank at a time, so the frontier's re-read path runs constantly."""
     if block % 2:
         monkeypatch.setattr(frontier_build, "PROBE_RANKS", 1)
+        monkeypatch.setattr(fast_build, "PROBE_RANKS", 1)
     rng = random.Random(1000 + block)
     for _ in range(500):
         depth = rng.choice([1, 1, 2, 3, 4, 6, 15])
@@ -115,8 +116,8 @@ def test_seeded_sweep_small_shapes_through_block_maxima(block_size, monkeypatch)
     3 (a short tail block whenever 3 does not divide V) and of 4, with the enumeration on."""
     monkeypatch.setattr(row_select, "BLOCK_MIN_VOCAB", 1)
     monkeypatch.setattr(row_select, "BLOCK", block_size)
-    monkeypatch.setattr(frontier_build, "PROBE_RANKS", [1, 3, 32][block_size % 3])
-    monkeypatch.setattr(frontier_build, "HEAP_LOOP_MAX_BUDGET", [0, 64][block_size % 2])
+    monkeypatch.setattr(fast_build, "PROBE_RANKS", [1, 3, 32][block_size % 3])
+    monkeypatch.setattr(fast_build, "HEAP_LOOP_MAX_BUDGET", [0, 64][block_size % 2])
     rng = random.Random(500 + block_size)
     for _ in range(400):
         depth = rng.choice([1, 2, 3, 6, 15])
@@ -142,6 +143,7 @@ def test_seeded_sweep_large_vocabulary(seed):
 @pytest.mark.parametrize("seed", range(3))
 def test_seeded_sweep_realistic_shapes(seed, monkeypatch):
     monkeypatch.setattr(frontier_build, "PROBE_RANKS", [32, 4, 1][seed])
+    monkeypatch.setattr(fast_build, "PROBE_RANKS", [32, 4, 1][seed])
     rng = random.Random(seed)
     for _ in range(8):
         depth = rng.choice([1, 7, 15])
@@ -229,8 +231,8 @@ def test_batch_of_different_requests_matches_one_by_one():
 def test_enumeration_path_on_small_shapes(probe, monkeypatch):
     """FAST with the heap loop switched off: every finite-floor case goes through the Python
     enumeration and its re-reads (probe 1 and 3 make rows grow constantly)."""
-    monkeypatch.setattr(frontier_build, "HEAP_LOOP_MAX_BUDGET", 0)
-    monkeypatch.setattr(frontier_build, "PROBE_RANKS", probe)
+    monkeypatch.setattr(fast_build, "HEAP_LOOP_MAX_BUDGET", 0)
+    monkeypatch.setattr(fast_build, "PROBE_RANKS", probe)
     rng = random.Random(77 + probe)
     for _ in range(300):
         depth = rng.choice([1, 2, 3, 6, 15])
@@ -238,7 +240,7 @@ def test_enumeration_path_on_small_shapes(probe, monkeypatch):
         budget = rng.choice([1, 2, 5, 16, 33, 100, 300])
         logits = random_logits(rng, depth, vocab, rng.choice(KINDS))
         heap = build_ddtree_tree_from_logits(logits, budget, method=BuildMethod.HEAP)
-        fast = frontier_build.build_enumerated_tree(logits, budget)
+        fast = fast_build.build_enumerated_tree(logits, budget)
         validate_tree(fast, budget=budget, logits=logits)
         if rows_have_ties(logits):
             assert shape_of(fast) == shape_of(heap)

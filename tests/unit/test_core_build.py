@@ -205,12 +205,12 @@ def test_batched_trees_from_precomputed_top_log_probs():
 )
 def test_auto_dispatch_picks_the_path_and_matches_the_heap(shape, budget, expected, monkeypatch):
     from ddtree import build as build_module
-    from ddtree import frontier_build, heap_build
+    from ddtree import fast_build, heap_build
 
     assert build_module.choose_method(shape[0], shape[1], budget) is expected
     taken = []
     monkeypatch.setattr(build_module, "build_heap_tree", lambda *a: taken.append("heap") or heap_build.build_heap_tree(*a))
-    monkeypatch.setattr(frontier_build, "build_fast_tree", lambda *a: taken.append("fast") or frontier_build.build_enumerated_tree(*a))
+    monkeypatch.setattr(fast_build, "build_fast_tree", lambda *a: taken.append("fast") or fast_build.build_enumerated_tree(*a))
     logits = torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape) + budget))
     tree = build_ddtree_tree_from_logits(logits, budget)
     assert taken == ["heap" if expected is BuildMethod.HEAP else "fast"]
