@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_right
+from typing import NamedTuple
 
 import torch
 
@@ -238,9 +239,28 @@ def _negated(value: float) -> float:
 DEEP_GUESS_LOG_PROB = -2.0
 
 
-def _probably_deep(reader: _RowReader) -> bool:
-    bounds = reader.source.top_log_prob_bounds([0, 1])
-    return sum(bounds) >= DEEP_GUESS_LOG_PROB  # NaN (a NaN row) is False: read as usual
+class DepthGuess(NamedTuple):
+    """Two guesses from rows 0-1 before any read (only the chunking of reads depends on them)."""
+
+    may_be_deep: bool  # the greedy two-token path may beat DEEP_GUESS_LOG_PROB (an upper bound says so)
+    likely_deep: bool  # ...and a best estimate says it does
+
+
+def _guess_depth(reader: _RowReader) -> DepthGuess:
+    bounds, estimates = reader.source.top_log_prob_guesses([0, 1])
+    # NaN (a NaN row) compares False: read as usual, the read reports it
+    return DepthGuess(sum(bounds) >= DEEP_GUESS_LOG_PROB, sum(estimates) >= DEEP_GUESS_LOG_PROB)
+
+
+def _rows_the_chain_may_reach(chain: list[float], floor: float) -> int:
+    """How many more rows the greedy chain will likely still reach `floor` in, if each costs
+    it what the rows so far cost on average (a chunking guess: a row it then needs after all
+    is read in a later round)."""
+    reached = len(chain) - 1
+    per_row = chain[-1] / reached  # <= 0
+    if floor == _NEG_INF or per_row == 0.0:
+        return 1 << 30
+    return 1 + int((floor - chain[-1]) / per_row)
 
 
 def _read_until_complete(reader: _RowReader, budget: int, likely_deep: bool) -> tuple[list[float], float]:
@@ -273,8 +293,14 @@ def _read_until_complete(reader: _RowReader, budget: int, likely_deep: bool) -> 
         if 0 in grow and reached >= 2 and reader.lp[0][-1] > chain[2]:
             reader.read([0], reader.cap[0])  # depth 1 outscores depth 2: row 0 needs ~budget ranks
             continue
+        if floor == _NEG_INF and not likely_deep and not reader.full.get(0, True) and budget > 2 * PROBE_RANKS:
+            # too few paths for a floor yet: row 0 holds the most candidates of any row, and
+            # with it read to K the family has `budget` paths, so the next rows are read to a floor
+            reader.read([0], reader.cap[0])
+            continue
         if more_rows and chain[reached] >= floor:
-            reader.read(list(range(reached, depth_limit)), deep)  # a chain this deep usually goes on
+            stop = min(depth_limit, reached + _rows_the_chain_may_reach(chain, floor))
+            reader.read(list(range(reached, stop)), deep)  # one batched read for them all
             continue
         if not grow:
             return chain, floor
@@ -298,12 +324,12 @@ def build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
     if budget == 0 or depth_limit == 0:
         return root_only_tree()
     reader = _RowReader(logits, budget)
-    likely_deep = depth_limit > 2 and _probably_deep(reader)
-    if budget <= HEAP_LOOP_MAX_BUDGET and likely_deep and not reader.source.wide_reads_are_cheap:
-        # Every row will be read to K and popped by the heap loop: that is the reference's own
-        # work, so run it without the reader's bookkeeping.
+    guess = _guess_depth(reader) if depth_limit > 2 else DepthGuess(False, False)
+    if budget <= HEAP_LOOP_MAX_BUDGET and guess.may_be_deep and not reader.source.wide_reads_are_cheap:
+        # Rows past 1 will likely be read to K and popped by the heap loop: that is the
+        # reference's own work, so run it without the reader's bookkeeping.
         return build_heap_tree(logits, budget)
-    chain, floor = _read_until_complete(reader, budget, likely_deep)
+    chain, floor = _read_until_complete(reader, budget, guess.likely_deep)
     if floor == _NEG_INF or budget <= HEAP_LOOP_MAX_BUDGET:
         # no bound (a small tree) or few pops: the reference loop over the read rows (rows it
         # needs further are read whole on first use)

@@ -52,13 +52,17 @@ class FullRows:
     def __init__(self, logits: torch.Tensor):
         self.logits = logits  # [D, V] any float dtype, any device
 
-    def top_log_prob_bounds(self, rows: list[int]) -> list[float]:
-        """Upper bounds on the rows' top log-probs: every `BLOCK`-th logit and the row's
-        maximum are some of its logits, so their logsumexp is at most the row's."""
+    def top_log_prob_guesses(self, rows: list[int]) -> tuple[list[float], list[float]]:
+        """(upper bounds, estimates) of the rows' top log-probs, from every `BLOCK`-th logit
+        and the row's maximum: their logsumexp is at most the row's (the bound); plus
+        log(BLOCK) it stands for the whole row's (the estimate)."""
         x = self.logits[rows[0] : rows[-1] + 1]  # [c, V] (rows are a contiguous run)
         tops = x.amax(dim=-1).tolist()
         samples = torch.logsumexp(x[:, ::BLOCK].float(), dim=-1).tolist()
-        return [top - _log_add_exp(top, sample) for top, sample in zip(tops, samples)]
+        scale = math.log(BLOCK)
+        bounds = [top - _log_add_exp(top, sample) for top, sample in zip(tops, samples)]
+        estimates = [top - _log_add_exp(top, sample + scale) for top, sample in zip(tops, samples)]
+        return bounds, estimates
 
     def _chunk(self, rows: list[int]) -> torch.Tensor:
         start, stop = rows[0], rows[-1] + 1
@@ -134,11 +138,13 @@ class BlockMaxima:
             self._ready[start:stop] = [True] * (stop - start)
         return self._maxima[rows]
 
-    def top_log_prob_bounds(self, rows: list[int]) -> list[float]:
-        """Upper bounds on the rows' top log-probs, from the maxima alone: the block maxima are
-        some of a row's logits, so their logsumexp is at most the row's."""
+    def top_log_prob_guesses(self, rows: list[int]) -> tuple[list[float], list[float]]:
+        """(upper bounds, estimates) of the rows' top log-probs, from the maxima alone: the
+        block maxima are some of a row's logits, so their logsumexp is at most the row's. The
+        bound serves as the estimate too (measured to steer the reads well at 65k-152k)."""
         maxima = self.maxima(rows)  # [c, NB]
-        return (maxima.amax(dim=-1) - torch.logsumexp(maxima, dim=-1)).tolist()
+        bounds = (maxima.amax(dim=-1) - torch.logsumexp(maxima, dim=-1)).tolist()
+        return bounds, bounds
 
     def top(self, rows: list[int], ks: list[int], log_z: torch.Tensor) -> Read:
         """As `FullRows.top`."""
@@ -151,10 +157,16 @@ class BlockMaxima:
         """As `FullRows.at_least`, except that a count at or above its limit is only a lower
         bound: a row whose cut clears far more blocks than `limits[i]` ranks need (a flat row
         under a low cut) is read down to its k-th largest block maximum instead, which still
-        holds its top `limits[i]` and keeps the read the size of what it returns."""
+        holds its top `limits[i]` and keeps the read the size of what it returns (or, when it
+        wants as many ranks as there are blocks, by a full-row top-k)."""
         cuts = cuts.to(self.logits.device, torch.float32).clone()
         cleared = (self.maxima(rows) >= cuts.unsqueeze(1)).sum(dim=1).tolist()
-        wide = [i for i, (count, limit) in enumerate(zip(cleared, limits)) if count > 2 * limit + 8 and limit < self.block_count]
+        # blocks hold BLOCK logits each: a row is "wide" when its cleared blocks could hold
+        # several times the ranks it may keep
+        wide = [i for i, (count, limit) in enumerate(zip(cleared, limits)) if count * BLOCK > 4 * limit + 8 * BLOCK]
+        if any(limits[i] >= self.block_count for i in wide):
+            # as many ranks wanted as there are blocks: a full-row top-k bounds the work instead
+            return FullRows(self.logits).at_least(rows, cuts, limits, log_z)
         if wide:
             raised = self._kth_largest_block_max([rows[i] for i in wide], [limits[i] for i in wide])
             cuts[wide] = torch.maximum(cuts[wide], raised)
