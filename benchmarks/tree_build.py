@@ -9,7 +9,8 @@ call so a busy machine slows them alike:
   (c) floor    torch.topk(k=budget) + torch.logsumexp over [D, V] alone (the reference's tensor work)
   (d) batch/r  build_ddtree_trees on 8 requests, per request
 Rows: `flat` = randn logits; `peaked` = drafter-like, one dominant token per row (p ~ 0.9)
-over a randn * 2 tail. With CUDA present it also prints the device rows: a batch of 16 bf16
+over a randn * 2 tail; `few-peaks` = the smoke `tree-bench` stage's rows, four likely tokens
+(logits 9, 7.5, 6.5, 6) over a randn tail (a tree mostly one level deep with a few longer paths). With CUDA present it also prints the device rows: a batch of 16 bf16
 requests at budget 256 (CUDA events, sync-debug mode "error" around the builder) and the peak
 extra memory at batch 16, budget 1024.
 """
@@ -38,6 +39,10 @@ def make_logits(kind: str, batch: int, vocab: int, generator: torch.Generator, d
     """[batch, D, V] float32."""
     if kind == "flat":
         logits = torch.randn(batch, DEPTH, vocab, generator=generator)
+    elif kind == "few-peaks":  # the smoke stage's drafter-like rows: four likely tokens per row
+        logits = torch.randn(batch, DEPTH, vocab, generator=generator)
+        peaks = torch.randint(0, vocab, (batch, DEPTH, 4), generator=generator)
+        logits.scatter_(2, peaks, torch.tensor([9.0, 7.5, 6.5, 6.0]).expand(batch, DEPTH, 4))
     else:
         logits = torch.randn(batch, DEPTH, vocab, generator=generator) * 2.0
         top = torch.randint(0, vocab, (batch, DEPTH, 1), generator=generator)
@@ -86,7 +91,7 @@ def cpu_table(calls: int, budgets, vocabs) -> None:
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     for vocab in vocabs:
-        for kind in ("flat", "peaked"):
+        for kind in ("flat", "peaked", "few-peaks"):
             batch = make_logits(kind, BATCH, vocab, generator)
             one = batch[0].contiguous()
             for budget in budgets:
