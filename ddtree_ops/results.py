@@ -31,7 +31,7 @@ from ddtree_ops.ids import is_safe_id
 
 RUNS_DIR_ENV = "DDTREE_OPS_RUNS_DIR"
 DEFAULT_RUNS_DIR = "runs"
-_STAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_STAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # used with fullmatch: "$" would let "x\n" through
 
 
 class StageStatus(str, Enum):
@@ -152,7 +152,7 @@ class HostRecorder:
             self._save_meta()
         elif kind == "stage_start" and isinstance(stage, str):
             self.stage_states[stage] = "running"
-        elif kind == "stage_end" and isinstance(stage, str) and _STAGE_RE.match(stage):
+        elif kind == "stage_end" and isinstance(stage, str) and _STAGE_RE.fullmatch(stage):
             self.stage_states[stage] = str(record.get("status"))
             write_json_atomic(self.host_dir / "stages" / f"{stage}.json", record)
         elif kind == "run_end":
@@ -394,7 +394,7 @@ def adopt_remote_records(host_dir: Path) -> bool:
     os.replace(tmp, host_dir / "events.jsonl")
     (host_dir / "stages").mkdir(exist_ok=True)
     for stage_file in sorted((host_dir / "remote" / "stages").glob("*.json")):
-        if _STAGE_RE.match(stage_file.stem):
+        if _STAGE_RE.fullmatch(stage_file.stem):
             write_json_atomic(host_dir / "stages" / stage_file.name, read_json(stage_file))
     meta = read_json(host_dir / "run.json")
     meta["collected"] = time.time()

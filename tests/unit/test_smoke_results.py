@@ -144,3 +144,17 @@ def test_adopting_the_hosts_more_complete_log(tmp_path):
     host = store.load("run-1").hosts["h1"]
     assert host.outcome is HostOutcome.PASS
     assert host.stages["golden"].status is StageStatus.PASS
+
+
+@pytest.mark.parametrize("stage", ["env\n", "../env", "a/b", "", "x" * 65])
+def test_a_stage_name_that_is_not_a_safe_file_name_writes_no_stage_file(tmp_path, stage):
+    store = RunStore(tmp_path)
+    store.create_run("run-1", {"hosts": ["h1"]})
+    recorder = store.host_recorder("run-1", "h1", {})
+    recorder.feed_line(line(EventKind.STAGE_END, stage=stage, index=0, status="pass", reason="",
+                            duration_s=0.1, metrics={}, tables={}, traceback=None, output_tail=None))
+    recorder.feed_line(line(EventKind.STAGE_END, stage="env", index=1, status="pass", reason="",
+                            duration_s=0.1, metrics={}, tables={}, traceback=None, output_tail=None))
+    recorder.close()
+    written = sorted(p.name for p in (tmp_path / "run-1" / "h1" / "stages").iterdir())
+    assert written == ["env.json"]  # the hostile name left nothing behind; the good one landed
