@@ -29,6 +29,9 @@ from ddtree_ops.results import adopt_remote_records, sha256_file
 from ddtree_ops.transport.base import Transport
 
 SHA256_PAX_KEY = "DDTREE.sha256"  # = hostside.agent.SHA256_PAX_KEY
+# What one host may send in one collect, at most: a run keeps logs and traces (a profiler
+# trace is ~100 MB), and a broken or hostile host must not fill the operator's disk.
+DEFAULT_MAX_BYTES = 8 << 30
 PART_SUFFIX = ".part"  # a file being received; never counted as held
 _QUEUE_CHUNKS = 64  # backpressure: at most this many chunks wait for the unpacker
 
@@ -141,14 +144,20 @@ class _Unpacked:
     error: Optional[str] = None
 
 
-def unpack_stream(stream: Any, root: Path) -> _Unpacked:
+def unpack_stream(stream: Any, root: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> _Unpacked:
     """Write each member of a tar stream under root (see the module docstring); stops at the
-    first unsafe member or broken stream and says why in `error`."""
+    first unsafe member, the first member past `max_bytes` in all, or a broken stream, and
+    says why in `error`."""
     outcome = _Unpacked()
+    total = 0
     try:
         with tarfile.open(fileobj=stream, mode="r|") as archive:
             for member in archive:
                 relpath = member_relpath(member)
+                total += member.size
+                if total > max_bytes:
+                    raise UnsafeMember(f"archive member {relpath!r} takes the stream past the limit of "
+                                       f"{max_bytes} bytes ({len(outcome.fetched)} file(s) landed)")
                 expected = member.pax_headers.get(SHA256_PAX_KEY, "")
                 if len(expected) != 64:
                     raise UnsafeMember(f"archive member {relpath!r} carries no sha256")
@@ -188,7 +197,7 @@ def _receive(source: Any, target: Path, expected: str) -> bool:
 
 
 def collect_host_files(transport: Transport, host: Host, workdir: str, run_id: str, host_dir: Path,
-                       timeout: float) -> CollectSummary:
+                       timeout: float, max_bytes: int = DEFAULT_MAX_BYTES) -> CollectSummary:
     """Fetch the files the host kept for run_id into `<host_dir>/remote/` that we do not hold
     yet (one agent process, one stream), then adopt the host's event log and stage records
     when they are more complete than what streamed back."""
@@ -203,7 +212,7 @@ def collect_host_files(transport: Transport, host: Host, workdir: str, run_id: s
 
     def unpack() -> None:
         try:
-            unpacked.append(unpack_stream(stream, root))
+            unpacked.append(unpack_stream(stream, root, max_bytes))
         finally:
             stream.stop_reading()
 

@@ -30,6 +30,8 @@ def collect(
     runs_dir: RunsDirOpt = None,
     parallel: ParallelOpt = DEFAULT_PARALLEL,
     accept_new_host_keys: AcceptNewHostKeysOpt = False,
+    max_gib: Annotated[float, typer.Option(
+        "--max-gib", min=1e-6, help="Most a host may send in this collect (GiB); past it the host fails.")] = 8.0,
 ) -> int:
     """Fetch a run's remaining files from its hosts into runs/<run-id>/<host>/remote/ (one
     stream per host; files already held, by size and sha256, are not sent again)."""
@@ -51,7 +53,7 @@ def collect(
         host_dir = run.path / ctx.host.name
         workdir = read_json(host_dir / "run.json").get("workdir") or ctx.host.workdir
         return collect_host_files(ctx.transport, ctx.host, str(workdir).rstrip("/"), run_id, host_dir,
-                                  COLLECT_TIMEOUT_S)
+                                  COLLECT_TIMEOUT_S, max_bytes=int(max_gib * (1 << 30)))
 
     return run_on_hosts(
         "collect", in_run, task,

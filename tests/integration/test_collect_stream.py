@@ -260,3 +260,17 @@ def test_collect_of_a_run_the_host_does_not_have_names_the_host(local_env, capsy
     code, doc = collect_json(capsys)
     assert code == 5
     assert doc["hosts"]["local"]["error"].startswith(f"local: collect: no run {RUN_ID} under ")
+
+
+def test_a_host_sending_more_than_max_gib_fails_and_a_wider_limit_converges(local_env, capsys):
+    host_run, host_dir, _ = local_env
+    code, doc = collect_json(capsys, "--max-gib", "0.0001")  # ~107 kB: less than the 600 kB blob
+    assert code == 5, doc
+    error = doc["hosts"]["local"]["error"]
+    assert "past the limit of 107374 bytes" in error
+    landed = {p.relative_to(host_dir / "remote").as_posix() for p in (host_dir / "remote").rglob("*") if p.is_file()}
+    assert "artifacts/blob.bin" not in landed
+    code, doc = collect_json(capsys)  # the default limit: the rest comes, nothing twice
+    assert code == 0, doc
+    assert not set(doc["hosts"]["local"]["result"]["fetched"]) & landed
+    assert_same_files(host_run, host_dir / "remote")

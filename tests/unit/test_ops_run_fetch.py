@@ -93,3 +93,12 @@ def test_a_truncated_stream_keeps_the_complete_files(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one.txt"]  # no two.txt, no .part
     outcome = unpack_stream(io.BytesIO(data[:1000]), tmp_path / "early")  # cut inside one.txt
     assert outcome.fetched == [] and "broken archive stream" in outcome.error
+
+
+def test_a_stream_past_the_byte_limit_stops_before_the_member_that_crosses_it(tmp_path):
+    stream = tar_of([("a.txt", b"a" * 600, sha(b"a" * 600)), ("b.txt", b"b" * 600, sha(b"b" * 600))])
+    outcome = unpack_stream(stream, tmp_path, max_bytes=1000)
+    assert outcome.fetched == ["a.txt"]
+    assert "'b.txt' takes the stream past the limit of 1000 bytes (1 file(s) landed)" in outcome.error
+    assert outcome.error.startswith("refused the host's archive")  # a per-host failure, not a retry
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]  # b.txt never written
