@@ -26,8 +26,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT))
 from ddtree import BuildMethod, build_ddtree_tree_from_logits, build_ddtree_trees  # noqa: E402
+from smoke.stages.tree_bench import drafter_like_logits  # noqa: E402
 
 DEPTH = 15
 VOCABS = (151936, 32000)
@@ -39,10 +42,9 @@ def make_logits(kind: str, batch: int, vocab: int, generator: torch.Generator, d
     """[batch, D, V] float32."""
     if kind == "flat":
         logits = torch.randn(batch, DEPTH, vocab, generator=generator)
-    elif kind == "few-peaks":  # the smoke stage's drafter-like rows: four likely tokens per row
-        logits = torch.randn(batch, DEPTH, vocab, generator=generator)
-        peaks = torch.randint(0, vocab, (batch, DEPTH, 4), generator=generator)
-        logits.scatter_(2, peaks, torch.tensor([9.0, 7.5, 6.5, 6.0]).expand(batch, DEPTH, 4))
+    elif kind == "few-peaks":  # the smoke `tree-bench` stage's own rows, seeded from this run's stream
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+        logits = drafter_like_logits(torch, batch, DEPTH, vocab, seed, "cpu")
     else:
         logits = torch.randn(batch, DEPTH, vocab, generator=generator) * 2.0
         top = torch.randint(0, vocab, (batch, DEPTH, 1), generator=generator)

@@ -30,7 +30,6 @@ import subprocess
 import sys
 import sysconfig
 import time
-import types
 
 DIST_NAME = "ddtree_sglang_plugin"
 DIST_VERSION = "0.1.0"

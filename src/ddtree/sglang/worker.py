@@ -186,7 +186,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         draft_input = batch.spec_info
         batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
         bs = len(batch.seq_lens)
-        width, block = self.verify_width, self.draft_block
+        width = self.verify_width
         prefix_lens = batch.seq_lens  # [bs] committed tokens; the root sits at this position
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
 
