@@ -1,3 +1,3 @@
-from ddtree_ops.cli.app import main
+from ddtree_ops.cli.entry import run
 
-main()
+run()

@@ -122,13 +122,16 @@ def run_fanout(
     fail_fast: bool = False,
     deadline_s: Optional[float] = None,
     on_progress: Optional[ProgressCallback] = None,
+    on_launched: Optional[Callable[[], None]] = None,
     accept_new_host_keys: bool = False,
     connect: Optional[Callable[[Host], Transport]] = None,
 ) -> FanoutResult:
     """Open a connection per host and run `task` on it, at most `parallel` hosts at a time.
 
     `deadline_s` bounds each host from the moment it starts (connect included); `connect`
-    replaces `open_transport` (tests). Never raises for a host's failure: see the result map.
+    replaces `open_transport` (tests); `on_launched()` runs in the calling thread once the
+    hosts are started (slow set-up such as drawing can overlap their connecting there).
+    Never raises for a host's failure: see the result map.
     An unreadable ssh_config is not a host's failure but the inventory's: ConfigError, raised
     before any host starts."""
     if parallel < 1:
@@ -196,6 +199,8 @@ def run_fanout(
     futures: dict[Future, Host] = {pool.submit(work, h): h for h in hosts}
     pending = set(futures)
     try:
+        if on_launched is not None:
+            on_launched()
         while pending:
             done, pending = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
             if deadline_s is None:

@@ -12,6 +12,7 @@ import importlib.util
 import io
 import os
 import tarfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -43,6 +44,7 @@ class ReleaseBundle:
     manifest: bytes
     release_id: str
     _archive: Optional[bytes] = field(default=None, repr=False)
+    _archive_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def total_bytes(self) -> int:
@@ -51,15 +53,16 @@ class ReleaseBundle:
     def archive(self) -> bytes:
         """One gzip'd tar, manifest first (the host checks each file against it as it arrives).
 
-        Built once and shared by every host of a push."""
-        if self._archive is None:
-            buffer = io.BytesIO()
-            with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1, format=tarfile.PAX_FORMAT) as tar:
-                _add_bytes(tar, MANIFEST_NAME, self.manifest, executable=False)
-                for entry in self.files:
-                    _add_bytes(tar, entry.relpath, entry.source.read_bytes(), executable=entry.executable)
-            self._archive = buffer.getvalue()
-        return self._archive
+        Built once, by the first host that needs it, and shared by every host of a push."""
+        with self._archive_lock:
+            if self._archive is None:
+                buffer = io.BytesIO()
+                with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1, format=tarfile.PAX_FORMAT) as tar:
+                    _add_bytes(tar, MANIFEST_NAME, self.manifest, executable=False)
+                    for entry in self.files:
+                        _add_bytes(tar, entry.relpath, entry.source.read_bytes(), executable=entry.executable)
+                self._archive = buffer.getvalue()
+            return self._archive
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, *, executable: bool) -> None:

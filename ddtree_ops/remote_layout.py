@@ -19,7 +19,7 @@ import json
 import os
 import posixpath
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
@@ -80,10 +80,13 @@ def agent_argv(host: Host, op: str, *args: str, site: bool = False, workdir: Opt
 
 class _PayloadGate(io.RawIOBase):
     """The stdin tail of a push: blocks until the agent says whether it needs the archive,
-    then yields the archive (`open_`) or EOF (`finish`). Never blocks past `timeout`."""
+    then yields the archive (`open_`; made by `make_payload` then) or EOF (`finish`). Never
+    blocks past `timeout`."""
 
-    def __init__(self, payload: bytes, timeout: float):
-        self.payload = io.BytesIO(payload)
+    def __init__(self, make_payload: Callable[[], bytes], timeout: float):
+        self.make_payload = make_payload
+        self.payload: Optional[io.BytesIO] = None
+        self.error: Optional[Exception] = None
         self.timeout = timeout
         self.decided = threading.Event()
         self.opened = False
@@ -101,6 +104,12 @@ class _PayloadGate(io.RawIOBase):
     def read(self, size: int = -1) -> bytes:
         if not self.decided.wait(self.timeout) or not self.opened:
             return b""
+        if self.payload is None:
+            try:
+                self.payload = io.BytesIO(self.make_payload())
+            except Exception as err:  # noqa: BLE001 - raised again in the caller's thread
+                self.error = err
+                self.payload = io.BytesIO()  # EOF: the agent stops waiting and fails
         return self.payload.read(size if size and size > 0 else -1)
 
 
@@ -215,8 +224,7 @@ def run_with_release_on_demand(
     """Run an agent operation that may ask for the release (`{"need": ID}` on stdout, see
     agent.push_locked); stdin carries the agent, then `before`, then the archive only if
     asked. Returns the result and the archive bytes sent (0 when the host had it)."""
-    archive = bundle.archive()
-    gate = _PayloadGate(archive, timeout)
+    gate = _PayloadGate(bundle.archive, timeout)
 
     def on_line(line: str) -> None:
         if line.startswith('{"need"'):
@@ -233,7 +241,9 @@ def run_with_release_on_demand(
         )
     finally:
         gate.finish()
-    return result, len(archive) if gate.opened else 0
+    if gate.error is not None:
+        raise gate.error  # the archive could not be made here: that, not the host's reply
+    return result, len(bundle.archive()) if gate.opened else 0
 
 
 def push_outcome(host: Host, bundle: ReleaseBundle, reply: dict[str, Any], bytes_sent: int) -> PushOutcome:

@@ -29,7 +29,7 @@ COMMAND_MODULES: list[str] = ["hosts", "push", "baseline", "smoke", "collect", "
 _registered = False
 
 
-def _register_commands() -> None:
+def prepare() -> None:
     """Attach every command module once (tests call `main()` many times in one process)."""
     global _registered
     if _registered:
@@ -67,7 +67,7 @@ def _say(message: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return (and exit with) the process exit code."""
-    _register_commands()
+    prepare()
     try:
         result = app(args=argv, standalone_mode=False, prog_name="ddtree-ops")
         code = int(result) if isinstance(result, int) else ExitCode.OK

@@ -14,19 +14,23 @@ Command modules call `run_on_hosts(...)`:
 """
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Optional
-
-from rich.console import Console
-from rich.live import Live
-from rich.markup import escape
-from rich.table import Table
+from typing import TYPE_CHECKING, Any, Optional
 
 from ddtree_ops.cli.options import FanoutOptions
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+
+# Rich is imported inside the functions that draw: a fan-out starts its hosts first and imports
+# Rich (~20 ms) while they connect, instead of before.
 
 _STATE_STYLE = {
     "queued": "dim",
@@ -44,10 +48,14 @@ _FINAL_STATES = {"ok", "failed", "unreachable", "timed out", "skipped"}
 
 
 def stderr_console() -> Console:
+    from rich.console import Console
+
     return Console(stderr=True, highlight=False)
 
 
 def stdout_console() -> Console:
+    from rich.console import Console
+
     probe = Console(highlight=False)
     # Not a terminal (pipes, CI logs, tests): wide enough that rows never wrap mid-message.
     return probe if probe.is_terminal else Console(highlight=False, width=200, soft_wrap=False)
@@ -66,25 +74,47 @@ def say(message: str) -> None:
 
 class LiveHostTable:
     """Per-host state while a fan-out runs. On a terminal: a Rich live table on stderr.
-    Otherwise: one stderr line per finished host. Safe to call from worker threads."""
+    Otherwise: one stderr line per finished host. Safe to call from worker threads.
+
+    Rows are kept from the first call; the display begins at `start()`, which the fan-out
+    calls once its hosts are under way (what finished before is shown then)."""
 
     def __init__(self, title: str, host_names: Sequence[str]):
         self.title = title
         self.rows: dict[str, tuple[str, str, float]] = {n: ("queued", "", time.monotonic()) for n in host_names}
         self.started: dict[str, float] = {}
         self.lock = threading.Lock()
-        self.console = stderr_console()
+        self.showing = False
         self.live: Optional[Live] = None
 
     def __enter__(self) -> "LiveHostTable":
-        if self.console.is_terminal:
-            self.live = Live(self._render(), console=self.console, refresh_per_second=8, transient=True)
-            self.live.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.start()  # a fan-out that never started its display still reports its hosts
         if self.live is not None:
             self.live.__exit__(*exc)
+
+    def start(self) -> None:
+        if self.showing:
+            return
+        # Rich is loaded before taking the lock: the hosts' threads report through it meanwhile.
+        console = stderr_console()
+        for module in ("rich.live", "rich.markup", "rich.table"):
+            importlib.import_module(module)
+        from rich.live import Live
+
+        with self.lock:
+            if self.showing:
+                return
+            self.showing = True
+            if console.is_terminal:
+                self.live = Live(self._render(), console=console, refresh_per_second=8, transient=True)
+                self.live.__enter__()
+                return
+            done = [(host, row) for host, row in self.rows.items() if row[0] in _FINAL_STATES]
+        for host, (state_text, detail, changed) in done:
+            self._say_finished(host, state_text, detail, changed)
 
     def on_progress(self, host: str, state: Any, detail: str) -> None:
         state_text = getattr(state, "value", str(state))
@@ -95,12 +125,19 @@ class LiveHostTable:
             self.rows[host] = (state_text, detail, now)
             if self.live is not None:
                 self.live.update(self._render())
-        if self.live is None and getattr(state, "terminal", False):
-            elapsed = now - self.started.get(host, now)
-            tail = f": {detail}" if detail and state_text != "ok" else ""
-            say(f"{self.title}: {host}: {state_text} ({elapsed:.1f}s){tail}")
+            line_now = self.showing and self.live is None
+        if line_now and getattr(state, "terminal", False):
+            self._say_finished(host, state_text, detail, now)
+
+    def _say_finished(self, host: str, state_text: str, detail: str, changed: float) -> None:
+        elapsed = changed - self.started.get(host, changed)
+        tail = f": {detail}" if detail and state_text != "ok" else ""
+        say(f"{self.title}: {host}: {state_text} ({elapsed:.1f}s){tail}")
 
     def _render(self) -> Table:
+        from rich.markup import escape
+        from rich.table import Table
+
         table = Table(title=self.title, title_justify="left", expand=False)
         table.add_column("host")
         table.add_column("state")
@@ -140,6 +177,9 @@ def summary_table(
     columns: Sequence[str],
     row: Callable[[Any], Sequence[str]],
 ) -> Table:
+    from rich.markup import escape
+    from rich.table import Table
+
     table = Table(title=title, title_justify="left")
     table.add_column("host")
     table.add_column("state")
@@ -173,12 +213,14 @@ def run_on_hosts(
     to_json: Optional[Callable[[Any], Any]] = None,
     extra_json: Optional[dict[str, Any]] = None,
     deadline_s: Optional[float] = None,
+    while_running: Optional[Callable[[], Any]] = None,
 ) -> int:
     """Fan `task(ctx)` out over hosts with live progress; print the summary or the JSON
     document; return the exit code (0/4/5/6) for the command to return.
 
     `row(outcome)` gives the extra summary cells of a host that succeeded (or whose error has
-    `.details`, like a failed check that still gathered facts)."""
+    `.details`, like a failed check that still gathered facts). `while_running()` is called
+    once the hosts are connecting (work the hosts need only later, e.g. the release archive)."""
     from ddtree_ops.fanout import run_fanout
 
     started = time.monotonic()
@@ -191,6 +233,7 @@ def run_on_hosts(
             accept_new_host_keys=options.accept_new_host_keys,
             deadline_s=deadline_s,
             on_progress=live.on_progress,
+            on_launched=lambda: (live.start(), while_running and while_running()),
         )
     code = result.exit_code()
     if options.json:

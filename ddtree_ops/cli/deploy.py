@@ -50,7 +50,6 @@ def deploy(
 
     _, selected = select_hosts(inventory, hosts)
     bundle = build_bundle(source)
-    bundle.archive()
     if not json_out:
         say(f"{'plan for ' if dry_run else ''}release {bundle.release_id}{' (--force)' if force else ''}")
 
@@ -73,6 +72,7 @@ def deploy(
         ],
         to_json=lambda outcome: outcome.to_dict(),
         extra_json={"release": bundle.release_id, "dry_run": dry_run, "force": force},
+        while_running=bundle.archive,
     )
 
 

@@ -42,7 +42,6 @@ def push(
 
     _, selected = select_hosts(inventory, hosts)
     bundle = build_bundle(source)
-    bundle.archive()  # built once, before the worker threads share it
     if not json_out:
         say(f"release {bundle.release_id}: {len(bundle.files)} files, {_size(bundle.total_bytes)} from {bundle.source_root}")
 
@@ -65,6 +64,7 @@ def push(
         ],
         to_json=lambda outcome: outcome.to_dict(),
         extra_json={"release": bundle.release_id, "files": len(bundle.files), "source": bundle.source_root},
+        while_running=bundle.archive,  # made while the hosts connect; only a host that lacks the release needs it
     )
 
 

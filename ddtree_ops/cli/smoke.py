@@ -259,7 +259,6 @@ def run_smoke(
 
         bundle = build_bundle(source)
         check_stages_in_bundle(stages, {f.relpath for f in bundle.files})
-        bundle.archive()  # built once, shared by the host threads
     plan = SmokePlan(run_id=run_id or new_run_id(), stages=stages, options=options,
                      keep_going=keep_going, stage_timeout_s=stage_timeout_s,
                      release_id=bundle.release_id if bundle else None)

@@ -21,12 +21,11 @@ import fcntl
 import hashlib
 import json
 import os
-import platform
-import shutil
-import socket
 import sys
-import tarfile
 import time
+
+# platform, shutil, socket and tarfile are imported where they are used: every SSH session
+# to every host starts this script, and a push that finds its release in place needs none.
 
 MANIFEST_NAME = "MANIFEST.sha256"
 RELEASE_ID_CHARS = 16
@@ -200,6 +199,8 @@ def maybe_lock(workdir, take_lock, owner, wait_s):
 
 
 def remove_tree(path):
+    import shutil
+
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -302,6 +303,8 @@ def push_locked(workdir, release_id, keep):
 
 def receive_archive(stream, target, release_id):
     """Unpack a tar stream whose first member is the manifest; check every file on the way."""
+    import tarfile
+
     entries = None
     seen = set()
     with tarfile.open(fileobj=stream, mode="r|*") as archive:
@@ -404,6 +407,8 @@ def os_name():
                     return line.split("=", 1)[1].strip().strip('"')
     except OSError:
         pass
+    import platform
+
     return platform.system()
 
 
@@ -514,12 +519,17 @@ def free_disk(workdir):
         if parent == probe:
             break
         probe = parent
+    import shutil
+
     usage = shutil.disk_usage(probe)
     return {"path": probe, "free_gib": round(usage.free / 2 ** 30, 2)}
 
 
 def op_probe(workdir, deep="0"):
     """deep=1 imports torch and asks torch.cuda (seconds); otherwise static facts only."""
+    import platform
+    import socket
+
     enable_site_packages()
     return {
         "hostname": socket.gethostname(),
@@ -637,6 +647,8 @@ def op_collect(workdir, run_id):
         raise AgentError("no-run", "no run %s under %s" % (run_id, os.path.dirname(run_dir)))
     line = sys.stdin.buffer.readline()
     held = json.loads(line.decode("utf-8")) if line.strip() else {}
+    import tarfile
+
     sent, kept, skipped = 0, 0, []
     out = sys.stdout.buffer
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as archive:
@@ -703,4 +715,7 @@ def run(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(run(sys.argv[1:]))
+    code = run(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # every file is closed by now: skip the interpreter's teardown

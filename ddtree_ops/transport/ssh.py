@@ -354,7 +354,13 @@ class SshTransport(Transport):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise CommandTimeout(self.host_name, f"{argv[0]} ran longer than {limit:g}s; channel closed")
-                select.select([channel], [], [], min(remaining, _POLL_S))
+                if channel.eof_received and not (channel.recv_ready() or channel.recv_stderr_ready()):
+                    # After EOF the channel's pipe stays readable forever, so select() would
+                    # return at once and this loop would spin (holding the GIL) until the exit
+                    # status arrives. Nothing more can arrive but that status: wait for it.
+                    channel.status_event.wait(min(remaining, _POLL_S))
+                else:
+                    select.select([channel], [], [], min(remaining, _POLL_S))
                 drained = False
                 while channel.recv_ready():
                     on_out(channel.recv(_CHUNK))

@@ -113,6 +113,28 @@ def test_frozen_sshd_mid_command_is_bounded(sshd_fleet):
             fleet.hosts[0].thaw()
 
 
+def test_waiting_for_the_exit_status_after_eof_does_not_spin(sshd_fleet, monkeypatch):
+    """The remote closes its output (EOF arrives), then exits 0.6 s later. Paramiko's channel
+    pipe stays readable after EOF, so a select() loop would spin thousands of times, holding
+    the GIL the other hosts' threads need."""
+    import ddtree_ops.transport.ssh as ssh_module
+
+    calls = []
+    real_select = ssh_module.select.select
+
+    def counting_select(*args):
+        calls.append(args)
+        return real_select(*args)
+
+    fleet = sshd_fleet(1)
+    host = fleet.inventory().hosts["h0"]
+    with open_transport(host) as transport:
+        monkeypatch.setattr(ssh_module.select, "select", counting_select)
+        result = transport.run(["sh", "-c", "echo out; exec >&- 2>&-; sleep 0.6; exit 3"])
+    assert (result.exit_status, result.stdout) == (3, "out\n")
+    assert len(calls) < 20, f"{len(calls)} select() calls while waiting for the exit status"
+
+
 def test_killed_sshd_mid_command_is_connection_lost(sshd_fleet):
     fleet = sshd_fleet(1)
     host = fleet.inventory().hosts["h0"]

@@ -144,3 +144,34 @@ def test_unexpected_exception_stays_with_its_host():
     assert result["h0"].state is HostState.FAILED
     assert result["h0"].message() == "internal error: KeyError: 'bug'"
     assert result["h1"].ok
+
+
+def test_on_launched_runs_once_the_hosts_have_started():
+    started = threading.Event()
+    seen = []
+
+    def task(ctx):
+        started.set()
+        return ctx.host.name
+
+    def launched():
+        seen.append(started.wait(5))  # a host is already running when the hook runs
+
+    result = run_fanout(hosts(2), task, connect=connect_except(), on_launched=launched)
+    assert seen == [True] and result.exit_code() is ExitCode.OK
+
+
+def test_live_table_reports_hosts_that_finished_before_its_display_started(capsys):
+    from ddtree_ops.cli.console import LiveHostTable
+
+    with LiveHostTable("push", ["h0", "h1"]) as live:
+        for state in (HostState.CONNECTING, HostState.RUNNING, HostState.OK):
+            live.on_progress("h0", state, "")
+        assert capsys.readouterr().err == ""  # nothing drawn before start()
+        live.start()
+        live.on_progress("h1", HostState.CONNECTING, "")
+        live.on_progress("h1", HostState.FAILED, "boom")
+        live.start()  # idempotent
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(" (")[0] for line in lines] == ["ddtree-ops: push: h0: ok", "ddtree-ops: push: h1: failed"]
+    assert lines[1].endswith(": boom")

@@ -171,3 +171,22 @@ def test_hostile_workdir(tmp_path):
     assert ensure_release(transport, host, bundle).workdir == str(workdir)
     assert (workdir / "current" / "src" / "ddtree" / "tree.py").is_file()
     assert not (tmp_path / "pwned").exists() and not Path("pwned").exists()
+
+
+def test_archive_made_only_when_the_host_asks_and_a_local_failure_is_reported(tmp_path):
+    """The archive is built lazily (while the hosts connect); a source file that vanished by
+    then is this side's error, raised as such, and the host keeps no half release."""
+    host, transport = local_host(tmp_path / "w"), LocalTransport("local")
+    checkout = make_checkout(tmp_path / "c1")
+    bundle = build_bundle(checkout)
+    os.remove(checkout / "src" / "ddtree" / "__init__.py")
+    with pytest.raises(FileNotFoundError, match="__init__.py"):
+        ensure_release(transport, host, bundle)
+    releases = tmp_path / "w" / "releases"
+    assert not (tmp_path / "w" / "current").exists()
+    assert [p.name for p in releases.iterdir()] == []  # the incoming copy was removed
+    already = build_bundle(make_checkout(tmp_path / "c2"))
+    ensure_release(transport, host, already)
+    os.remove(Path(already.source_root) / "src" / "ddtree" / "__init__.py")
+    again = ensure_release(transport, host, already)  # on the host already: no archive needed
+    assert (again.action, again.bytes_sent) == (PushAction.UNCHANGED, 0)
