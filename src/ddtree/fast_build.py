@@ -134,15 +134,16 @@ class _RowReader:
 
 
 class _HeapView:
-    """`best_first`'s `log_probs(d)` / `ids(d)` over a `_RowReader`. With a finite floor the
-    rows as read suffice (ranks below the floor are never popped within the budget); without
-    one, or for a row not read yet, the row is read whole (up to its cap) on first use."""
+    """`best_first`'s `log_probs[d]` over a `_RowReader` (its `token_ids` are `reader.ids`).
+    With a finite floor the rows as read suffice (ranks below the floor are never popped
+    within the budget); without one, or for a row not read yet, the row is read whole (up to
+    its cap) on first use."""
 
     def __init__(self, reader: _RowReader, floor: float):
         self.reader = reader
         self.cut_rows_suffice = floor != _NEG_INF
 
-    def log_probs(self, d: int) -> list[float]:
+    def __getitem__(self, d: int) -> list[float]:
         reader = self.reader
         if d >= reader.dead_from:
             return []
@@ -150,25 +151,16 @@ class _HeapView:
             reader.read([d], reader.cap[d])
         return reader.lp[d] if d < reader.dead_from else []
 
-    def ids(self, d: int) -> list[int]:
-        return self.reader.ids[d]
 
-
-# Ranks a block-maxima read takes first at small budgets: such a read costs what it returns, and
-# a drafter-like row needs only a few ranks at budgets <= 64 (the floor then reads the rest).
-SMALL_BUDGET_BLOCK_PROBE = 4
-
-
-def _first_reads(budget: int, wide_reads_are_cheap: bool, likely_deep: bool) -> tuple[int, int]:
+def _first_reads(budget: int, wide_reads_are_cheap: bool) -> tuple[int, int]:
     """Ranks first read from rows 0-1 and from the deeper rows. Small budgets read whole
-    (capped) rows at once, as the reference does (a top-k that small costs about as much as a
-    probe), except through block maxima on a likely deep tree: there a read costs what it
-    returns and each row needs only a few ranks. Larger budgets probe `PROBE_RANKS`; with
-    full-row reads deeper rows are probed wider (a drafter-like row at budget 1024 needs ~100
-    ranks) so that one top-k, not two, usually suffices."""
+    (capped) rows at once, as the reference does: a top-k that small costs about what a probe
+    does (through block maxima: a few ops on the k best blocks), and a whole row needs no
+    floor. Larger budgets probe `PROBE_RANKS`; with full-row reads deeper rows are probed
+    wider (a drafter-like row at budget 1024 needs ~100 ranks) so that one top-k, not two,
+    usually suffices."""
     if budget <= 2 * PROBE_RANKS:
-        first = min(budget, SMALL_BUDGET_BLOCK_PROBE) if wide_reads_are_cheap and likely_deep else budget
-        return first, first
+        return budget, budget
     if wide_reads_are_cheap:
         return PROBE_RANKS, PROBE_RANKS
     return PROBE_RANKS, PROBE_RANKS * max(1, budget // 256)
@@ -267,7 +259,7 @@ def _read_until_complete(reader: _RowReader, budget: int, likely_deep: bool) -> 
     """Read rows until every path scoring >= floor lies within the read ranks.
     Returns (greedy chain, floor); floor -inf means no bound was found (rows read whole)."""
     depth_limit = reader.depth_limit
-    first, deep = _first_reads(budget, reader.source.wide_reads_are_cheap, likely_deep)
+    first, deep = _first_reads(budget, reader.source.wide_reads_are_cheap)
     rows = list(range(min(2, depth_limit)))
     if likely_deep and first == deep:
         rows = list(range(depth_limit))  # one batched read instead of two
@@ -333,13 +325,13 @@ def build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
     if floor == _NEG_INF or budget <= HEAP_LOOP_MAX_BUDGET:
         # no bound (a small tree) or few pops: the reference loop over the read rows (rows it
         # needs further are read whole on first use)
-        tree = best_first(_HeapView(reader, floor), depth_limit, budget)
+        tree = best_first(_HeapView(reader, floor), reader.ids, depth_limit, budget)
     else:
         tree = _depth_one_tree(reader, budget)
         if tree is None:
             tree = _enumerate(reader, len(chain) - 1, budget, floor - float_slack(floor))
         if tree is None:  # the reference loop over the rows as read: exact, only slower
-            tree = best_first(_HeapView(reader, floor), depth_limit, budget)
+            tree = best_first(_HeapView(reader, floor), reader.ids, depth_limit, budget)
     reader.check_unread_rows()  # NaN / +inf anywhere is an error, as in the reference
     return tree
 

@@ -46,31 +46,27 @@ def top_log_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
 
 
 class HeapRows:
-    """Row access for the heap loop: row d's finite log-probs and ids as Python lists."""
+    """Rows for the heap loop: `log_probs[d]` / `token_ids[d]`, row d's finite log-probs and
+    ids as Python lists."""
 
     def __init__(self, log_probs: torch.Tensor, token_ids: torch.Tensor):  # [D, k] float32, [D, k] int64
-        self._lp = log_probs.tolist()
-        self._ids = token_ids.tolist()
+        self.log_probs = log_probs.tolist()
+        self.token_ids = token_ids.tolist()
         # A NaN or +inf logit makes its row's logsumexp, and so its top log-prob, NaN (as does
         # a row with no finite logit, which is allowed): the rows to inspect.
-        self.suspect_rows = [d for d, row in enumerate(self._lp) if row and row[0] != row[0]]
-        for d, row in enumerate(self._lp):  # sorted rows: unusable ranks are a suffix (-inf for a
-            n = len(row)  # zero-probability token, NaN throughout a row with no finite logit)
+        self.suspect_rows = [d for d, row in enumerate(self.log_probs) if row and row[0] != row[0]]
+        for d, row in enumerate(self.log_probs):  # sorted rows: unusable ranks are a suffix (-inf
+            n = len(row)  # for a zero-probability token, NaN throughout a row with no finite logit)
             while n and not math.isfinite(row[n - 1]):
                 n -= 1
             if n < len(row):
-                self._lp[d], self._ids[d] = row[:n], self._ids[d][:n]
-
-    def log_probs(self, d: int) -> list[float]:
-        return self._lp[d]
-
-    def ids(self, d: int) -> list[int]:
-        return self._ids[d]
+                self.log_probs[d], self.token_ids[d] = row[:n], self.token_ids[d][:n]
 
 
-def best_first(rows, depth_limit: int, budget: int) -> DraftTree:
-    """The reference's best-first loop. `rows.log_probs(d)` / `rows.ids(d)`: row d's usable
-    ranks (finite log-probs, sorted descending) as lists, read only when a pop needs the row.
+def best_first(log_probs, token_ids, depth_limit: int, budget: int) -> DraftTree:
+    """The reference's best-first loop. `log_probs[d]` / `token_ids[d]`: row d's usable ranks
+    (finite log-probs, sorted descending) as lists; `log_probs` may read a row when a pop first
+    needs it (`token_ids[d]` is then looked up after `log_probs[d]`). Plain lists index fastest.
 
     The reference breaks exact score ties by the smaller rank path; here the pop gathers every
     entry tied at the top score and takes the smallest path (built from the parents only
@@ -83,7 +79,7 @@ def best_first(rows, depth_limit: int, budget: int) -> DraftTree:
     scores: list[float] = []
     heap: list[HeapEntry] = []
     sequence = 0
-    first_row = rows.log_probs(0)
+    first_row = log_probs[0]
     if first_row:
         heap.append(HeapEntry(-first_row[0], sequence, 0, 1, 0, first_row[0]))
 
@@ -109,11 +105,11 @@ def best_first(rows, depth_limit: int, budget: int) -> DraftTree:
             for other in tied[1:]:
                 push(heap, other)
         _, _, parent, depth, rank, logw = entry
-        row = rows.log_probs(depth - 1)
+        row = log_probs[depth - 1]
         index = len(tokens) + 1
         parents.append(parent)
         node_ranks.append(rank)
-        tokens.append(rows.ids(depth - 1)[rank])
+        tokens.append(token_ids[depth - 1][rank])
         depths.append(depth)
         scores.append(logw)
         if rank + 1 < len(row):
@@ -121,7 +117,7 @@ def best_first(rows, depth_limit: int, budget: int) -> DraftTree:
             sequence += 1
             push(heap, entry_of(HeapEntry, (-sibling, sequence, parent, depth, rank + 1, sibling)))
         if depth < depth_limit:
-            next_row = rows.log_probs(depth)
+            next_row = log_probs[depth]
             if next_row:
                 child = logw + next_row[0]
                 sequence += 1
@@ -144,4 +140,4 @@ def build_heap_tree(logits: torch.Tensor, budget: int) -> DraftTree:
     rows = HeapRows(*top_log_probs(logits, min(budget, vocab)))
     for row in rows.suspect_rows:  # one cheap check instead of a pass: NaN / +inf raise here
         raise_bad_row(row, logits[row])
-    return best_first(rows, depth_limit, budget)
+    return best_first(rows.log_probs, rows.token_ids, depth_limit, budget)

@@ -29,6 +29,9 @@ BLOCK = 32  # tokens per block: measured fastest for 32k-152k vocabularies on a 
 BLOCK_MIN_VOCAB = 65536
 # Above this share of the rows, comparing full rows costs less than gathering blocks.
 MAX_GATHERED_SHARE = 0.25
+# Up to this k a top-k read gathers each row's k best blocks whole (few ops, k * BLOCK logits a
+# row); wider reads select the blocks above a cut instead.
+TOP_BLOCKS_MAX_K = 64
 _NEG_INF = float("-inf")
 
 
@@ -57,11 +60,13 @@ class FullRows:
         and the row's maximum: their logsumexp is at most the row's (the bound); plus
         log(BLOCK) it stands for the whole row's (the estimate)."""
         x = self.logits[rows[0] : rows[-1] + 1]  # [c, V] (rows are a contiguous run)
-        tops = x.amax(dim=-1).tolist()
-        samples = torch.logsumexp(x[:, ::BLOCK].float(), dim=-1).tolist()
-        scale = math.log(BLOCK)
-        bounds = [top - _log_add_exp(top, sample) for top, sample in zip(tops, samples)]
-        estimates = [top - _log_add_exp(top, sample + scale) for top, sample in zip(tops, samples)]
+        tops = x.amax(dim=-1, keepdim=True).float()  # [c, 1]
+        # sum over the sample of exp(logit - top): the top plus the sample then log-sum to
+        # top + log1p(sum). (Strided, the sample costs less shifted into a fresh tensor first
+        # than run through logsumexp.) NaN for a row without a finite maximum: "no guess".
+        sums = (x[:, ::BLOCK].float() - tops).exp_().sum(dim=-1).tolist()
+        bounds = [-math.log1p(total) if total == total else math.nan for total in sums]
+        estimates = [-math.log1p(BLOCK * total) if total == total else math.nan for total in sums]
         return bounds, estimates
 
     def _chunk(self, rows: list[int]) -> torch.Tensor:
@@ -83,19 +88,16 @@ class FullRows:
         return _top_of(x, [min(c, limit) for c, limit in zip(counts, limits)], log_z), counts
 
 
-def _log_add_exp(a: float, b: float) -> float:
-    """log(exp(a) + exp(b)) without overflow; NaN in, NaN out."""
-    high, low = (a, b) if a >= b else (b, a)
-    if high == -math.inf or low != low:
-        return high if low == low else low
-    return high + math.log1p(math.exp(low - high))
-
-
 def _top_of(x: torch.Tensor, ks: list[int], log_z: torch.Tensor) -> Read:
     width = max(ks)  # x: [c, V] float32
     if width == 0:
         return Read([[] for _ in ks], [[] for _ in ks])
     values, ids = torch.topk(x, width, dim=-1)
+    return _read_of_top(values, ids, ks, log_z)
+
+
+def _read_of_top(values: torch.Tensor, ids: torch.Tensor, ks: list[int], log_z: torch.Tensor) -> Read:
+    """[c, width] top logits (descending) and their ids -> each row's first ks[i] as a Read."""
     log_probs = (values.cpu() - log_z.unsqueeze(1)).tolist()  # the reference's own subtraction
     lp_rows, id_rows = [], []
     for lp_row, id_row, k in zip(log_probs, ids.tolist(), ks):
@@ -150,6 +152,8 @@ class BlockMaxima:
         """As `FullRows.top`."""
         if max(ks) >= self.block_count:  # as many ranks as blocks: no block can be skipped
             return FullRows(self.logits).top(rows, ks, log_z)
+        if max(ks) <= TOP_BLOCKS_MAX_K and self.whole == self.block_count:
+            return self._top_in_top_blocks(rows, ks, log_z)
         read = self._select(rows, self._kth_largest_block_max(rows, ks), log_z)
         return Read([lp[:k] for lp, k in zip(read.log_probs, ks)], [i[:k] for i, k in zip(read.ids, ks)])
 
@@ -173,6 +177,18 @@ class BlockMaxima:
         read = self._select(rows, cuts, log_z)
         counts = [len(lp) for lp in read.log_probs]
         return Read([lp[:n] for lp, n in zip(read.log_probs, limits)], [i[:n] for i, n in zip(read.ids, limits)]), counts
+
+    def _top_in_top_blocks(self, rows: list[int], ks: list[int], log_z: torch.Tensor) -> Read:
+        """`top` for small k, in a handful of ops: a row's k largest logits all lie in its k
+        blocks with the largest maxima (a logit outside them has k block maxima, k other
+        logits, at or above it), so the top k of those k blocks are the row's top k."""
+        width = max(ks)
+        blocks = torch.topk(self.maxima(rows), width, dim=-1).indices  # [c, width]
+        source_rows = torch.tensor(rows, device=blocks.device).unsqueeze(1)  # [c, 1]
+        candidates = self._blocks[source_rows, blocks].float().view(len(rows), width * BLOCK)
+        values, where = torch.topk(candidates, width, dim=-1)  # [c, width] sorted descending
+        ids = blocks.gather(1, where // BLOCK) * BLOCK + where % BLOCK
+        return _read_of_top(values, ids, ks, log_z)
 
     def _kth_largest_block_max(self, rows: list[int], ks: list[int]) -> torch.Tensor:
         """[c] float32: per row, a cut under which that row's top ks[i] logits all lie: the

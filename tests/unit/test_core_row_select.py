@@ -120,3 +120,39 @@ def test_a_low_cut_on_a_flat_row_reads_only_what_the_limit_needs():
     assert [lp[: len(ref)] for lp, ref in zip(read.log_probs, reference.log_probs)] == reference.log_probs
     assert all(count >= limit for count, limit in zip(counts, [10, 40, 200]))
     assert all(count < 151936 // 4 for count in counts)  # not the whole row
+
+
+@pytest.mark.parametrize("k", [1, 5, row_select.TOP_BLOCKS_MAX_K])
+def test_small_k_reads_from_the_best_blocks_match_full_rows_even_with_ties(k):
+    """The small-k path gathers each row's k best blocks; logits on a coarse grid tie often
+    (inside a block, across blocks, at the k-th value)."""
+    generator = torch.Generator().manual_seed(k)
+    logits = torch.round(torch.randn(4, 65536, generator=generator) * 4) / 2  # steps of 0.5
+    logits[1, :40000] = float("-inf")
+    log_z = torch.logsumexp(logits, dim=-1)
+    picked = [0, 1, 3]
+    ours = BlockMaxima(logits).top(picked, [k, k, 1], log_z[picked])
+    reference = FullRows(logits).top(picked, [k, k, 1], log_z[picked])
+    assert ours.log_probs == reference.log_probs  # bit-equal values, in order
+    assert [len(lp) for lp in ours.log_probs] == [k, k, 1]
+    for row, lp, ids in zip(picked, ours.log_probs, ours.ids):  # a tie at the k-th value may
+        assert len(set(ids)) == len(ids)  # pick another of the tied tokens: each id is a token
+        expected = (logits[row, ids] - log_z[row]).tolist()  # with exactly its log-prob
+        assert expected == lp
+
+
+@pytest.mark.parametrize("source", [FullRows, BlockMaxima])
+def test_depth_guesses_bound_the_top_log_prob(source):
+    """The guess that steers the reads: an upper bound on each row's top log-prob; a row with
+    no finite logit gives no guess (NaN)."""
+    generator = torch.Generator().manual_seed(7)
+    logits = torch.randn(3, 65536, generator=generator) * 3.0
+    logits[1, 123] += 30.0  # one dominant token: its log-prob is near 0
+    logits[2] = float("-inf")
+    bounds, estimates = source(logits).top_log_prob_guesses([0, 1, 2])
+    truth = (logits.max(dim=-1).values - torch.logsumexp(logits, dim=-1)).tolist()
+    assert bounds[0] >= truth[0] - 1e-6 and bounds[1] >= truth[1] - 1e-6  # float rounding aside
+    assert truth[1] > -1e-3 and bounds[1] > -1e-3 and estimates[1] > -1e-3  # the peaked row
+    assert truth[0] < -1.0 and estimates[0] < -1.0  # the flat one, estimated as such
+    assert estimates[0] <= bounds[0]
+    assert bounds[2] != bounds[2] and estimates[2] != estimates[2]
