@@ -100,9 +100,10 @@ class LiveHostTable:
             return
         # Rich is loaded before taking the lock: the hosts' threads report through it meanwhile.
         console = stderr_console()
-        for module in ("rich.live", "rich.markup", "rich.table"):
-            importlib.import_module(module)
         from rich.live import Live
+
+        for module in ("rich.markup", "rich.table"):  # what `_render` imports
+            importlib.import_module(module)
 
         with self.lock:
             if self.showing:
@@ -225,6 +226,12 @@ def run_on_hosts(
 
     started = time.monotonic()
     with LiveHostTable(command, [h.name for h in hosts]) as live:
+
+        def launched() -> None:
+            live.start()
+            if while_running is not None:
+                while_running()
+
         result = run_fanout(
             hosts,
             task,
@@ -233,7 +240,7 @@ def run_on_hosts(
             accept_new_host_keys=options.accept_new_host_keys,
             deadline_s=deadline_s,
             on_progress=live.on_progress,
-            on_launched=lambda: (live.start(), while_running and while_running()),
+            on_launched=launched,
         )
     code = result.exit_code()
     if options.json:

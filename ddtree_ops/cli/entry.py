@@ -36,5 +36,5 @@ def _flush_or_drop(stream) -> None:
     """Flush; a reader that went away (`ddtree-ops report | head`) is not an error."""
     try:
         stream.flush()
-    except (BrokenPipeError, OSError, ValueError):
+    except (OSError, ValueError):  # BrokenPipeError is an OSError; ValueError: closed
         pass
