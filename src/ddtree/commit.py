@@ -11,6 +11,7 @@ from typing import Sequence
 
 import torch
 
+from ddtree.host_tensors import long_tensor
 from ddtree.inputs import check_accepted_path
 
 
@@ -57,18 +58,11 @@ def check_keep_rows(
     return keep
 
 
-def move_kept_rows_(
-    cache: torch.Tensor,  # [..., T, ...] with the sequence on `seq_dim`
-    past_length: int,
-    keep: torch.Tensor,  # [k] int64 window-relative rows on cache.device, already checked
-    seq_dim: int,
-) -> None:
-    """The move itself, with no checks and no host sync: row past_length + keep[j] goes to
-    past_length + j. The kept rows are gathered before anything is written, so overlapping
-    moves are safe."""
-    window = cache.shape[seq_dim] - past_length
-    kept = cache.narrow(seq_dim, past_length, window).index_select(seq_dim, keep)
-    cache.narrow(seq_dim, past_length, keep.numel()).copy_(kept)
+def move_rows_(cache: torch.Tensor, rows: torch.Tensor, to: int, seq_dim: int) -> None:
+    """The move itself, with no checks and no host sync: cache row rows[j] (absolute, on
+    cache.device) goes to to + j. The rows are gathered before anything is written, so
+    overlapping moves are safe."""
+    cache.narrow(seq_dim, to, rows.numel()).copy_(cache.index_select(seq_dim, rows))
 
 
 def compact_appended_window_(
@@ -82,7 +76,8 @@ def compact_appended_window_(
     seq_dim = dim % cache.dim()
     keep = check_keep_rows(keep_indices, past_length, cache.shape[seq_dim])
     if keep != list(range(len(keep))):  # else already in place
-        move_kept_rows_(cache, past_length, torch.tensor(keep, dtype=torch.int64, device=cache.device), seq_dim)
+        rows = long_tensor([past_length + row for row in keep], cache.device)
+        move_rows_(cache, rows, past_length, seq_dim)
     return past_length + len(keep)
 
 

@@ -30,7 +30,9 @@ from ddtree.build import BuildMethod, build_ddtree_tree_from_logits
 from ddtree.commit import commit_round
 from ddtree.drafters import DraftRequest, Drafter, check_drafter
 from ddtree.hf_target import HFTarget
+from ddtree.host_tensors import long_tensor
 from ddtree.inputs import check_budget
+from ddtree.tree import DraftTree, hidden_columns
 from ddtree.kvcache import crop_cache, keep_cache_rows
 from ddtree.verify import follow_verified_tree
 
@@ -124,21 +126,19 @@ class TreeInputs(NamedTuple):
 
 def compile_tree_inputs(
     root_token: int,
-    node_token_ids: torch.Tensor,  # [N] int64
-    node_depths: torch.Tensor,  # [N] int64, 1..D
-    visibility: torch.Tensor,  # [N+1, N+1] bool: i sees j iff j is i or an ancestor
+    tree: DraftTree,
     start: int,  # position of the root; also the number of committed rows in the cache
     dtype: torch.dtype,
     device: torch.device,
 ) -> TreeInputs:
     """The verify forward's inputs: every tree row sees all committed rows and its ancestors."""
-    n = 1 + int(node_token_ids.numel())
-    # Two host lists, one tensor each: a round's overhead is mostly per-op cost.
-    input_ids = torch.tensor([[root_token] + node_token_ids.tolist()], dtype=torch.long, device=device)
-    position_ids = torch.tensor([[start] + [start + depth for depth in node_depths.tolist()]], dtype=torch.long, device=device)
-    mask = torch.zeros((1, 1, n, start + n), dtype=dtype, device=device)
-    mask[0, 0, :, start:].masked_fill_(visibility.to(device).logical_not(), torch.finfo(dtype).min)
-    return TreeInputs(input_ids, position_ids, mask)
+    n = len(tree.parents)
+    # From the tree's host lists, one tensor each: a round's overhead is mostly per-op cost.
+    input_ids = long_tensor([root_token] + tree.node_token_ids_list, device).view(1, n)
+    position_ids = long_tensor([start] + [start + depth for depth in tree.node_depths_list], device).view(1, n)
+    mask = torch.zeros((n, start + n), dtype=dtype, device=device)
+    mask.narrow(1, start, n).masked_fill_(hidden_columns(tree).to(device), torch.finfo(dtype).min)
+    return TreeInputs(input_ids, position_ids, mask.view(1, 1, n, start + n))
 
 
 def _rows_kept(hidden: torch.Tensor, keep: list[int]) -> torch.Tensor:
@@ -146,7 +146,7 @@ def _rows_kept(hidden: torch.Tensor, keep: list[int]) -> torch.Tensor:
     as on a greedy chain)."""
     if keep == list(range(len(keep))):
         return hidden[:, : len(keep)]
-    return hidden.index_select(1, torch.tensor(keep, dtype=torch.long, device=hidden.device))
+    return hidden.index_select(1, long_tensor(keep, hidden.device))
 
 
 # --------------------------------------------------------------------------- the shared loop
@@ -259,7 +259,7 @@ class _DraftFeed:
 
     def committed(self, token_ids: list[int], hidden: torch.Tensor | None) -> None:
         """The round accepted `token_ids` (root first); `hidden` [1, len, L*H] their features."""
-        self.pending_ids = torch.tensor([token_ids], dtype=torch.long, device=self.req.device)
+        self.pending_ids = long_tensor(token_ids, self.req.device).view(1, -1)
         self.pending_hidden = hidden
 
 
@@ -342,10 +342,8 @@ def generate_ddtree(
         req.stage_times["tree_build"] += built - began
 
         start = req.start
-        inputs = compile_tree_inputs(
-            req.generated[-1], tree.node_token_ids, tree.node_depths, tree.visibility,
-            start, target.dtype, req.device,
-        )
+        root_token = req.generated[-1]
+        inputs = compile_tree_inputs(root_token, tree, start, target.dtype, req.device)
         compiled = req.clock()
         req.stage_times["tree_compile"] += compiled - built
 
@@ -358,7 +356,7 @@ def generate_ddtree(
 
         posterior = req.choose(out.logits)  # [N+1]: the target's choice at every tree node
         accepted, bonus = follow_verified_tree(tree.child_maps, posterior)
-        commit = commit_round(inputs.input_ids[0], accepted, bonus)
+        commit = commit_round([root_token] + tree.node_token_ids_list, accepted, bonus)
         req.generated.extend(commit.tokens[1:] + [commit.bonus_token])
         keep_cache_rows(req.cache, start, commit.keep_indices)  # host ints: no device round trip
         feed.committed(commit.tokens, None if out.hidden is None else _rows_kept(out.hidden, commit.keep_indices))
@@ -367,8 +365,8 @@ def generate_ddtree(
             req.round_trees.append({
                 "accepted_indices": commit.keep_indices,
                 "tree": {
-                    "node_token_ids": tree.node_token_ids.tolist(),
-                    "node_depths": tree.node_depths.tolist(),
+                    "node_token_ids": tree.node_token_ids_list,
+                    "node_depths": tree.node_depths_list,
                     "parents": [int(p) for p in tree.parents],
                 },
             })

@@ -12,25 +12,11 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import NamedTuple
 
 import torch
 
 from ddtree.inputs import raise_bad_row
 from ddtree.tree import DraftTree, make_draft_tree, root_only_tree
-
-
-class HeapEntry(NamedTuple):
-    """One candidate rank path. Field order is the heap order: best score first; the unique
-    sequence number ends every comparison there (exact score ties are resolved by rank path
-    in `best_first`, without building a path per push)."""
-
-    neg_logw: float
-    sequence: int
-    parent_index: int
-    depth: int
-    rank: int
-    logw: float
 
 
 def top_log_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,47 +31,80 @@ def top_log_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
     return (top_logits - log_z).to("cpu", torch.float32), top_ids.to("cpu", torch.int64)
 
 
+# With lazy rows, rows are converted to Python lists this many ranks at a time: a decode
+# loop's tree uses few ranks of most rows, and converting every read rank (D x budget floats
+# and ids) cost more than its heap loop. A row whose last converted rank is popped is
+# converted whole.
+FIRST_RANKS = 16
+
+
 class HeapRows:
     """Rows for the heap loop: `log_probs[d]` / `token_ids[d]`, row d's finite log-probs and
-    ids as Python lists."""
+    ids as Python lists: whole rows, or with `lazy` their first `FIRST_RANKS` ranks, and
+    `more(d)` converts the rest in place."""
 
-    def __init__(self, log_probs: torch.Tensor, token_ids: torch.Tensor):  # [D, k] float32, [D, k] int64
-        self.log_probs = log_probs.tolist()
-        self.token_ids = token_ids.tolist()
+    def __init__(self, log_probs: torch.Tensor, token_ids: torch.Tensor, lazy: bool = False):  # [D, k] float32, int64
+        self._log_probs, self._token_ids = log_probs, token_ids
+        first = min(FIRST_RANKS, log_probs.shape[1]) if lazy else log_probs.shape[1]
+        self.log_probs = log_probs[:, :first].tolist()
+        self.token_ids = token_ids[:, :first].tolist()
+        # _converted[d]: row d's lists hold every rank it has (nothing left for `more`)
+        self._converted = [first == log_probs.shape[1]] * len(self.log_probs)
         # A NaN or +inf logit makes its row's logsumexp, and so its top log-prob, NaN (as does
         # a row with no finite logit, which is allowed): the rows to inspect.
         self.suspect_rows = [d for d, row in enumerate(self.log_probs) if row and row[0] != row[0]]
-        for d, row in enumerate(self.log_probs):  # sorted rows: unusable ranks are a suffix (-inf
-            n = len(row)  # for a zero-probability token, NaN throughout a row with no finite logit)
-            while n and not math.isfinite(row[n - 1]):
-                n -= 1
-            if n < len(row):
-                self.log_probs[d], self.token_ids[d] = row[:n], self.token_ids[d][:n]
+        for d, row in enumerate(self.log_probs):
+            self._trim(d, row, self.token_ids[d])
+
+    def _trim(self, d: int, row: list[float], ids: list[int]) -> None:
+        """Sorted rows: unusable ranks are a suffix (-inf for a zero-probability token, NaN
+        throughout a row with no finite logit). Cut it; the row then has nothing more."""
+        n = len(row)
+        while n and not math.isfinite(row[n - 1]):
+            n -= 1
+        if n < len(row):
+            del row[n:], ids[n:]
+            self._converted[d] = True
+
+    def more(self, d: int) -> bool:
+        """Convert the rest of row d onto its lists (in place); False if it had no more."""
+        if self._converted[d]:
+            return False
+        self._converted[d] = True
+        row, ids = self.log_probs[d], self.token_ids[d]
+        done = len(row)
+        row.extend(self._log_probs[d, done:].tolist())
+        ids.extend(self._token_ids[d, done:].tolist())
+        self._trim(d, row, ids)
+        return len(row) > done
 
 
-def best_first(log_probs, token_ids, depth_limit: int, budget: int) -> DraftTree:
+def best_first(log_probs, token_ids, depth_limit: int, budget: int, more=None) -> DraftTree:
     """The reference's best-first loop. `log_probs[d]` / `token_ids[d]`: row d's usable ranks
     (finite log-probs, sorted descending) as lists; `log_probs` may read a row when a pop first
     needs it (`token_ids[d]` is then looked up after `log_probs[d]`). Plain lists index fastest.
+    `more(d)`, when given, is asked for further ranks of row d when its last one is popped: it
+    extends both lists in place and says whether it added any.
 
-    The reference breaks exact score ties by the smaller rank path; here the pop gathers every
+    Heap entries are plain tuples (-logw, parent index, depth, rank): best score first. The
+    reference breaks exact score ties by the smaller rank path; here the pop gathers every
     entry tied at the top score and takes the smallest path (built from the parents only
-    then), which is the same order without a rank-path tuple per push.
+    then), which is the same order without a rank-path tuple per push. So the fields after
+    the score only make the heap's comparisons well defined, never the pop order.
     """
     parents = [-1]
     node_ranks = [0]  # rank of each placed node (root: unused)
     tokens: list[int] = []
     depths: list[int] = []
     scores: list[float] = []
-    heap: list[HeapEntry] = []
-    sequence = 0
+    heap: list[tuple[float, int, int, int]] = []
     first_row = log_probs[0]
     if first_row:
-        heap.append(HeapEntry(-first_row[0], sequence, 0, 1, 0, first_row[0]))
+        heap.append((-first_row[0], 0, 1, 0))
 
-    def rank_path(entry: HeapEntry) -> list[int]:
-        path = [entry.rank]
-        node = entry.parent_index
+    def rank_path(entry: tuple[float, int, int, int]) -> list[int]:
+        path = [entry[3]]
+        node = entry[1]
         while node:
             path.append(node_ranks[node])
             node = parents[node]
@@ -93,51 +112,45 @@ def best_first(log_probs, token_ids, depth_limit: int, budget: int) -> DraftTree
         return path
 
     pop, push = heapq.heappop, heapq.heappush
-    entry_of = tuple.__new__  # HeapEntry(...) without its Python-level __new__: ~40% of the loop
+    # bound methods: this loop runs once per node and is most of a small build's time
     while heap and len(tokens) < budget:
         entry = pop(heap)
-        if heap and heap[0].neg_logw == entry.neg_logw:  # an exact score tie: the smaller rank path first
+        neg_logw = entry[0]
+        if heap and heap[0][0] == neg_logw:  # an exact score tie: the smaller rank path first
             tied = [entry]
-            while heap and heap[0].neg_logw == entry.neg_logw:
+            while heap and heap[0][0] == neg_logw:
                 tied.append(pop(heap))
             tied.sort(key=rank_path)
             entry = tied[0]
             for other in tied[1:]:
                 push(heap, other)
-        _, _, parent, depth, rank, logw = entry
+        _, parent, depth, rank = entry
+        logw = -neg_logw  # exact: negation only flips the sign
         row = log_probs[depth - 1]
-        index = len(tokens) + 1
         parents.append(parent)
         node_ranks.append(rank)
         tokens.append(token_ids[depth - 1][rank])
         depths.append(depth)
         scores.append(logw)
-        if rank + 1 < len(row):
-            sibling = logw - row[rank] + row[rank + 1]
-            sequence += 1
-            push(heap, entry_of(HeapEntry, (-sibling, sequence, parent, depth, rank + 1, sibling)))
+        if rank + 1 < len(row) or (more is not None and more(depth - 1)):
+            push(heap, (row[rank] - logw - row[rank + 1], parent, depth, rank + 1))
         if depth < depth_limit:
             next_row = log_probs[depth]
             if next_row:
-                child = logw + next_row[0]
-                sequence += 1
-                push(heap, entry_of(HeapEntry, (-child, sequence, index, depth + 1, 0, child)))
+                push(heap, (-(logw + next_row[0]), len(tokens), depth + 1, 0))
 
-    return make_draft_tree(
-        parents,
-        torch.tensor(tokens, dtype=torch.int64),
-        torch.tensor(depths, dtype=torch.int64),
-        torch.tensor(scores, dtype=torch.float64),
-    )
+    return make_draft_tree(parents, tokens, depths, scores)
 
 
-def build_heap_tree(logits: torch.Tensor, budget: int) -> DraftTree:
+def build_heap_tree(logits: torch.Tensor, budget: int, lazy_rows: bool = False) -> DraftTree:
     """logits: [D, V] (checked by the caller); budget >= 0. Every row normalised up front,
-    exactly as the reference does it; a row holding NaN or +inf raises `ValueError`."""
+    exactly as the reference does it; a row holding NaN or +inf raises `ValueError`.
+    `lazy_rows`: the same tree, with rows converted to lists only as far as the loop reads
+    them (`HeapRows`); off, the oracle converts them whole, as the reference does."""
     depth_limit, vocab = logits.shape
     if budget == 0 or depth_limit == 0:
         return root_only_tree()
-    rows = HeapRows(*top_log_probs(logits, min(budget, vocab)))
+    rows = HeapRows(*top_log_probs(logits, min(budget, vocab)), lazy=lazy_rows)
     for row in rows.suspect_rows:  # one cheap check instead of a pass: NaN / +inf raise here
         raise_bad_row(row, logits[row])
-    return best_first(rows.log_probs, rows.token_ids, depth_limit, budget)
+    return best_first(rows.log_probs, rows.token_ids, depth_limit, budget, rows.more)

@@ -12,7 +12,8 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from ddtree.commit import check_keep_rows, move_kept_rows_
+from ddtree.commit import check_keep_rows, move_rows_
+from ddtree.host_tensors import long_tensor
 
 
 class UnsupportedCacheError(TypeError):
@@ -58,12 +59,15 @@ def keep_cache_rows(cache: Any, past_length: int, keep: Sequence[int] | torch.Te
     a gather and a copy with no host sync.
     """
     tensors = list(_layer_tensors(cache))  # refuses a cache layout we cannot compact
-    rows = check_keep_rows(keep, past_length, cache_length(cache))
+    length = cache_length(cache)
+    rows = check_keep_rows(keep, past_length, length)
     if rows != list(range(len(rows))):  # else the kept rows are already a prefix
+        absolute = [past_length + row for row in rows]
         index_by_device: dict[torch.device, torch.Tensor] = {}
         for tensor in tensors:
             index = index_by_device.get(tensor.device)
             if index is None:
-                index = index_by_device[tensor.device] = torch.tensor(rows, dtype=torch.int64, device=tensor.device)
-            move_kept_rows_(tensor, past_length, index, seq_dim=tensor.dim() - 2)
-    crop_cache(cache, past_length + len(rows))
+                index = index_by_device[tensor.device] = long_tensor(absolute, tensor.device)
+            move_rows_(tensor, index, past_length, seq_dim=tensor.dim() - 2)
+    if past_length + len(rows) < length:
+        cache.crop(past_length + len(rows) - length)  # a negative count: see the module note

@@ -209,11 +209,13 @@ def test_auto_dispatch_picks_the_path_and_matches_the_heap(shape, budget, expect
 
     assert build_module.choose_method(shape[0], shape[1], budget) is expected
     taken = []
-    monkeypatch.setattr(build_module, "build_heap_tree", lambda *a: taken.append("heap") or heap_build.build_heap_tree(*a))
+    monkeypatch.setattr(build_module, "build_heap_tree",
+                        lambda *a, **k: taken.append(("heap", k)) or heap_build.build_heap_tree(*a, **k))
     monkeypatch.setattr(fast_build, "build_fast_tree", lambda *a: taken.append("fast") or fast_build.build_enumerated_tree(*a))
     logits = torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape) + budget))
     tree = build_ddtree_tree_from_logits(logits, budget)
-    assert taken == ["heap" if expected is BuildMethod.HEAP else "fast"]
+    # AUTO's heap path converts rows lazily; the oracle (method=HEAP) converts them whole
+    assert taken == [("heap", {"lazy_rows": True}) if expected is BuildMethod.HEAP else "fast"]
     monkeypatch.undo()
     assert same_tree(tree, build_ddtree_tree_from_logits(logits, budget, method=BuildMethod.HEAP))
     assert torch.equal(tree.node_scores, build_ddtree_tree_from_logits(logits, budget, method=BuildMethod.HEAP).node_scores)
@@ -274,3 +276,31 @@ def test_heap_pops_exact_score_ties_by_rank_path(row_values):
         siblings = sum(1 for j in range(1, index) if tree.parents[j] == tree.parents[index])
         paths.append(parent_path + (siblings,))  # children are popped in rank order
     assert paths[1:] == ranked
+
+
+@pytest.mark.parametrize("zero_probability_from", [None, 20, 16])
+def test_heap_rows_converted_lazily_give_the_tree_of_whole_rows(zero_probability_from):
+    """Lazy HeapRows hand the loop `FIRST_RANKS` ranks per row and convert the rest on demand:
+    the trees must equal the loop's over rows converted whole, also when a row's unusable
+    (-inf) suffix begins in the part converted later or right at its start."""
+    from ddtree.heap_build import FIRST_RANKS, best_first, build_heap_tree, top_log_probs
+
+    generator = torch.Generator().manual_seed(11)
+    vocab = 3 * FIRST_RANKS
+    logits = torch.randn(4, vocab, generator=generator) * 0.3  # flat: wide trees, deep rank reads
+    if zero_probability_from is not None:
+        logits[0].scatter_(0, logits[0].argsort(descending=True)[zero_probability_from:], float("-inf"))
+    for budget in (FIRST_RANKS - 1, FIRST_RANKS, FIRST_RANKS + 1, 2 * vocab):
+        lp, ids = top_log_probs(logits, min(budget, vocab))
+        rows = [[v for v in row if v > float("-inf")] for row in lp.tolist()]
+        whole = best_first(rows, [row[: len(r)] for row, r in zip(ids.tolist(), rows)], 4, budget)
+        lazy = build_heap_tree(logits, budget, lazy_rows=True)
+        assert build_ddtree_tree_from_logits(logits, budget, BuildMethod.HEAP).parents == whole.parents
+        assert lazy.parents == whole.parents
+        assert lazy.node_token_ids_list == whole.node_token_ids_list
+        assert lazy.node_scores_list == whole.node_scores_list
+        # flat rows: every usable rank of row 0 outscores any depth-2 path, so past FIRST_RANKS
+        # nodes at depth 1 the lazily converted part of row 0 was read
+        width = vocab if zero_probability_from is None else zero_probability_from
+        assert lazy.node_depths_list.count(1) == min(budget, width)
+        validate_tree(lazy, budget=budget, logits=logits)

@@ -173,11 +173,11 @@ def test_walk_with_root_rejected_everywhere():
     assert bonus.tolist() == [7, 6]
 
 
-@pytest.mark.parametrize("count", [1, 2, 7, 8, 9, 64, 127, 128])
+@pytest.mark.parametrize("count", [1, 2, 7, 8, 9, 64, 127, 128, 255, 256])
 def test_bitset_visibility_equals_the_tensor_walk(count):
-    """Small host trees build their mask from integer bitsets; it must equal the per-depth
-    gather walk for every shape, across byte boundaries (7, 8, 9 nodes) and at the cut-over."""
-    from ddtree.tree import BITSET_MAX_NODES, ancestor_visibility, bitset_visibility
+    """Small host trees build their mask from integer bitsets; it and its complement must equal
+    the per-depth gather walk for every shape, at any size up to the cut-over."""
+    from ddtree.tree import BITSET_MAX_NODES, ancestor_visibility, bitset_hidden, bitset_visibility
 
     assert count <= BITSET_MAX_NODES
     rng = random.Random(count)
@@ -188,3 +188,4 @@ def test_bitset_visibility_equals_the_tensor_walk(count):
             depth[i] = depth[parents[i]] + 1
         expected = ancestor_visibility(torch.tensor(parents), max(depth))
         assert torch.equal(bitset_visibility(parents), expected)
+        assert torch.equal(bitset_hidden(parents), expected.logical_not())

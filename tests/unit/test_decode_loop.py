@@ -40,8 +40,7 @@ def golden_tree():
 
 def test_tree_inputs_for_the_golden_tree():
     tree = golden_tree()  # parents [-1, 0, 1, 2, 0, 1], tokens [0, 0, 0, 1, 1], depths [1, 2, 3, 1, 2]
-    inputs = compile_tree_inputs(7, tree.node_token_ids, tree.node_depths, tree.visibility, 10,
-                                 torch.float32, torch.device("cpu"))
+    inputs = compile_tree_inputs(7, tree, 10, torch.float32, torch.device("cpu"))
     assert inputs.input_ids.tolist() == [[7, 0, 0, 0, 1, 1]]
     assert inputs.position_ids.tolist() == [[10, 11, 12, 13, 11, 12]]
     mask = inputs.attention_mask
@@ -62,10 +61,9 @@ def test_tree_inputs_for_the_golden_tree():
 def test_tree_inputs_equal_the_core_batched_verify_inputs():
     """The loop's single-request fast path builds what the core's batched builder builds."""
     generator = torch.Generator().manual_seed(3)
-    for budget in (0, 3, 17, 64):
+    for budget in (0, 3, 17, 64, 300):  # 300: past BITSET_MAX_NODES, the tensor-built mask
         tree = build_ddtree_tree_from_logits(torch.randn(7, 40, generator=generator), budget)
-        ours = compile_tree_inputs(9, tree.node_token_ids, tree.node_depths, tree.visibility, 21,
-                                   torch.float64, torch.device("cpu"))
+        ours = compile_tree_inputs(9, tree, 21, torch.float64, torch.device("cpu"))
         core = build_verify_inputs([tree], torch.tensor([9]), torch.tensor([21]), width=tree.num_nodes + 1)
         assert torch.equal(ours.input_ids, core.input_ids)
         assert torch.equal(ours.position_ids, core.positions)
