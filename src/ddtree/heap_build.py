@@ -54,7 +54,8 @@ class HeapRows:
         # a row with no finite logit, which is allowed): the rows to inspect.
         self.suspect_rows = [d for d, row in enumerate(self.log_probs) if row and row[0] != row[0]]
         for d, row in enumerate(self.log_probs):
-            self._trim(d, row, self.token_ids[d])
+            if row and not math.isfinite(row[-1]):
+                self._trim(d, row, self.token_ids[d])
 
     def _trim(self, d: int, row: list[float], ids: list[int]) -> None:
         """Sorted rows: unusable ranks are a suffix (-inf for a zero-probability token, NaN
