@@ -11,6 +11,7 @@ import torch
 
 from ddtree.heap_build import build_heap_tree
 from ddtree.inputs import check_budget, check_logits_shape
+from ddtree.row_select import BLOCK_MIN_VOCAB
 from ddtree.tree import DraftTree
 
 
@@ -21,10 +22,13 @@ class BuildMethod(str, Enum):
 
 
 # Below these sizes the reference's full-row top-k is cheap and the fast path's extra reads
-# and floor cost more than they save (measured on a 2-core CPU, docs/core.md).
+# and floor cost more than they save (measured on a 2-core CPU, docs/core.md). At small
+# budgets the heap also serves every vocabulary read by full-row top-k (below
+# `row_select.BLOCK_MIN_VOCAB`): there the fast path only wins on flat rows, and on
+# drafter-like rows it paid a depth guess on top of the heap's own work (~0.93x).
 HEAP_MAX_VOCAB = 511
 HEAP_SMALL_BUDGET = 64
-HEAP_SMALL_BUDGET_MAX_VOCAB = 8192
+HEAP_SMALL_BUDGET_MAX_VOCAB = BLOCK_MIN_VOCAB - 1
 
 
 def choose_method(depth_limit: int, vocab: int, budget: int) -> BuildMethod:

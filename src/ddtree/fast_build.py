@@ -320,7 +320,7 @@ def build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
     if budget <= HEAP_LOOP_MAX_BUDGET and guess.may_be_deep and not reader.source.wide_reads_are_cheap:
         # Rows past 1 will likely be read to K and popped by the heap loop: that is the
         # reference's own work, so run it without the reader's bookkeeping.
-        return build_heap_tree(logits, budget)
+        return build_heap_tree(logits, budget, lazy_rows=True)
     chain, floor = _read_until_complete(reader, budget, guess.likely_deep)
     if floor == _NEG_INF or budget <= HEAP_LOOP_MAX_BUDGET:
         # no bound (a small tree) or few pops: the reference loop over the read rows (rows it

@@ -198,7 +198,9 @@ def test_batched_trees_from_precomputed_top_log_probs():
         ((15, 96), 256, BuildMethod.HEAP),
         ((15, 4096), 64, BuildMethod.HEAP),  # small budget, small vocabulary
         ((15, 4096), 256, BuildMethod.FAST),
-        ((15, 32000), 16, BuildMethod.FAST),
+        ((15, 32000), 16, BuildMethod.HEAP),  # full-row reads at a small budget
+        ((15, 32000), 65, BuildMethod.FAST),
+        ((15, 65536), 16, BuildMethod.FAST),  # block-maxima reads
         ((15, 151936), 1024, BuildMethod.FAST),
         ((1, 600), 1024, BuildMethod.HEAP),  # one row read whole either way
     ],
