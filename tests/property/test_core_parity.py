@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddtree import BuildMethod, build_ddtree_tree_from_logits, build_ddtree_trees, validate_tree
-from ddtree import fast_build, frontier_build, row_select
+from ddtree import fast_build, frontier_build, heap_build, row_select
 from ddtree.frontier_build import build_frontier_tree
 from ddtree.heap_build import top_log_probs
 
@@ -52,7 +52,8 @@ def check_case(logits: torch.Tensor, budget: int, batched: bool = True, score_ti
     validate_tree(heap, budget=budget, logits=logits)
     validate_tree(fast, budget=budget, logits=logits)
     tied = rows_have_ties(logits)
-    candidates = [fast]
+    candidates = [fast, build_ddtree_tree_from_logits(logits, budget)]  # + the public path (AUTO)
+    validate_tree(candidates[1], budget=budget, logits=logits)
     if budget and logits.shape[0]:  # FAST picks the lazy heap for small budgets: test the frontier too
         candidates.append(build_frontier_tree(logits, budget))
         validate_tree(candidates[-1], budget=budget, logits=logits)
@@ -96,10 +97,12 @@ KINDS = ["flat", "peaked", "huge", "masked"]
 @pytest.mark.parametrize("block", range(6))
 def test_seeded_sweep_small_shapes(block, monkeypatch):
     """3000 random cases over small shapes: V < budget, D = 1, budget 1, all kinds. Half the
-    blocks probe rows one rank at a time, so the frontier's re-read path runs constantly."""
+    blocks probe rows one rank at a time, so the frontier's re-read path runs constantly, and
+    the lazy heap rows (AUTO's small-vocabulary path) are converted one rank at a time."""
     if block % 2:
         monkeypatch.setattr(frontier_build, "PROBE_RANKS", 1)
         monkeypatch.setattr(fast_build, "PROBE_RANKS", 1)
+        monkeypatch.setattr(heap_build, "FIRST_RANKS", 1)
     rng = random.Random(1000 + block)
     for _ in range(500):
         depth = rng.choice([1, 1, 2, 3, 4, 6, 15])
