@@ -32,8 +32,8 @@ from ddtree.drafters import DraftRequest, Drafter, check_drafter
 from ddtree.hf_target import HFTarget
 from ddtree.host_tensors import long_tensor
 from ddtree.inputs import check_budget
-from ddtree.tree import DraftTree, hidden_columns
 from ddtree.kvcache import crop_cache, keep_cache_rows
+from ddtree.tree import DraftTree, hidden_columns
 from ddtree.verify import follow_verified_tree
 
 STAGE_ORDER: tuple[str, ...] = ("draft", "tree_build", "tree_compile", "verify", "commit")
