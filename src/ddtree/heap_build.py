@@ -31,25 +31,29 @@ def top_log_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
     return (top_logits - log_z).to("cpu", torch.float32), top_ids.to("cpu", torch.int64)
 
 
-# With lazy rows, rows are converted to Python lists this many ranks at a time: a decode
-# loop's tree uses few ranks of most rows, and converting every read rank (D x budget floats
-# and ids) cost more than its heap loop. A row whose last converted rank is popped is
-# converted whole.
+# With lazy rows, rows are first read and converted to Python lists this many ranks deep: a
+# decode loop's tree uses few ranks of most rows, and reading and converting every rank
+# (D x budget floats and ids) cost more than its heap loop. A row whose last rank is popped
+# is read again, whole.
 FIRST_RANKS = 16
+
+
+class TieOrderChanged(Exception):
+    """A wider re-read of a row ordered exactly tied logits differently from the first read."""
 
 
 class HeapRows:
     """Rows for the heap loop: `log_probs[d]` / `token_ids[d]`, row d's finite log-probs and
-    ids as Python lists: whole rows, or with `lazy` their first `FIRST_RANKS` ranks, and
-    `more(d)` converts the rest in place."""
+    ids as Python lists, as read. With `reread`, the rows were read narrower than the tree
+    may need, and `more(d)` extends row d in place from `reread(d)` (row d read whole, as
+    host lists)."""
 
-    def __init__(self, log_probs: torch.Tensor, token_ids: torch.Tensor, lazy: bool = False):  # [D, k] float32, int64
-        self._log_probs, self._token_ids = log_probs, token_ids
-        first = min(FIRST_RANKS, log_probs.shape[1]) if lazy else log_probs.shape[1]
-        self.log_probs = log_probs[:, :first].tolist()
-        self.token_ids = token_ids[:, :first].tolist()
-        # _converted[d]: row d's lists hold every rank it has (nothing left for `more`)
-        self._converted = [first == log_probs.shape[1]] * len(self.log_probs)
+    def __init__(self, log_probs: torch.Tensor, token_ids: torch.Tensor, reread=None):  # [D, k] float32, int64
+        self._reread = reread
+        self.log_probs = log_probs.tolist()
+        self.token_ids = token_ids.tolist()
+        # _complete[d]: row d holds every usable rank it has (nothing left for `more`)
+        self._complete = [reread is None] * len(self.log_probs)
         # A NaN or +inf logit makes its row's logsumexp, and so its top log-prob, NaN (as does
         # a row with no finite logit, which is allowed): the rows to inspect.
         self.suspect_rows = [d for d, row in enumerate(self.log_probs) if row and row[0] != row[0]]
@@ -65,17 +69,21 @@ class HeapRows:
             n -= 1
         if n < len(row):
             del row[n:], ids[n:]
-            self._converted[d] = True
+            self._complete[d] = True
 
     def more(self, d: int) -> bool:
-        """Convert the rest of row d onto its lists (in place); False if it had no more."""
-        if self._converted[d]:
+        """Extend row d to its whole read (in place); False if it had no more. Raises
+        `TieOrderChanged` if the wider read does not begin with the ranks already handed out."""
+        if self._complete[d]:
             return False
-        self._converted[d] = True
+        self._complete[d] = True
         row, ids = self.log_probs[d], self.token_ids[d]
         done = len(row)
-        row.extend(self._log_probs[d, done:].tolist())
-        ids.extend(self._token_ids[d, done:].tolist())
+        wider_log_probs, wider_ids = self._reread(d)
+        if wider_ids[:done] != ids:
+            raise TieOrderChanged(d)
+        row.extend(wider_log_probs[done:])
+        ids.extend(wider_ids[done:])
         self._trim(d, row, ids)
         return len(row) > done
 
@@ -146,12 +154,32 @@ def best_first(log_probs, token_ids, depth_limit: int, budget: int, more=None) -
 def build_heap_tree(logits: torch.Tensor, budget: int, lazy_rows: bool = False) -> DraftTree:
     """logits: [D, V] (checked by the caller); budget >= 0. Every row normalised up front,
     exactly as the reference does it; a row holding NaN or +inf raises `ValueError`.
-    `lazy_rows`: the same tree, with rows converted to lists only as far as the loop reads
-    them (`HeapRows`); off, the oracle converts them whole, as the reference does."""
+    `lazy_rows`: rows are read `FIRST_RANKS` deep and read again whole only when the loop pops
+    that far; the same tree wherever exactly tied logits are not reordered by the wider
+    read (where they are, the tree is built as without `lazy_rows`). Off, the oracle reads
+    them `min(budget, V)` deep, as the reference does."""
     depth_limit, vocab = logits.shape
     if budget == 0 or depth_limit == 0:
         return root_only_tree()
-    rows = HeapRows(*top_log_probs(logits, min(budget, vocab)), lazy=lazy_rows)
+    k = min(budget, vocab)
+    if not lazy_rows or k <= FIRST_RANKS:
+        return _heap_tree(logits, HeapRows(*top_log_probs(logits, k)), budget)
+    x = logits.float()
+    top_logits, top_ids = torch.topk(x, k=FIRST_RANKS, dim=-1)
+    log_z = torch.logsumexp(x, dim=-1, keepdim=True)  # the same call as the oracle's: the same bits
+
+    def reread(d: int) -> tuple[list[float], list[int]]:
+        wider_logits, wider_ids = torch.topk(x[d], k=k)
+        return (wider_logits - log_z[d]).tolist(), wider_ids.tolist()
+
+    rows = HeapRows((top_logits - log_z).cpu(), top_ids.cpu(), reread)
+    try:
+        return _heap_tree(logits, rows, budget)
+    except TieOrderChanged:
+        return build_heap_tree(logits, budget)
+
+
+def _heap_tree(logits: torch.Tensor, rows: HeapRows, budget: int) -> DraftTree:
     for row in rows.suspect_rows:  # one cheap check instead of a pass: NaN / +inf raise here
         raise_bad_row(row, logits[row])
-    return best_first(rows.log_probs, rows.token_ids, depth_limit, budget, rows.more)
+    return best_first(rows.log_probs, rows.token_ids, logits.shape[0], budget, rows.more)

@@ -306,3 +306,23 @@ def test_heap_rows_converted_lazily_give_the_tree_of_whole_rows(zero_probability
         width = vocab if zero_probability_from is None else zero_probability_from
         assert lazy.node_depths_list.count(1) == min(budget, width)
         validate_tree(lazy, budget=budget, logits=logits)
+
+
+def test_lazy_heap_rows_fall_back_to_the_oracle_when_a_wider_read_reorders_ties(monkeypatch):
+    """Rows read FIRST_RANKS deep are read again whole when the loop pops past them; torch.topk
+    may then order exactly tied logits differently. The heap must not mix the two orders (a
+    token could repeat under one parent): it rebuilds the tree with the oracle's reads."""
+    from ddtree import heap_build
+
+    logits = torch.zeros(3, 96)
+    logits[:, :3] = torch.tensor([3.0, 2.0, 1.0])  # 93 tied tokens per row behind three leaders
+    first = torch.topk(logits[0], heap_build.FIRST_RANKS).indices.tolist()
+    assert torch.topk(logits[0], 64).indices.tolist()[: len(first)] != first  # the data reorders ties
+    calls = []
+    real = heap_build.build_heap_tree
+    monkeypatch.setattr(heap_build, "build_heap_tree", lambda *a, **k: calls.append(k) or real(*a, **k))
+    tree = heap_build.build_heap_tree(logits, 64, lazy_rows=True)
+    assert calls == [{"lazy_rows": True}, {}]  # the lazy build gave way to the oracle's
+    oracle = real(logits, 64)
+    assert tree.parents == oracle.parents and tree.node_token_ids_list == oracle.node_token_ids_list
+    validate_tree(tree, budget=64, logits=logits)
