@@ -30,6 +30,7 @@ from typing import NamedTuple
 import torch
 
 from ddtree.heap_build import best_first, build_heap_tree
+from ddtree.host_tensors import double_tensor, long_tensor
 from ddtree.inputs import check_rows_finite
 from ddtree.row_select import Read, float_slack, normalise_rows, row_source
 from ddtree.tree import DraftTree, make_draft_tree, root_only_tree
@@ -208,11 +209,11 @@ def _family_floor(reader: _RowReader, chain: list[float], budget: int) -> float:
             flat.extend(row[1 : kept[d]])
             firsts.append(row[0])
             counts.append(max(0, kept[d] - 1))
-        ends = torch.tensor(chain[1:], dtype=torch.float64)  # [E] chain[e] for e = 1..E
+        ends = double_tensor(chain[1:])  # [E] chain[e] for e = 1..E
         scores = [ends]
         if flat:
-            count_t = torch.tensor(counts)
-            delta = torch.tensor(flat, dtype=torch.float64) - torch.tensor(firsts, dtype=torch.float64).repeat_interleave(count_t)
+            count_t = long_tensor(counts)
+            delta = double_tensor(flat) - double_tensor(firsts).repeat_interleave(count_t)
             row_of = torch.arange(depths).repeat_interleave(count_t)  # [M] the row each deviation is in
             grid = ends.unsqueeze(1) + delta.unsqueeze(0)  # [E, M] depth e+1 paths deviating at row_of
             scores.append(grid[row_of.unsqueeze(0) <= torch.arange(depths).unsqueeze(1)])
@@ -357,12 +358,7 @@ def _depth_one_tree(reader: _RowReader, budget: int) -> DraftTree | None:
         return None  # row 1 not read: nothing is known about depth 2
     if next_row and not max(scores) + next_row[0] < min(scores):
         return None
-    return make_draft_tree(
-        [-1] + [0] * budget,
-        torch.tensor(reader.ids[0][:budget], dtype=torch.int64),
-        torch.ones(budget, dtype=torch.int64),
-        torch.tensor(scores, dtype=torch.float64),
-    )
+    return make_draft_tree([-1] + [0] * budget, reader.ids[0][:budget], [1] * budget, scores)
 
 
 # The family floor can sit far below the true one (near-uniform rows deeper than wide): past
@@ -418,7 +414,7 @@ def _enumerate(reader: _RowReader, depths: int, budget: int, threshold: float) -
             break
     count = len(score)
     # stable: ties keep gid order (a tensor sort beats `sorted` from ~100 candidates on)
-    order = torch.sort(torch.tensor(score, dtype=torch.float64), descending=True, stable=True).indices.tolist()
+    order = torch.sort(double_tensor(score), descending=True, stable=True).indices.tolist()
     head = [score[i] for i in order[: budget + 1]]
     if len(set(head)) < len(head):  # exact score ties: order them by rank path
         start = 0
@@ -442,12 +438,7 @@ def _enumerate(reader: _RowReader, depths: int, budget: int, threshold: float) -
         if generator >= 0 and position[generator] >= pos:
             return None  # float rounding let a node outscore its generator: the heap decides
         parents.append(position[above] + 1 if above >= 0 else 0)
-    return make_draft_tree(
-        parents,
-        torch.tensor([token[i] for i in chosen], dtype=torch.int64),
-        torch.tensor([depth[i] for i in chosen], dtype=torch.int64),
-        torch.tensor([score[i] for i in chosen], dtype=torch.float64),
-    )
+    return make_draft_tree(parents, [token[i] for i in chosen], [depth[i] for i in chosen], [score[i] for i in chosen])
 
 
 def _rank_path(gid: int, parent: list[int], rank: list[int]) -> tuple[int, ...]:
