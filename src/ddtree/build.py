@@ -60,7 +60,7 @@ def build_ddtree_tree_from_logits(
         raise ValueError(f"method must be one of {choices}, got {method!r}") from None
     if method is BuildMethod.AUTO:
         method = choose_method(logits.shape[0], logits.shape[1], budget)
-        if method is BuildMethod.HEAP:  # the oracle's tree, its rows converted only as read
+        if method is BuildMethod.HEAP:  # the oracle's tree, rows read 16 ranks deep and further only as popped
             return build_heap_tree(logits, budget, lazy_rows=True)
     if method is BuildMethod.HEAP:
         return build_heap_tree(logits, budget)
