@@ -165,9 +165,10 @@ class BlockMaxima:
         wants as many ranks as there are blocks, by a full-row top-k)."""
         cuts = cuts.to(self.logits.device, torch.float32).clone()
         cleared = (self.maxima(rows) >= cuts.unsqueeze(1)).sum(dim=1).tolist()
-        # blocks hold BLOCK logits each: a row is "wide" when its cleared blocks could hold
-        # several times the ranks it may keep
-        wide = [i for i, (count, limit) in enumerate(zip(cleared, limits)) if count * BLOCK > 4 * limit + 8 * BLOCK]
+        # each cleared block holds at least one logit >= the cut: a row is "wide" when it
+        # clears more blocks than the ranks it may keep. Only then can the limit-th largest
+        # block maximum lie above the cut (otherwise raising the cut to it changes nothing)
+        wide = [i for i, (count, limit) in enumerate(zip(cleared, limits)) if count > limit]
         if any(limits[i] >= self.block_count for i in wide):
             # as many ranks wanted as there are blocks: a full-row top-k bounds the work instead
             return FullRows(self.logits).at_least(rows, cuts, limits, log_z)
