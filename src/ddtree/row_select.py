@@ -138,6 +138,8 @@ class BlockMaxima:
             if self.whole < self.block_count:
                 self._maxima[start:stop, self.whole] = source[:, self.whole * BLOCK :].amax(dim=-1)
             self._ready[start:stop] = [True] * (stop - start)
+        if rows and rows[-1] - rows[0] + 1 == len(rows):  # a contiguous run (ascending rows): a view, no copy
+            return self._maxima[rows[0] : rows[-1] + 1]
         return self._maxima[rows]
 
     def top_log_prob_guesses(self, rows: list[int]) -> tuple[list[float], list[float]]:
