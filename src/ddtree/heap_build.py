@@ -26,8 +26,12 @@ def top_log_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
     ([D, k] float32 log-probs sorted descending, [D, k] int64 token ids).
     """
     x = logits.float()
+    return _top_of_normalised(x, k, torch.logsumexp(x, dim=-1, keepdim=True))
+
+
+def _top_of_normalised(x: torch.Tensor, k: int, log_z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x: [D, V] float32, log_z: [D, 1] its rows' logsumexp -> `top_log_probs`'s result."""
     top_logits, top_ids = torch.topk(x, k=k, dim=-1)
-    log_z = torch.logsumexp(x, dim=-1, keepdim=True)
     return (top_logits - log_z).to("cpu", torch.float32), top_ids.to("cpu", torch.int64)
 
 
@@ -121,7 +125,6 @@ def best_first(log_probs, token_ids, depth_limit: int, budget: int, more=None) -
         return path
 
     pop, push = heapq.heappop, heapq.heappush
-    # bound methods: this loop runs once per node and is most of a small build's time
     while heap and len(tokens) < budget:
         entry = pop(heap)
         neg_logw = entry[0]
@@ -165,14 +168,13 @@ def build_heap_tree(logits: torch.Tensor, budget: int, lazy_rows: bool = False) 
     if not lazy_rows or k <= FIRST_RANKS:
         return _heap_tree(logits, HeapRows(*top_log_probs(logits, k)), budget)
     x = logits.float()
-    top_logits, top_ids = torch.topk(x, k=FIRST_RANKS, dim=-1)
     log_z = torch.logsumexp(x, dim=-1, keepdim=True)  # the same call as the oracle's: the same bits
 
     def reread(d: int) -> tuple[list[float], list[int]]:
-        wider_logits, wider_ids = torch.topk(x[d], k=k)
-        return (wider_logits - log_z[d]).tolist(), wider_ids.tolist()
+        log_probs, ids = _top_of_normalised(x[d : d + 1], k, log_z[d : d + 1])
+        return log_probs[0].tolist(), ids[0].tolist()
 
-    rows = HeapRows((top_logits - log_z).cpu(), top_ids.cpu(), reread)
+    rows = HeapRows(*_top_of_normalised(x, FIRST_RANKS, log_z), reread)
     try:
         return _heap_tree(logits, rows, budget)
     except TieOrderChanged:

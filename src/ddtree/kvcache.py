@@ -59,8 +59,7 @@ def keep_cache_rows(cache: Any, past_length: int, keep: Sequence[int] | torch.Te
     a gather and a copy with no host sync.
     """
     tensors = list(_layer_tensors(cache))  # refuses a cache layout we cannot compact
-    length = cache_length(cache)
-    rows = check_keep_rows(keep, past_length, length)
+    rows = check_keep_rows(keep, past_length, cache_length(cache))
     if rows != list(range(len(rows))):  # else the kept rows are already a prefix
         absolute = [past_length + row for row in rows]
         index_by_device: dict[torch.device, torch.Tensor] = {}
@@ -69,5 +68,4 @@ def keep_cache_rows(cache: Any, past_length: int, keep: Sequence[int] | torch.Te
             if index is None:
                 index = index_by_device[tensor.device] = long_tensor(absolute, tensor.device)
             move_rows_(tensor, index, past_length, seq_dim=tensor.dim() - 2)
-    if past_length + len(rows) < length:
-        cache.crop(past_length + len(rows) - length)  # a negative count: see the module note
+    crop_cache(cache, past_length + len(rows))
