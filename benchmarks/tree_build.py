@@ -10,9 +10,10 @@ call so a busy machine slows them alike:
   (d) batch/r  build_ddtree_trees on 8 requests, per request
 Rows: `flat` = randn logits; `peaked` = drafter-like, one dominant token per row (p ~ 0.9)
 over a randn * 2 tail; `few-peaks` = the smoke `tree-bench` stage's rows, four likely tokens
-(logits 9, 7.5, 6.5, 6) over a randn tail (a tree mostly one level deep with a few longer paths). With CUDA present it also prints the device rows: a batch of 16 bf16
-requests at budget 256 (CUDA events, sync-debug mode "error" around the builder) and the peak
-extra memory at batch 16, budget 1024.
+(logits 9, 7.5, 6.5, 6) over a randn tail (a tree mostly one level deep with a few longer
+paths). With CUDA present it also prints the device rows: a batch of 16 bf16 requests at
+budget 256, eager (CUDA events, sync-debug mode "error" around the builder) and as a CUDA
+graph replay (`GraphedTreeBuilder`), and the peak extra memory at batch 16, budget 1024.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
-from ddtree import BuildMethod, build_ddtree_tree_from_logits, build_ddtree_trees  # noqa: E402
+from ddtree import BuildMethod, GraphedTreeBuilder, build_ddtree_tree_from_logits, build_ddtree_trees  # noqa: E402
 from smoke.stages.tree_bench import drafter_like_logits  # noqa: E402
 
 DEPTH = 15
@@ -143,7 +144,19 @@ def cuda_rows(calls: int) -> None:
             stop.record()
             torch.cuda.synchronize()
             samples.append(start.elapsed_time(stop))
-        print(f"| batch 16 x [15, {vocab}] bf16, budget 256 | {statistics.median(samples):.3f} | {sync_note} |")
+        print(f"| batch 16 x [15, {vocab}] bf16, budget 256, eager | {statistics.median(samples):.3f} | {sync_note} |")
+
+        graphed = GraphedTreeBuilder(16, 15, vocab, 256, dtype=torch.bfloat16, device=device)
+        samples = []
+        for _ in range(calls):
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graphed(logits)  # copy into the static input, then one graph launch
+            stop.record()
+            torch.cuda.synchronize()
+            samples.append(start.elapsed_time(stop))
+        del graphed
+        print(f"| batch 16 x [15, {vocab}] bf16, budget 256, CUDA graph replay | {statistics.median(samples):.3f} | input copy included |")
 
         big = make_logits("peaked", 16, vocab, generator, device).to(torch.bfloat16)
         torch.cuda.synchronize()

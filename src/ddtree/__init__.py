@@ -5,6 +5,7 @@ Pure torch; imports nothing from the operator side. The stable API keeps the see
 from ddtree.batched import TreeBatch, build_ddtree_trees, build_trees_from_top_log_probs
 from ddtree.build import BuildMethod, build_ddtree_tree_from_logits
 from ddtree.commit import RoundCommit, commit_round, compact_appended_window_, keep_indices_batch
+from ddtree.graphed import GraphedTreeBuilder
 from ddtree.invariants import TreeInvariantError, assert_prefix_closed, validate_tree
 from ddtree.metrics import (
     TreeSummary,
@@ -26,6 +27,7 @@ from ddtree.verify import (
 __all__ = [
     "BuildMethod",
     "DraftTree",
+    "GraphedTreeBuilder",
     "MaskLayout",
     "RoundCommit",
     "TreeBatch",

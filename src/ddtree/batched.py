@@ -25,6 +25,7 @@ from typing import Sequence
 import torch
 
 from ddtree.inputs import check_budget, check_logits_shape
+from ddtree.topk import shard_top_k
 from ddtree.tree import DraftTree, ancestor_visibility, make_draft_tree
 
 
@@ -118,16 +119,9 @@ def _empty_batch(bs: int, budget: int, device: torch.device) -> TreeBatch:
 
 
 def row_top_log_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [bs, D, V] -> ([bs, D, k] float32 log-probs sorted desc; [bs, D, k] int64 ids). One depth at a time, so the float32 copy is [bs, V], never [bs, D, V]."""
-    bs, depth_limit, _ = logits.shape
-    log_probs = torch.empty(bs, depth_limit, k, dtype=torch.float32, device=logits.device)
-    ids = torch.empty(bs, depth_limit, k, dtype=torch.int64, device=logits.device)
-    for d in range(depth_limit):
-        x = logits[:, d].float()  # [bs, V]
-        values, top_ids = torch.topk(x, k, dim=-1)
-        log_probs[:, d] = values - torch.logsumexp(x, dim=-1, keepdim=True)
-        ids[:, d] = top_ids
-    return log_probs, ids  # non-finite entries (-inf tokens, NaN rows) are dropped by the builder
+    """logits [bs, D, V] -> ([bs, D, k] float32 log-probs sorted desc; [bs, D, k] int64 ids):
+    `shard_top_k` of the whole vocabulary, so a single shard is this, bit for bit."""
+    return shard_top_k(logits, k).log_probs()  # non-finite entries (-inf tokens, NaN rows) are dropped by the builder
 
 
 def build_ddtree_trees(
@@ -165,43 +159,44 @@ def build_trees_from_top_log_probs(
     rank_cap = min(budget, width)
     log_probs = log_probs[:, :, :rank_cap].float()
     ids = token_ids[:, :, :rank_cap].to(torch.int64)
-    lp = torch.where(torch.isfinite(log_probs), log_probs, float("-inf")).double()  # [bs, D, K]
+    lp = torch.where(torch.isfinite(log_probs), log_probs, float("-inf"))  # [bs, D, K] float32
 
-    # Frontier of depth 1: row 0's ranks; each later depth: best `budget` of the pair grid.
+    # Frontier of depth 1: row 0's ranks (slot j = rank j); each later depth: the best `budget`
+    # of its pair grid. float64 + float32 adds in float64, so the float32 pair log-probs give
+    # the same sums as float64 ones at half the memory. Each depth is three kernels; which
+    # pair each slot took is decoded once, after the loop.
     score = torch.full((bs, budget), float("-inf"), dtype=torch.float64, device=device)
     score[:, :rank_cap] = lp[:, 0]
-    rank = torch.zeros(bs, budget, dtype=torch.int64, device=device)
-    rank[:, :rank_cap] = torch.arange(rank_cap, device=device)
-    parent_slot = torch.full((bs, budget), -1, dtype=torch.int64, device=device)
-    scores, ranks, parent_slots = [score], [rank], [parent_slot]
+    scores, chosen = [score], []
     if depth_limit > 1:
         pair_slot, pair_rank = _frontier_pairs(budget, rank_cap, device)
+        pair_log_probs = lp[:, 1:, pair_rank]  # [bs, D-1, M]
         for d in range(1, depth_limit):
-            candidates = score[:, pair_slot] + lp[:, d, pair_rank]  # [bs, M]
-            score, chosen = torch.topk(candidates, budget, dim=-1)  # sorted descending
+            score, best = torch.topk(score[:, pair_slot] + pair_log_probs[:, d - 1], budget, dim=-1)  # sorted
             scores.append(score)
-            ranks.append(pair_rank[chosen])
-            parent_slots.append(pair_slot[chosen])
+            chosen.append(best)
+        del pair_log_probs  # [bs, D-1, M]: 6 MB at bs 16, budget 1024; not held through the visibility
 
     # The tree: the `budget` best of all frontiers, depth-major so ties keep parents first.
     all_scores = torch.cat(scores, dim=1)  # [bs, D*B]
-    all_ranks = torch.cat(ranks, dim=1)  # [bs, D*B]
-    all_parent_slots = torch.cat(parent_slots, dim=1)  # [bs, D*B]
     order = torch.sort(all_scores, dim=1, descending=True, stable=True).indices[:, :budget]  # [bs, B]
     node_scores = torch.gather(all_scores, 1, order)
     valid = torch.isfinite(node_scores)  # [bs, B] placed nodes are a prefix
     depth0 = order // budget  # [bs, B] depth - 1
-    node_rank = torch.gather(all_ranks, 1, order)
-    node_parent_slot = torch.gather(all_parent_slots, 1, order)
-
-    position = torch.full((bs, depth_limit * budget), -1, dtype=torch.int64, device=device)
-    position.scatter_(1, order, torch.arange(1, budget + 1, device=device).expand(bs, budget))
-    parent_flat = ((depth0 - 1) * budget + node_parent_slot).clamp(min=0)
-    parent_index = torch.where(depth0 > 0, torch.gather(position, 1, parent_flat), 0)
+    if chosen:
+        all_chosen = torch.cat(chosen, dim=1)  # [bs, (D-1)*B] pair index of each deeper slot
+        pair = torch.gather(all_chosen, 1, (order - budget).clamp(min=0))  # junk at depth 1
+        node_rank = torch.where(depth0 > 0, pair_rank[pair], order)
+        position = torch.full((bs, depth_limit * budget), -1, dtype=torch.int64, device=device)
+        position.scatter_(1, order, torch.arange(1, budget + 1, device=device).expand(bs, budget))
+        parent_flat = ((depth0 - 1) * budget + pair_slot[pair]).clamp(min=0)
+        parent_index = torch.where(depth0 > 0, torch.gather(position, 1, parent_flat), 0)
+    else:
+        node_rank, parent_index = order, torch.zeros_like(order)
 
     parents = torch.full((bs, budget + 1), -1, dtype=torch.int64, device=device)
     parents[:, 1:] = torch.where(valid, parent_index, -1)
-    token_flat = depth0 * rank_cap + node_rank
+    token_flat = (depth0 * rank_cap + node_rank).clamp(max=depth_limit * rank_cap - 1)
     token_ids = torch.gather(ids.reshape(bs, depth_limit * rank_cap), 1, token_flat)
     return TreeBatch(
         token_ids=torch.where(valid, token_ids, 0),

@@ -149,17 +149,21 @@ def ancestor_visibility(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
     """Ancestor-or-self mask from a parent array.
 
     parents: [..., N+1] int64, root (and detached padding) = -1, parents[i] < i.
-    Returns [..., N+1, N+1] bool. One gather per tree level: `max_depth` steps, no per-node loop.
+    Returns [..., N+1, N+1] bool. No per-node loop: a table of each node's ancestors 0..max_depth
+    steps up is filled by doubling (ceil(log2(max_depth + 1)) rounds of gathers), then one
+    scatter marks them; few ops, which matters where each op is a kernel launch.
     """
     size = parents.shape[-1]
     rows = torch.arange(size, device=parents.device)
-    ancestor = rows.expand_as(parents).clone()  # [..., N+1] current ancestor of each node
     # A node with no parent points at itself, so walking past the root (or a detached
     # padding node) stays put and only re-marks the diagonal.
-    step = torch.where(parents < 0, rows.expand_as(parents), parents)
+    jump = torch.where(parents < 0, rows, parents)  # [..., N+1] the ancestor `width` steps up
+    table = rows.expand_as(parents).unsqueeze(-1)  # [..., N+1, width] ancestors 0..width-1 up
+    while table.shape[-1] <= max_depth:
+        width = table.shape[-1]
+        # ancestors width..2*width-1 steps up of node i = ancestors 0..width-1 of jump[i]
+        further = torch.gather(table, -2, jump.unsqueeze(-1).expand(*jump.shape, width))
+        table = torch.cat((table, further), dim=-1)
+        jump = torch.gather(jump, -1, jump)
     visibility = torch.zeros(*parents.shape, size, dtype=torch.bool, device=parents.device)
-    visibility.scatter_(-1, ancestor.unsqueeze(-1), True)
-    for _ in range(max_depth):
-        ancestor = torch.gather(step, -1, ancestor)
-        visibility.scatter_(-1, ancestor.unsqueeze(-1), True)
-    return visibility
+    return visibility.scatter_(-1, table, True)

@@ -4,7 +4,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddtree import BuildMethod, build_ddtree_tree_from_logits, build_ddtree_trees, build_verify_inputs, validate_tree
+from ddtree import (
+    BuildMethod,
+    GraphedTreeBuilder,
+    build_ddtree_tree_from_logits,
+    build_ddtree_trees,
+    build_verify_inputs,
+    validate_tree,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -69,3 +76,19 @@ def test_peak_extra_memory_at_batch_16_budget_1024():
     extra = torch.cuda.max_memory_allocated() - base
     assert batch.num_nodes.min().item() == 1024
     assert extra < 64 * 2**20, f"peak extra memory {extra / 2**20:.1f} MiB"
+
+
+def test_graph_replays_equal_eager_builds_without_a_host_sync():
+    builder = GraphedTreeBuilder(16, 15, 32000, 256, dtype=torch.bfloat16, device="cuda")
+    assert builder.captured
+    for seed in (4, 5):  # two inputs: the replay reads the new logits, not the captured ones
+        logits = drafter_like(16, 15, 32000, seed).to("cuda", torch.bfloat16)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            replayed = builder(logits)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        eager = build_ddtree_trees(logits, 256)
+        for field in ("token_ids", "depths", "parents", "num_nodes", "scores", "visibility"):
+            assert torch.equal(getattr(replayed, field), getattr(eager, field)), (seed, field)
