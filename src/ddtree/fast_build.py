@@ -37,6 +37,12 @@ from ddtree.tree import DraftTree, make_draft_tree, root_only_tree
 
 _NEG_INF = float("-inf")
 
+# A read down to a floor takes at most this many times the ranks a row already has (measured
+# on drafter-like rows at V = 151936, budget 1024: 4x costs more rounds than it saves, 32x
+# over-reads); a full-row top-k grows with k, so those reads grow by 4x.
+READ_GROWTH = 8
+FULL_ROW_READ_GROWTH = 4
+
 # Rows are first read `PROBE_RANKS` ranks at a time: a cheap read whose tree gives a much
 # better floor; the few rows that then need more are read again exactly.
 PROBE_RANKS = 32
@@ -101,14 +107,17 @@ class _RowReader:
         is >= its `needs` entry."""
         margins = [2 * float_slack(need) for need in needs]  # over-reading a few ranks is harmless
         cuts = torch.tensor([n - m + self.log_z[d] for d, n, m in zip(rows, needs, margins)], dtype=torch.float64)
-        limits = [self.cap[d] for d in rows]
-        if not self.source.wide_reads_are_cheap:
-            # A loose floor can ask for far more ranks than the tree will use: read at most 4x
-            # what the row has, then let the floor rise with what was read.
-            limits = [min(limit, 4 * max(len(self.lp[d]), 8)) for d, limit in zip(rows, limits)]
+        # A loose floor can ask for far more ranks than the tree will use (a first floor from
+        # 32-rank probes sits 1.5-4 nats low on drafter-like rows at budget 1024, and a row
+        # read to 1024 ranks then used 200): read at most `READ_GROWTH` x what the row has,
+        # then let the floor rise with what was read.
+        growth = READ_GROWTH if self.source.wide_reads_are_cheap else FULL_ROW_READ_GROWTH
+        limits = [min(self.cap[d], growth * max(len(self.lp[d]), 8)) for d in rows]
         read, counts = self.source.at_least(rows, cuts.to(torch.float32), limits, self._log_z(rows))
         wanted = [min(count, limit) for count, limit in zip(counts, limits)]
-        exact = [w == min(count, self.cap[d]) for d, w, count in zip(rows, wanted, counts)]
+        # every rank >= the need is read when the count is below the limit (a count at or
+        # above it may be a lower bound, `BlockMaxima.at_least`) or the row is read to its cap
+        exact = [count < limit or w == self.cap[d] for d, w, count, limit in zip(rows, wanted, counts, limits)]
         known = [n - m / 2 if e else None for n, m, e in zip(needs, margins, exact)]
         self._store(rows, read, wanted, known)
 
@@ -412,22 +421,15 @@ def _enumerate(reader: _RowReader, depths: int, budget: int, threshold: float) -
         frontier_scores, frontier_ids = score[level_start:], range(level_start, len(score))
         if not frontier_scores:
             break
-    count = len(score)
     # stable: ties keep gid order (a tensor sort beats `sorted` from ~100 candidates on)
-    order = torch.sort(double_tensor(score), descending=True, stable=True).indices.tolist()
-    head = [score[i] for i in order[: budget + 1]]
-    if len(set(head)) < len(head):  # exact score ties: order them by rank path
-        start = 0
-        while start < len(head):
-            stop = start + 1
-            while stop < len(head) and head[stop] == head[start]:
-                stop += 1
-            if stop - start > 1:  # the whole run of this score, which may continue past the head
-                while stop < count and score[order[stop]] == head[start]:
-                    stop += 1
-                order[start:stop] = sorted(order[start:stop], key=lambda i: _rank_path(i, parent, rank))
-            start = stop
+    values, order_t = torch.sort(double_tensor(score), descending=True, stable=True)
+    order = order_t.tolist()
+    head = min(budget + 1, len(score))
+    tied = (values[1:head] == values[: head - 1]).nonzero().flatten().tolist()  # values[i] == values[i+1]
+    if tied:  # exact score ties: order each run by rank path, as the heap does
+        _order_tied_runs(order, score, tied, parent, rank)
     chosen = order[:budget]
+    count = len(score)
     position = [count] * count  # gid -> pop position (count: not chosen)
     for pos, gid in enumerate(chosen):
         position[gid] = pos
@@ -438,7 +440,22 @@ def _enumerate(reader: _RowReader, depths: int, budget: int, threshold: float) -
         if generator >= 0 and position[generator] >= pos:
             return None  # float rounding let a node outscore its generator: the heap decides
         parents.append(position[above] + 1 if above >= 0 else 0)
-    return make_draft_tree(parents, [token[i] for i in chosen], [depth[i] for i in chosen], [score[i] for i in chosen])
+    # tie runs only reorder equal scores, so the sorted values are the chosen nodes' scores
+    return make_draft_tree(parents, [token[i] for i in chosen], [depth[i] for i in chosen], values[: len(chosen)])
+
+
+def _order_tied_runs(order: list[int], score: list[float], tied: list[int], parent: list[int], rank: list[int]) -> None:
+    """Sort, in place and by rank path, each run of exactly equal scores in `order` that starts
+    at a `tied` position (the run may continue past the positions checked)."""
+    done = -1
+    for start in tied:
+        if start < done:
+            continue
+        value, stop = score[order[start]], start + 1
+        while stop < len(order) and score[order[stop]] == value:
+            stop += 1
+        order[start:stop] = sorted(order[start:stop], key=lambda i: _rank_path(i, parent, rank))
+        done = stop
 
 
 def _rank_path(gid: int, parent: list[int], rank: list[int]) -> tuple[int, ...]:

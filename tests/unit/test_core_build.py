@@ -326,3 +326,44 @@ def test_lazy_heap_rows_fall_back_to_the_oracle_when_a_wider_read_reorders_ties(
     oracle = real(logits, 64)
     assert tree.parents == oracle.parents and tree.node_token_ids_list == oracle.node_token_ids_list
     validate_tree(tree, budget=64, logits=logits)
+
+
+def _drafter_rows(seed: int, vocab: int) -> torch.Tensor:
+    """[15, vocab] rows like a drafter's: one dominant token over a randn * 2 tail (the
+    benchmark's `peaked` rows)."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(15, vocab, generator=generator) * 2.0
+    top = torch.randint(0, vocab, (15, 1), generator=generator)
+    return logits.scatter_add_(1, top, torch.full((15, 1), 16.0))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fast_matches_the_heap_on_drafter_rows_of_a_large_vocabulary_at_budget_1024(seed):
+    """Reads there are limited to a few times what a row has, so a block-maxima read often
+    stops at its limit, where its count is only a lower bound (one of these seeds hit a count
+    equal to the limit, and the reader once took it as exact and lost ranks)."""
+    logits = _drafter_rows(seed + 1, 151936)
+    fast = build_ddtree_tree_from_logits(logits, 1024, method=BuildMethod.FAST)
+    heap = build_ddtree_tree_from_logits(logits, 1024, method=BuildMethod.HEAP)
+    assert fast.parents == heap.parents and torch.equal(fast.node_depths, heap.node_depths)
+    assert fast.node_scores.tolist() == heap.node_scores.tolist()
+    differ = (fast.node_token_ids != heap.node_token_ids).nonzero().flatten()
+    rows = heap.node_depths[differ] - 1  # token order may differ only among exactly tied logits
+    assert torch.equal(logits[rows, fast.node_token_ids[differ]], logits[rows, heap.node_token_ids[differ]])
+
+
+def test_a_read_stopped_at_its_limit_claims_nothing_below_what_it_read():
+    from ddtree.fast_build import _RowReader
+    from ddtree.row_select import BLOCK
+
+    vocab = 65536
+    logits = torch.full((2, vocab), float("-inf"))
+    # one finite logit per block, so a read cut at the k-th block maximum returns exactly k
+    logits[:, ::BLOCK] = -0.001 * torch.arange(vocab // BLOCK, dtype=torch.float32)
+    reader = _RowReader(logits, 1024)
+    reader.read([0, 1], 8)
+    reader.read_down_to([0], [-1e9])  # wants every rank; may take 8x what it has
+    read = len(reader.lp[0])
+    assert 8 < read < reader.cap[0]
+    next_unread = float(logits[0, read * BLOCK] - reader.log_z[0])
+    assert reader.known_above[0] >= next_unread  # "every rank above known_above is read"
