@@ -1,9 +1,11 @@
 """Tree-build speed: the heap oracle vs the public builder vs the top-k floor vs the batch.
 
-    python benchmarks/tree_build.py [--calls 20] [--threads N] [--quick] [--vocab V ...]
+    python benchmarks/tree_build.py [--calls 20] [--draws 4] [--threads N] [--quick] [--vocab V ...]
 
-Per (vocab, row kind, budget), medians over --calls calls, the methods interleaved call by
-call so a busy machine slows them alike:
+Per (vocab, row kind, budget) and for each of --draws requests drawn from the same kind of
+rows, medians over --calls calls, the methods interleaved call by call so a busy machine slows
+them alike. The ratio a/b moves with the draw (on drafter-like rows by +-15 %), so the table
+gives its geometric mean over the draws and the worst draw, not one draw's figure:
   (a) heap     build_ddtree_tree_from_logits(method="heap"): the reference semantics
   (b) public   build_ddtree_tree_from_logits(...) default (AUTO)
   (c) floor    torch.topk(k=budget) + torch.logsumexp over [D, V] alone (the reference's tensor work)
@@ -86,36 +88,47 @@ def machine() -> str:
     )
 
 
-def cpu_table(calls: int, budgets, vocabs) -> None:
+def cpu_table(calls: int, budgets, vocabs, draws: int) -> None:
     generator = torch.Generator().manual_seed(0)
     print(f"CPU: {machine()}")
-    print(f"medians over {calls} interleaved calls (order rotating; the batch timed apart), D = {DEPTH}, float32 logits\n")
-    header = "| vocab | rows | budget | (a) heap ms | (b) public ms | (c) floor ms | (d) batch/req ms | a/b | b/c | depth |"
+    print(
+        f"medians over {calls} interleaved calls (order rotating; the batch timed apart), on each of {draws} "
+        f"requests drawn per case; ms: the median request; a/b: the geometric mean of the requests' ratios and "
+        f"the worst one; D = {DEPTH}, float32 logits\n"
+    )
+    header = "| vocab | rows | budget | (a) heap ms | (b) public ms | (c) floor ms | (d) batch/req ms | a/b | a/b worst | b/c | depth |"
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     for vocab in vocabs:
         for kind in ("flat", "peaked", "few-peaks"):
             batch = make_logits(kind, BATCH, vocab, generator)
-            one = batch[0].contiguous()
+            requests = [batch[r].contiguous() for r in range(min(draws, BATCH))]
             for budget in budgets:
-                # (a)-(c) read the same [D, V] rows, so each finds them in the caches the others
-                # left; the batch (8x the data) would evict them, so it is timed on its own.
-                times = interleaved_medians(
-                    {
-                        "heap": lambda: build_ddtree_tree_from_logits(one, budget, method=BuildMethod.HEAP),
-                        "public": lambda: build_ddtree_tree_from_logits(one, budget),
-                        "floor": lambda: (torch.topk(one, budget, dim=-1), torch.logsumexp(one, dim=-1)),
-                    },
-                    calls,
-                )
-                times.update(interleaved_medians({"batch": lambda: build_ddtree_trees(batch, budget)}, max(5, calls // 4)))
-                ms = {name: value * 1e3 for name, value in times.items()}
-                depth = build_ddtree_tree_from_logits(one, budget).max_depth
+                per_request = [single_request_medians(one, budget, calls) for one in requests]
+                ms = {name: statistics.median(t[name] for t in per_request) * 1e3 for name in per_request[0]}
+                ratios = [t["heap"] / t["public"] for t in per_request]
+                # the batch (8x the data) would evict the rows the others share, so it is timed apart
+                ms["batch"] = interleaved_medians({"batch": lambda: build_ddtree_trees(batch, budget)}, max(5, calls // 4))["batch"] * 1e3
+                depths = sorted({build_ddtree_tree_from_logits(one, budget).max_depth for one in requests})
                 print(
                     f"| {vocab} | {kind} | {budget} | {ms['heap']:.2f} | {ms['public']:.2f} | {ms['floor']:.2f} "
-                    f"| {ms['batch'] / BATCH:.2f} | {ms['heap'] / ms['public']:.2f}x | {ms['public'] / ms['floor']:.2f}x | {depth} |",
+                    f"| {ms['batch'] / BATCH:.2f} | {statistics.geometric_mean(ratios):.2f}x | {min(ratios):.2f}x "
+                    f"| {ms['public'] / ms['floor']:.2f}x | {'-'.join(map(str, (depths[0], depths[-1]) if len(depths) > 1 else depths))} |",
                     flush=True,
                 )
+
+
+def single_request_medians(one: torch.Tensor, budget: int, calls: int) -> dict[str, float]:
+    """(a)-(c) on one [D, V] request: they read the same rows, so each finds them in the caches
+    the others left (interleaved, so none is favoured)."""
+    return interleaved_medians(
+        {
+            "heap": lambda: build_ddtree_tree_from_logits(one, budget, method=BuildMethod.HEAP),
+            "public": lambda: build_ddtree_tree_from_logits(one, budget),
+            "floor": lambda: (torch.topk(one, budget, dim=-1), torch.logsumexp(one, dim=-1)),
+        },
+        calls,
+    )
 
 
 def cuda_rows(calls: int) -> None:
@@ -182,14 +195,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20, help="calls per median (>= 20 for the docs)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    parser.add_argument("--quick", action="store_true", help="budgets 16 and 1024, vocab 32000 only")
+    parser.add_argument("--draws", type=int, default=4, help=f"requests timed per case (1..{BATCH}); ratios vary with the draw")
+    parser.add_argument("--quick", action="store_true", help="budgets 16 and 1024, vocab 32000 only, 2 draws")
     parser.add_argument("--vocab", type=int, action="append", help="vocabulary size (repeatable; default 151936 and 32000)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     budgets = (16, 1024) if args.quick else BUDGETS
     vocabs = tuple(args.vocab) if args.vocab else (32000,) if args.quick else VOCABS
-    cpu_table(args.calls, budgets, vocabs)
+    cpu_table(args.calls, budgets, vocabs, 2 if args.quick else max(1, args.draws))
     if torch.cuda.is_available():
         cuda_rows(args.calls)
     else:

@@ -2,7 +2,8 @@
 
 For each budget (options.budgets, 16..1024 by default) and batch size (options.batch_sizes,
 1 and 16): the reference-exact heap builder and the public builder (batch 1, one request per
-call), the batched device builder (one call per batch), and the floor every builder pays,
+call), the batched device builder (one call per batch; on CUDA also replayed as a CUDA graph,
+`graphed`), and the floor every builder pays,
 `torch.topk(k=budget)` + `torch.logsumexp` over the rows. Logits are drafter-shaped
 `[D=15, V]` float32 rows (V = options.extra["vocab"], default 32000). Medians of
 options.repeat timed calls after one warm-up; CUDA is synchronised around each call.
@@ -60,6 +61,7 @@ def run(ctx: StageContext) -> StageResult:
     from ddtree.build import BuildMethod
 
     batched = getattr(ddtree, "build_ddtree_trees", None)
+    graphed = getattr(ddtree, "GraphedTreeBuilder", None)  # older releases lack it
     extra = ctx.options.extra
     vocab = int(extra.get("vocab", DEFAULT_VOCAB))
     depth = int(extra.get("depth", DEFAULT_DEPTH))
@@ -100,6 +102,10 @@ def run(ctx: StageContext) -> StageResult:
             if batched is not None:
                 record("batched", batch, budget,
                        _timed(lambda: batched(logits, budget), repeat, sync), nodes)
+            if graphed is not None and device == "cuda":  # off CUDA it would be the batched row again
+                builder = graphed(batch, depth, vocab, budget, dtype=logits.dtype, device=device)
+                record("graphed", batch, budget, _timed(lambda: builder(logits), repeat, sync), nodes)
+                del builder  # its graph pool: one budget's at a time
             record("floor", batch, budget, floor_ms, nodes)
             ctx.log(f"bs {batch} budget {budget}: " + ", ".join(
                 f"{r['builder']} {r['per_request_ms']:.3f} ms" for r in rows

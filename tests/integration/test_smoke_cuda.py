@@ -30,3 +30,4 @@ def test_runner_runs_device_stages_on_cuda(tmp_path):
     assert ends["invariants"]["metrics"]["device"] == "cuda"
     assert ends["tree-bench"]["metrics"]["device"] == "cuda"
     assert ends["tree-bench"]["metrics"]["build_ms.batched.bs16.b256"] > 0
+    assert ends["tree-bench"]["metrics"]["build_ms.graphed.bs16.b256"] > 0
