@@ -121,6 +121,10 @@ def test_seeded_sweep_small_shapes_through_block_maxima(block_size, monkeypatch)
     monkeypatch.setattr(row_select, "BLOCK", block_size)
     monkeypatch.setattr(fast_build, "PROBE_RANKS", [1, 3, 32][block_size % 3])
     monkeypatch.setattr(fast_build, "HEAP_LOOP_MAX_BUDGET", [0, 64][block_size % 2])
+    # the block-maxima floor at every budget, on coarse and narrow grids too
+    monkeypatch.setattr(fast_build, "BLOCK_FLOOR_MIN_BUDGET", [1, 2, 30][block_size % 3])
+    monkeypatch.setattr(fast_build, "BLOCK_FLOOR_STEPS", [512, 7, 64][block_size % 3])
+    monkeypatch.setattr(fast_build, "BLOCK_FLOOR_SPAN", [24.0, 2.0, 0.25][block_size % 3])
     rng = random.Random(500 + block_size)
     for _ in range(400):
         depth = rng.choice([1, 2, 3, 6, 15])
@@ -129,6 +133,34 @@ def test_seeded_sweep_small_shapes_through_block_maxima(block_size, monkeypatch)
         kind = rng.choice(KINDS)
         dtype = rng.choice([torch.float32] * 4 + [torch.bfloat16, torch.float16])
         check_case(random_logits(rng, depth, vocab, kind, dtype), budget, batched=False, score_ties=dtype != torch.float32)
+
+
+@pytest.mark.parametrize("block_size", [1, 3, 32])
+def test_block_maxima_floor_never_exceeds_the_budget_th_best_score(block_size, monkeypatch):
+    """The floor from block maxima alone is a lower bound of the tree's last score (or -inf
+    when the reachable tree is smaller than the budget), on every kind of row, after first
+    reads of 1 to 32 ranks; and on drafter-like rows it is found."""
+    monkeypatch.setattr(row_select, "BLOCK_MIN_VOCAB", 1)
+    monkeypatch.setattr(row_select, "BLOCK", block_size)
+    rng = random.Random(70 + block_size)
+    found = 0
+    for _ in range(150):
+        depth = rng.choice([1, 2, 3, 6, 15])
+        vocab = rng.choice([2, 20, 300, 3000])
+        budget = rng.choice([1, 5, 33, 300, 1000])
+        kind = rng.choice(KINDS)
+        logits = random_logits(rng, depth, vocab, kind)
+        reader = fast_build._RowReader(logits, budget)
+        reader.read(list(range(depth)), rng.choice([1, 4, 32]))
+        chain = fast_build._greedy_chain(reader)
+        floor = fast_build._block_maxima_floor(reader, chain, budget)
+        heap = build_ddtree_tree_from_logits(logits, budget, method=BuildMethod.HEAP)
+        if heap.num_nodes < budget:
+            assert floor == float("-inf"), (kind, depth, vocab, budget)
+        else:
+            assert floor <= heap.node_scores[-1].item(), (kind, depth, vocab, budget, floor, heap.node_scores[-1].item())
+        found += kind == "peaked" and floor != float("-inf")
+    assert found > 10
 
 
 @pytest.mark.parametrize("seed", range(2))
