@@ -3,9 +3,10 @@
     python benchmarks/tree_build.py [--calls 20] [--draws 4] [--threads N] [--quick] [--vocab V ...]
 
 Per (vocab, row kind, budget) and for each of --draws requests drawn from the same kind of
-rows, medians over --calls calls, the methods interleaved call by call so a busy machine slows
-them alike. The ratio a/b moves with the draw (on drafter-like rows by +-15 %), so the table
-gives its geometric mean over the draws and the worst draw, not one draw's figure:
+rows, medians over --calls calls, the methods interleaved call by call (in a fresh random
+order each round) so a busy machine slows them alike. The ratio a/b moves with the draw (on
+drafter-like rows by +-15 %), so the table gives its geometric mean over the draws and the
+worst draw, not one draw's figure:
   (a) heap     build_ddtree_tree_from_logits(method="heap"): the reference semantics
   (b) public   build_ddtree_tree_from_logits(...) default (AUTO)
   (c) floor    torch.topk(k=budget) + torch.logsumexp over [D, V] alone (the reference's tensor work)
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -56,16 +58,18 @@ def make_logits(kind: str, batch: int, vocab: int, generator: torch.Generator, d
 
 
 def interleaved_medians(functions: dict, calls: int) -> dict[str, float]:
-    """Median seconds per function; every round calls each function once. The order rotates
-    every round: a call that follows another over the same logits finds them in the CPU
-    caches, so a fixed order would favour whichever function comes second."""
+    """Median seconds per function; every round calls each function once, in a fresh random
+    order (seeded). A call that follows another over the same logits finds them in the CPU
+    caches, so neither a fixed order nor a rotation (which keeps each function's predecessor)
+    may decide which function always comes after which."""
     for fn in functions.values():
         fn()  # warm-up
     names = list(functions)
+    order = random.Random(len(names) * 1000 + calls)
     samples: dict[str, list[float]] = {name: [] for name in functions}
-    for round_index in range(calls):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
+    for _ in range(calls):
+        order.shuffle(names)
+        for name in names:
             start = time.perf_counter()
             functions[name]()
             samples[name].append(time.perf_counter() - start)
@@ -92,7 +96,7 @@ def cpu_table(calls: int, budgets, vocabs, draws: int) -> None:
     generator = torch.Generator().manual_seed(0)
     print(f"CPU: {machine()}")
     print(
-        f"medians over {calls} interleaved calls (order rotating; the batch timed apart), on each of {draws} "
+        f"medians over {calls} interleaved calls (random order each round; the batch timed apart), on each of {draws} "
         f"requests drawn per case; ms: the median request; a/b: the geometric mean of the requests' ratios and "
         f"the worst one; D = {DEPTH}, float32 logits\n"
     )

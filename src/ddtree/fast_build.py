@@ -102,9 +102,10 @@ class _RowReader:
         if rows:
             self._store(rows, self.source.top(rows, wanted, self._log_z(rows)), wanted, None)
 
-    def read_down_to(self, rows: list[int], needs: list[float]) -> None:
+    def read_down_to(self, rows: list[int], needs: list[float], tight: bool = False) -> None:
         """Read, for each of `rows` (ascending, already normalised), every rank whose log-prob
-        is >= its `needs` entry."""
+        is >= its `needs` entry; `tight`: the needs come from a floor close to the final one,
+        so reads are not limited to a few times what a row has."""
         margins = [2 * float_slack(need) for need in needs]  # over-reading a few ranks is harmless
         cuts = torch.tensor([n - m + self.log_z[d] for d, n, m in zip(rows, needs, margins)], dtype=torch.float64)
         # A loose floor can ask for far more ranks than the tree will use (a first floor from
@@ -112,7 +113,7 @@ class _RowReader:
         # read to 1024 ranks then used 200): read at most `READ_GROWTH` x what the row has,
         # then let the floor rise with what was read.
         growth = READ_GROWTH if self.source.wide_reads_are_cheap else FULL_ROW_READ_GROWTH
-        limits = [min(self.cap[d], growth * max(len(self.lp[d]), 8)) for d in rows]
+        limits = [self.cap[d] if tight else min(self.cap[d], growth * max(len(self.lp[d]), 8)) for d in rows]
         read, counts = self.source.at_least(rows, cuts.to(torch.float32), limits, self._log_z(rows))
         wanted = [min(count, limit) for count, limit in zip(counts, limits)]
         # every rank >= the need is read when the count is below the limit (a count at or
@@ -333,9 +334,12 @@ def _read_until_complete(reader: _RowReader, budget: int, likely_deep: bool) -> 
         more_rows = reached < min(depth_limit, reader.dead_from) and reached not in reader.lp
         if not more_rows and all(reader.full[d] for d in range(reached)) and budget <= HEAP_LOOP_MAX_BUDGET:
             return chain, _NEG_INF  # every row read whole: the heap loop needs no floor
+        if likely_deep and budget >= BLOCK_FLOOR_MIN_BUDGET and len(chain) != maxima_floor_chain:
+            # a deep tree at a large budget will read rows further: the maxima floor at once
+            maxima_floor, maxima_floor_chain = _block_maxima_floor(reader, chain, budget), len(chain)
         if maxima_floor_chain == len(chain) and maxima_floor != _NEG_INF:
-            # the maxima floor is known for this chain: the family's again, over the ranks read
-            # since, would rise a little and cost more than that saves (measured)
+            # the maxima floor is known for this chain: the family's, over the ranks read so
+            # far, would rise little above it and cost more than that saves (measured)
             floor = max(maxima_floor, family_floor)
         else:
             family_floor = floor = _family_floor(reader, chain, budget)
@@ -363,7 +367,7 @@ def _read_until_complete(reader: _RowReader, budget: int, likely_deep: bool) -> 
         if not grow:
             return chain, floor
         if floor != _NEG_INF:
-            reader.read_down_to(grow, needs)
+            reader.read_down_to(grow, needs, tight=floor == maxima_floor)
             continue
         for width in sorted({len(reader.lp[d]) for d in grow}):
             rows = [d for d in grow if len(reader.lp[d]) == width]
