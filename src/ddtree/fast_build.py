@@ -12,8 +12,11 @@ still lift the best prefix of its depth (the greedy chain) to `floor`.
    (`ddtree.row_select`): only the blocks that can hold them are touched.
 2. Floor: the budget-th best of a family of valid paths whose scores need no extra reads:
    "greedy to depth d, rank r at depth d+1, greedy again to depth e" scores
-   chain[e] - lp[d][0] + lp[d][r]. Every row then needs exactly the ranks with
-   lp >= floor - chain[d]; rows whose read ranks stop above that are read down to it.
+   chain[e] - lp[d][0] + lp[d][r]. With block maxima at large budgets, the same family
+   counted from the maxima (`_block_maxima_floor`: each is an exact token's logit, so they
+   count a row's tokens from below) gives a far tighter floor before any deep read. Every
+   row then needs exactly the ranks with lp >= floor - chain[d]; rows whose read ranks stop
+   above that are read down to it.
 3. Enumerate, in plain Python over float lists, every path scoring >= floor with the
    reference's own float64 chains (child: logw + lp[0]; sibling: logw - lp[r] + lp[r+1]),
    sort by (score desc, rank path asc), keep `budget`. The generator check (previous
@@ -32,7 +35,7 @@ import torch
 from ddtree.heap_build import best_first, build_heap_tree
 from ddtree.host_tensors import double_tensor, long_tensor
 from ddtree.inputs import check_rows_finite
-from ddtree.row_select import Read, float_slack, normalise_rows, row_source
+from ddtree.row_select import BlockMaxima, Read, float_slack, normalise_rows, row_source
 from ddtree.tree import DraftTree, make_draft_tree, root_only_tree
 
 _NEG_INF = float("-inf")
@@ -389,6 +392,13 @@ def _rows_to_grow(reader: _RowReader, chain: list[float], floor: float) -> tuple
     return grow, needs
 
 
+# Below `row_select.BLOCK_MIN_VOCAB` rows are read by full-row top-k, except for a likely deep
+# tree at a large budget: there the block-maxima floor saves more than the block machinery
+# costs (drafter-like rows, V = 32000: 14 % faster at budget 1024, 5 % at 768, even at 512;
+# V = 16384: 2-13 % slower at 768-1024).
+DEEP_BLOCK_MIN_BUDGET = 768
+DEEP_BLOCK_MIN_VOCAB = 24576
+
 # Up to this budget the reference heap loop over the read rows costs less than the floor and
 # the enumeration (measured on the benchmark shapes, docs/core.md).
 HEAP_LOOP_MAX_BUDGET = 64
@@ -396,7 +406,7 @@ HEAP_LOOP_MAX_BUDGET = 64
 
 def build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
     """logits: [D, V] (checked by the caller); budget >= 0. The exact tree (see above)."""
-    depth_limit, _ = logits.shape
+    depth_limit, vocab = logits.shape
     if budget == 0 or depth_limit == 0:
         return root_only_tree()
     reader = _RowReader(logits, budget)
@@ -405,6 +415,8 @@ def build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
         # Rows past 1 will likely be read to K and popped by the heap loop: that is the
         # reference's own work, so run it without the reader's bookkeeping.
         return build_heap_tree(logits, budget, lazy_rows=True)
+    if guess.likely_deep and budget >= DEEP_BLOCK_MIN_BUDGET and vocab >= DEEP_BLOCK_MIN_VOCAB:
+        reader.source = BlockMaxima(logits)  # nothing is read yet; see DEEP_BLOCK_MIN_BUDGET
     chain, floor = _read_until_complete(reader, budget, guess.likely_deep)
     if floor == _NEG_INF or budget <= HEAP_LOOP_MAX_BUDGET:
         # no bound (a small tree) or few pops: the reference loop over the read rows (rows it

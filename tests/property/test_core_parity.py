@@ -98,11 +98,15 @@ KINDS = ["flat", "peaked", "huge", "masked"]
 def test_seeded_sweep_small_shapes(block, monkeypatch):
     """3000 random cases over small shapes: V < budget, D = 1, budget 1, all kinds. Half the
     blocks probe rows one rank at a time, so the frontier's re-read path runs constantly, and
-    the lazy heap rows (AUTO's small-vocabulary path) are converted one rank at a time."""
+    the lazy heap rows (AUTO's small-vocabulary path) are converted one rank at a time; a
+    third switch likely deep trees to block reads."""
     if block % 2:
         monkeypatch.setattr(frontier_build, "PROBE_RANKS", 1)
         monkeypatch.setattr(fast_build, "PROBE_RANKS", 1)
         monkeypatch.setattr(heap_build, "FIRST_RANKS", 1)
+    if block % 3 == 0:  # a likely deep tree switches to block reads at any budget and vocabulary
+        monkeypatch.setattr(fast_build, "DEEP_BLOCK_MIN_BUDGET", 1)
+        monkeypatch.setattr(fast_build, "DEEP_BLOCK_MIN_VOCAB", 1)
     rng = random.Random(1000 + block)
     for _ in range(500):
         depth = rng.choice([1, 1, 2, 3, 4, 6, 15])
