@@ -6,7 +6,9 @@ Per (vocab, row kind, budget) and for each of --draws requests drawn from the sa
 rows, medians over --calls calls, the methods interleaved call by call (in a fresh random
 order each round) so a busy machine slows them alike. The ratio a/b moves with the draw (on
 drafter-like rows by +-15 %), so the table gives its geometric mean over the draws and the
-worst draw, not one draw's figure:
+worst draw, not one draw's figure. glibc's malloc thresholds are fixed first (`steady_malloc`;
+`--default-malloc` leaves them) so that one call's freed memory cannot make the next call's
+temporaries page-fault:
   (a) heap     build_ddtree_tree_from_logits(method="heap"): the reference semantics
   (b) public   build_ddtree_tree_from_logits(...) default (AUTO)
   (c) floor    torch.topk(k=budget) + torch.logsumexp over [D, V] alone (the reference's tensor work)
@@ -21,6 +23,7 @@ graph replay (`GraphedTreeBuilder`), and the peak extra memory at batch 16, budg
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import platform
 import random
@@ -74,6 +77,22 @@ def interleaved_medians(functions: dict, calls: int) -> dict[str, float]:
             functions[name]()
             samples[name].append(time.perf_counter() - start)
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def steady_malloc() -> str:
+    """Fix glibc malloc's thresholds for this process and say so. By default glibc moves its
+    mmap threshold as blocks are freed and returns freed heap to the system, so whether a
+    call's multi-MB temporaries (a [15, 151936] float copy is 9 MB) come from fresh pages,
+    with a page fault per 4 KiB, depends on what the previous call freed: interleaved, one
+    builder's median moved by up to 40 % from one repetition to the next. Run alone, each
+    builder settles either way (measured: the same medians with and without this)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        # M_MMAP_THRESHOLD (-3) at glibc's 32 MiB maximum, M_TRIM_THRESHOLD (-1), M_TOP_PAD (-2)
+        applied = libc.mallopt(-3, 32 * 2**20) and libc.mallopt(-1, 2**30) and libc.mallopt(-2, 64 * 2**20)
+    except (OSError, AttributeError):
+        applied = 0
+    return "glibc malloc thresholds fixed" if applied else "malloc left as is (no glibc)"
 
 
 def machine() -> str:
@@ -202,7 +221,9 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=4, help=f"requests timed per case (1..{BATCH}); ratios vary with the draw")
     parser.add_argument("--quick", action="store_true", help="budgets 16 and 1024, vocab 32000 only, 2 draws")
     parser.add_argument("--vocab", type=int, action="append", help="vocabulary size (repeatable; default 151936 and 32000)")
+    parser.add_argument("--default-malloc", action="store_true", help="leave glibc's adaptive malloc thresholds on (noisy)")
     args = parser.parse_args()
+    print("malloc left as is (--default-malloc)" if args.default_malloc else steady_malloc())
     if args.threads:
         torch.set_num_threads(args.threads)
     budgets = (16, 1024) if args.quick else BUDGETS

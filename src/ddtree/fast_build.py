@@ -394,9 +394,9 @@ def _rows_to_grow(reader: _RowReader, chain: list[float], floor: float) -> tuple
 
 # Below `row_select.BLOCK_MIN_VOCAB` rows are read by full-row top-k, except for a likely deep
 # tree at a large budget: there the block-maxima floor saves more than the block machinery
-# costs (drafter-like rows, V = 32000: 14 % faster at budget 1024, 5 % at 768, even at 512;
-# V = 16384: 2-13 % slower at 768-1024).
-DEEP_BLOCK_MIN_BUDGET = 768
+# costs (drafter-like rows, V = 32000, twelve requests: 8 % faster at budget 1024, even at
+# 768; V = 16384: 2-13 % slower at 768-1024).
+DEEP_BLOCK_MIN_BUDGET = 1024
 DEEP_BLOCK_MIN_VOCAB = 24576
 
 # Up to this budget the reference heap loop over the read rows costs less than the floor and
