@@ -262,7 +262,7 @@ def _block_maxima_floor(reader: _RowReader, chain: list[float], budget: int) -> 
     where that count reaches `budget` is a floor; blocks are counted conservatively (binned
     down, with a margin for float rounding), so it can only come out lower."""
     depths = len(chain) - 1
-    if depths == 0 or not hasattr(reader.source, "maxima"):
+    if depths == 0 or not isinstance(reader.source, BlockMaxima):
         return _NEG_INF
     maxima = reader.source.maxima(list(range(depths)))  # [E, NB] float32, a view
     top, lowest = chain[1], chain[depths] - BLOCK_FLOOR_SPAN
