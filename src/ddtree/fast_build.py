@@ -242,9 +242,9 @@ def _negated(value: float) -> float:
 
 
 # `_block_maxima_floor` looks for the floor on a grid of this many steps from the chain's best
-# node down to `BLOCK_FLOOR_SPAN` nats below its deepest one. It costs ~0.3 ms (about 30 small
-# tensor ops) and pays for itself from this budget on, where a loose floor reads hundreds of
-# ranks too many (measured on drafter-like rows at V = 151936: 11 % faster at 1024, even at
+# node down to `BLOCK_FLOOR_SPAN` nats below its deepest one. It costs ~0.25 ms and pays for
+# itself from this budget on, where a loose floor reads hundreds of ranks too many (measured
+# on drafter-like rows at V = 151936 when it was first added: 11 % faster at 1024, even at
 # 512, 10 % slower at 256).
 BLOCK_FLOOR_STEPS = 512
 BLOCK_FLOOR_SPAN = 24.0
