@@ -352,7 +352,13 @@ def _read_until_complete(reader: _RowReader, budget: int, likely_deep: bool) -> 
     # when a read costs what it returns, rather than probe it first.
     wide_row_0 = not likely_deep and budget > 2 * PROBE_RANKS and reader.source.wide_reads_are_cheap
     reader.read(rows, first, first_row_k=reader.cap[0] if wide_row_0 else None)
-    maxima_floor, maxima_floor_chain = _NEG_INF, 0  # `_block_maxima_floor` for a chain of that length
+    maxima_floors: dict[int, float] = {}  # `_block_maxima_floor` by chain length, each worked out once
+
+    def maxima_floor_of(chain: list[float]) -> float:
+        if len(chain) not in maxima_floors:
+            maxima_floors[len(chain)] = _block_maxima_floor(reader, chain, budget)
+        return maxima_floors[len(chain)]
+
     family_floor = _NEG_INF
     for _ in range(64):
         chain = _greedy_chain(reader)
@@ -360,10 +366,10 @@ def _read_until_complete(reader: _RowReader, budget: int, likely_deep: bool) -> 
         more_rows = reached < min(depth_limit, reader.dead_from) and reached not in reader.lp
         if not more_rows and all(reader.full[d] for d in range(reached)) and budget <= HEAP_LOOP_MAX_BUDGET:
             return chain, _NEG_INF  # every row read whole: the heap loop needs no floor
-        if likely_deep and budget >= BLOCK_FLOOR_MIN_BUDGET and len(chain) != maxima_floor_chain:
-            # a deep tree at a large budget will read rows further: the maxima floor at once
-            maxima_floor, maxima_floor_chain = _block_maxima_floor(reader, chain, budget), len(chain)
-        if maxima_floor_chain == len(chain) and maxima_floor != _NEG_INF:
+        if likely_deep and budget >= BLOCK_FLOOR_MIN_BUDGET:
+            maxima_floor_of(chain)  # a deep tree at a large budget will read rows further: at once
+        maxima_floor = maxima_floors.get(len(chain), _NEG_INF)
+        if maxima_floor != _NEG_INF:
             # the maxima floor is known for this chain: the family's, over the ranks read so
             # far, would rise little above it and cost more than that saves (measured)
             floor = max(maxima_floor, family_floor)
@@ -372,9 +378,8 @@ def _read_until_complete(reader: _RowReader, budget: int, likely_deep: bool) -> 
         grow, needs = _rows_to_grow(reader, chain, floor)
         if grow and budget >= BLOCK_FLOOR_MIN_BUDGET and floor != _NEG_INF:
             # rows would be read further: a tighter floor first (both are floors, so the higher
-            # one is), worked out once per chain length; it saves reading ranks the tree never uses
-            if len(chain) != maxima_floor_chain:
-                maxima_floor, maxima_floor_chain = _block_maxima_floor(reader, chain, budget), len(chain)
+            # one is); it saves reading ranks the tree never uses
+            maxima_floor = maxima_floor_of(chain)
             if maxima_floor > floor:
                 floor = maxima_floor
                 grow, needs = _rows_to_grow(reader, chain, floor)
