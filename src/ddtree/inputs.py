@@ -1,6 +1,7 @@
 """Input checks shared by the core's entry points: one-line errors that carry the bad value."""
 from __future__ import annotations
 
+import operator
 from typing import Sequence
 
 import torch
@@ -9,8 +10,13 @@ _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
 def check_budget(budget: object) -> int:
-    if isinstance(budget, bool) or not isinstance(budget, int):
-        raise TypeError(f"budget must be an int, got {budget!r} ({type(budget).__name__})")
+    """Any integer (a numpy or 0-d torch integer too, via `__index__`); never a bool or float."""
+    try:
+        if isinstance(budget, bool):
+            raise TypeError
+        budget = operator.index(budget)
+    except TypeError:
+        raise TypeError(f"budget must be an int, got {budget!r} ({type(budget).__name__})") from None
     if budget < 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
     return budget
@@ -41,13 +47,16 @@ def check_logits_shape(logits: object, rank: int, name: str = "logits") -> torch
 
 
 def raise_bad_row(row: int, row_values: torch.Tensor, name: str = "logits") -> None:
-    """Raise for a row that holds NaN or +inf (a zero-probability -inf is allowed)."""
-    if bool(torch.isnan(row_values).any()):
-        bad = int(torch.isnan(row_values).nonzero()[0, 0])
+    """Raise for a row that holds NaN or +inf (a zero-probability -inf is allowed), as the
+    builders see it: in float32, so a float64 logit beyond float32's range is +inf too."""
+    values = row_values.float()
+    if bool(torch.isnan(values).any()):
+        bad = int(torch.isnan(values).nonzero()[0, 0])
         raise ValueError(f"{name} row {row} (depth {row + 1}) contains NaN (first at token {bad})")
-    if bool(torch.isposinf(row_values).any()):
-        bad = int(torch.isposinf(row_values).nonzero()[0, 0])
-        raise ValueError(f"{name} row {row} (depth {row + 1}) contains +inf (first at token {bad})")
+    if bool(torch.isposinf(values).any()):
+        bad = int(torch.isposinf(values).nonzero()[0, 0])
+        what = "+inf" if bool(torch.isposinf(row_values[bad])) else f"{float(row_values[bad])!r}, +inf in float32"
+        raise ValueError(f"{name} row {row} (depth {row + 1}) contains {what} (first at token {bad})")
 
 
 def check_rows_finite(logits: torch.Tensor, name: str = "logits", first_row: int = 0) -> None:

@@ -28,10 +28,14 @@ def assert_prefix_closed(tree: DraftTree) -> None:
 
 
 def reachable_node_count(logits: torch.Tensor, budget: int) -> int:
-    """min(budget, sum_d prod_{i<d} finite_i) with finite_i = min(budget, finite logits in row i)."""
+    """min(budget, sum_d prod_{i<d} finite_i) with finite_i = min(budget, tokens of row i whose
+    float32 log-prob is finite): the builders' rule (a finite logit far below the row's
+    logsumexp can still have a log-prob of -inf, and is never placed)."""
+    x = logits.float().cpu()
+    finite_log_probs = torch.isfinite(x - torch.logsumexp(x, dim=-1, keepdim=True)).sum(dim=-1).tolist()
     total, width = 0, 1
-    for row in logits:
-        width *= min(budget, int(torch.isfinite(row).sum()))
+    for finite in finite_log_probs:
+        width *= min(budget, finite)
         total += width
         if total >= budget or width == 0:
             break
@@ -83,9 +87,12 @@ def validate_tree(tree: DraftTree, budget: int | None = None, logits: torch.Tens
 
 
 def _check_against_logits(tree, budget, logits, tokens, depths, scores) -> None:
-    depth_limit = logits.shape[0]
+    depth_limit, vocab = logits.shape
     if depths and max(depths) > depth_limit:
         raise TreeInvariantError(f"depth {max(depths)} exceeds the {depth_limit} logits rows")
+    outside = [i for i, token in enumerate(tokens, start=1) if not 0 <= token < vocab]
+    if outside:
+        raise TreeInvariantError(f"node {outside[0]} has token {tokens[outside[0] - 1]}, outside the vocabulary [0, {vocab})")
     if budget is not None:
         expected = reachable_node_count(logits, budget)
         if tree.num_nodes != expected:

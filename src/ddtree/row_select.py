@@ -267,7 +267,12 @@ def normalise_rows(owner: Any, missing: list[int]) -> None:
     if not missing:
         return
     start, stop = missing[0], missing[-1] + 1
-    if stop - start == 1 and owner.depth_limit > 1:
+    if owner.logits.stride(-1) != 1:
+        # rows not laid out token after token (a transposed view): torch then reduces across
+        # rows, and a row's sum depends on which rows share the call; only the full call is
+        # the reference's
+        start, stop = 0, owner.depth_limit
+    elif stop - start == 1 and owner.depth_limit > 1:
         start, stop = (start, stop + 1) if stop < owner.depth_limit else (start - 1, stop)
     log_z = torch.logsumexp(owner.logits[start:stop].float(), dim=-1)  # [c] float32
     for offset, value in enumerate(log_z.tolist()):

@@ -75,6 +75,7 @@ class VerifyInputs:
         """[bs, N, C + N] bool over (context columns, tree columns); context column j is
         visible iff j < context_lens[b] (context_lens: [bs] int64, C = context_width)."""
         bs, width = self.input_ids.shape
+        _check_per_request("context_lens", context_lens, bs)
         columns = torch.arange(context_width, device=self.input_ids.device)
         context = (columns < context_lens.to(self.input_ids.device).unsqueeze(1)).unsqueeze(1)  # [bs, 1, C]
         return torch.cat([context.expand(bs, width, context_width), self.tree_mask], dim=2)
@@ -106,6 +107,7 @@ def pack_custom_mask(
     then the tree row. Built with index arithmetic on the mask's device."""
     layout = MaskLayout(layout)
     bs, width, _ = tree_mask.shape
+    _check_per_request("prefix_lens", prefix_lens, bs)
     if layout is MaskLayout.QLEN:
         return tree_mask.reshape(-1).clone()
     prefix_lens = prefix_lens.to(device=tree_mask.device, dtype=torch.int64)
@@ -143,6 +145,12 @@ def _first_child_and_next_sibling(parents: torch.Tensor) -> tuple[torch.Tensor, 
     return first_child[:, :width], next_sibling
 
 
+def _check_per_request(name: str, value: torch.Tensor, bs: int) -> None:
+    """One entry per request: a shape check only (the values stay on the device, no sync)."""
+    if tuple(value.shape) != (bs,):
+        raise ValueError(f"{name} must have shape [{bs}] (one per request), got {tuple(value.shape)}")
+
+
 def build_verify_inputs(
     trees: TreeBatch | Sequence[DraftTree],
     root_token_ids: torch.Tensor,  # [bs] int64, each request's bonus token
@@ -151,14 +159,16 @@ def build_verify_inputs(
 ) -> VerifyInputs:
     """Verify inputs for a batch; width N defaults to budget + 1. Vectorised, no host sync."""
     if not isinstance(trees, TreeBatch):
+        largest = max((t.num_nodes for t in trees), default=0)
+        if width is not None and largest + 1 > width:
+            raise ValueError(f"verify width {width} is smaller than the largest tree's {largest} nodes + 1 = {largest + 1}")
         trees = TreeBatch.from_trees(trees, None if width is None else width - 1, device=root_token_ids.device)
     bs, budget = trees.token_ids.shape
     width = budget + 1 if width is None else width
     if width < budget + 1:
         raise ValueError(f"verify width {width} is smaller than budget + 1 = {budget + 1}")
     for name, value in (("root_token_ids", root_token_ids), ("start_positions", start_positions)):
-        if tuple(value.shape) != (bs,):
-            raise ValueError(f"{name} must have shape [{bs}] (one per tree), got {tuple(value.shape)}")
+        _check_per_request(name, value, bs)
     device = trees.token_ids.device
     pad = width - 1 - budget
     input_ids = torch.zeros(bs, width, dtype=torch.int64, device=device)

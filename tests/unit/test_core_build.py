@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from ddtree import BuildMethod, build_ddtree_tree_from_logits, build_ddtree_trees, validate_tree
-from ddtree.invariants import reachable_node_count
+from ddtree.invariants import TreeInvariantError, reachable_node_count
+from ddtree.tree import make_draft_tree
 
 METHODS = [BuildMethod.HEAP, BuildMethod.FAST, BuildMethod.AUTO]
 
@@ -43,6 +44,47 @@ def test_positive_infinity_is_rejected(method):
         build_ddtree_tree_from_logits(logits, 8, method=method)
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_a_float64_logit_beyond_float32_range_is_rejected(method):
+    """The builders work in float32, as the reference does: 1e39 is +inf there, not a token."""
+    logits = torch.tensor([[1.0, 2.0], [1e39, 1.0]], dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"row 1 \(depth 2\) contains 1e\+39, \+inf in float32 \(first at token 0\)"):
+        build_ddtree_tree_from_logits(logits, 3, method=method)
+
+
+@pytest.mark.parametrize("method", [BuildMethod.FAST, BuildMethod.AUTO])
+@pytest.mark.parametrize("seed", range(24))
+def test_a_transposed_input_gives_the_heap_tree_of_the_same_tensor(method, seed):
+    """Column-major rows: torch then reduces across rows, and a row's logsumexp depends on the
+    rows in the call; the fast path must make the heap's (the reference's) full call."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(4, 4096, generator=generator) * 1.5).t().contiguous().t()
+    assert logits.stride(-1) != 1
+    tree = build_ddtree_tree_from_logits(logits, 512, method=method)
+    heap = build_ddtree_tree_from_logits(logits, 512, method=BuildMethod.HEAP)
+    assert same_tree(tree, heap) and torch.equal(tree.node_scores, heap.node_scores)
+
+
+def test_validate_tree_counts_reachable_tokens_as_the_builders_place_them():
+    """-3e38 is a finite logit whose log-prob overflows to -inf in float32: never placed, so
+    not reachable either."""
+    logits = torch.tensor([[3e38, -3e38, 1.0]])
+    assert reachable_node_count(logits, 3) == 2
+    for method in METHODS:
+        tree = build_ddtree_tree_from_logits(logits, 3, method=method)
+        assert tree.node_token_ids.tolist() == [0, 2]
+        validate_tree(tree, budget=3, logits=logits)
+
+
+@pytest.mark.parametrize("bad_token", [-1, 3])
+def test_validate_tree_rejects_a_token_outside_the_vocabulary(bad_token):
+    logits = torch.tensor([[2.0, 1.0, 0.5]])
+    tree = build_ddtree_tree_from_logits(logits, 2)
+    tampered = make_draft_tree(tree.parents, [tree.node_token_ids_list[0], bad_token], tree.node_depths, tree.node_scores)
+    with pytest.raises(TreeInvariantError, match=rf"node 2 has token {bad_token}, outside the vocabulary \[0, 3\)"):
+        validate_tree(tampered, budget=2, logits=logits)
+
+
 @pytest.mark.parametrize(
     "logits, budget, message",
     [
@@ -61,6 +103,16 @@ def test_bad_input_values_are_named(logits, budget, message):
 def test_non_integer_budget_and_unknown_method():
     with pytest.raises(TypeError, match=r"budget must be an int, got 2.5 \(float\)"):
         build_ddtree_tree_from_logits(torch.randn(2, 3), 2.5)
+    with pytest.raises(TypeError, match=r"budget must be an int, got True \(bool\)"):
+        build_ddtree_tree_from_logits(torch.randn(2, 3), True)
+    # integers from numpy or torch (a config value, a tensor's item) are integers too
+    logits = torch.randn(2, 3)
+    reference = build_ddtree_tree_from_logits(logits, 4)
+    for budget in (torch.tensor(4), torch.tensor(4, dtype=torch.int32)):
+        assert build_ddtree_tree_from_logits(logits, budget).parents == reference.parents
+        assert build_ddtree_trees(logits.unsqueeze(0), budget).budget == 4
+    with pytest.raises(TypeError, match=r"budget must be an int, got tensor\(4\.\) \(Tensor\)"):
+        build_ddtree_tree_from_logits(logits, torch.tensor(4.0))
     with pytest.raises(ValueError, match="method must be one of heap, fast, auto, got 'beam'"):
         build_ddtree_tree_from_logits(torch.randn(2, 3), 2, method="beam")
 

@@ -1,6 +1,8 @@
 """Verify inputs of a batch: hand-built trees, masks in both layouts, and the retrieve-array walk."""
 from __future__ import annotations
 
+import re
+
 import random
 
 import pytest
@@ -89,10 +91,24 @@ def test_second_request_indices_and_a_wide_root():
 
 def test_mismatched_batch_shapes_are_named():
     tree = hand_tree([-1, 0], [3])
-    with pytest.raises(ValueError, match=r"root_token_ids must have shape \[2\] \(one per tree\), got \(3,\)"):
+    with pytest.raises(ValueError, match=r"root_token_ids must have shape \[2\] \(one per request\), got \(3,\)"):
         build_verify_inputs([tree, tree], torch.tensor([1, 2, 3]), torch.tensor([0, 0]))
     with pytest.raises(ValueError, match="verify width 1 is smaller than budget \\+ 1 = 2"):
         build_verify_inputs(TreeBatch.from_trees([tree]), torch.tensor([1]), torch.tensor([0]), width=1)
+    big = hand_tree([-1, 0, 1, 2], [3, 4, 5])
+    with pytest.raises(ValueError, match=r"verify width 3 is smaller than the largest tree's 3 nodes \+ 1 = 4"):
+        build_verify_inputs([tree, big], torch.tensor([1, 2]), torch.tensor([0, 0]), width=3)
+    inputs = build_verify_inputs([tree, tree], torch.tensor([1, 2]), torch.tensor([0, 0]))
+    for lens in (torch.tensor([2]), torch.tensor([2, 0, 1]), torch.tensor([[2, 0]])):
+        # one context length for a batch of two would silently apply to both
+        message = re.escape(f"must have shape [2] (one per request), got {tuple(lens.shape)}")
+        with pytest.raises(ValueError, match="context_lens " + message):
+            inputs.attention_mask(lens, 3)
+        with pytest.raises(ValueError, match="context_lens " + message):
+            inputs.additive_attention_mask(lens, 3)
+        for layout in MaskLayout:
+            with pytest.raises(ValueError, match="prefix_lens " + message):
+                inputs.custom_mask(lens, layout)
 
 
 def test_attention_masks_bool_and_additive():
