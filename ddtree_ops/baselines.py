@@ -158,7 +158,10 @@ class Baseline:
                 entries.append(MethodSummary.from_dict(raw))
             except (TypeError, ValueError, AttributeError) as err:
                 raise BaselineFileError(f"{where}: entries[{index}]: {err}") from None
-        return cls(entries=entries, sources=list(body.get("sources", [])))
+        sources = body.get("sources", [])
+        if not isinstance(sources, list) or not all(isinstance(s, dict) for s in sources):
+            raise BaselineFileError(f"{where}: sources: expected a list of objects, got {sources!r:.60}")
+        return cls(entries=entries, sources=sources)
 
 
 def read_baseline(path: Path) -> Baseline:
@@ -169,6 +172,8 @@ def read_baseline(path: Path) -> Baseline:
 
 def write_atomically(path: Path, text: str) -> None:
     """Write via a temporary file in the same folder and rename: never a half-written file."""
+    if path.is_dir():
+        raise UsageError(f"{path}: is a folder; name the baseline file to write (e.g. {path / 'baseline.json'})")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)

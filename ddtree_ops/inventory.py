@@ -12,9 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticCustomError
 
 from ddtree_ops.errors import ConfigError, UsageError
 
@@ -47,24 +48,37 @@ class ModelSpec(_Strict):
     prompts: Optional[str] = None
 
 
+def _not_a_bool(value: Any) -> Any:
+    if isinstance(value, bool):  # an int subclass, so lax parsing would take it as 0 or 1
+        raise PydanticCustomError("int_type", "Input should be a valid integer")
+    return value
+
+
+# An empty string would silently fall back to the default; `port: true` is not port 1.
+_Text = Annotated[str, Field(min_length=1)]
+_Port = Annotated[int, BeforeValidator(_not_a_bool), Field(ge=1, le=65535)]
+# Every phase is bounded: an infinite timeout is not a bound.
+_Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
 class _HostKeys(_Strict):
     """Keys allowed both in `defaults:` and in a host entry."""
 
     transport: Optional[TransportKind] = None
-    user: Optional[str] = None
-    port: Optional[int] = Field(default=None, ge=1, le=65535)
-    identity_file: Optional[str] = None
-    known_hosts: Optional[str] = None
-    ssh_config: Optional[str] = None
-    python: Optional[str] = None
-    workdir: Optional[str] = None
-    connect_timeout: Optional[float] = Field(default=None, gt=0)
-    command_timeout: Optional[float] = Field(default=None, gt=0)
+    user: Optional[_Text] = None
+    port: Optional[_Port] = None
+    identity_file: Optional[_Text] = None
+    known_hosts: Optional[_Text] = None
+    ssh_config: Optional[_Text] = None
+    python: Optional[_Text] = None
+    workdir: Optional[_Text] = None
+    connect_timeout: Optional[_Seconds] = None
+    command_timeout: Optional[_Seconds] = None
     models: Optional[ModelSpec] = None
 
 
 class HostEntry(_HostKeys):
-    hostname: Optional[str] = None
+    hostname: Optional[_Text] = None
     groups: list[str] = Field(default_factory=list)
 
 
@@ -92,6 +106,7 @@ class Host:
     command_timeout: float
     groups: tuple[str, ...] = ()
     models: Optional[ModelSpec] = None
+    source: str = ""  # the inventory it comes from, for messages that point into it
 
     @property
     def is_local(self) -> bool:
@@ -122,14 +137,16 @@ class Inventory:
         return out
 
     def select(self, selection: str | Sequence[str] | None) -> list[Host]:
-        """Hosts named by `a,b,group` (names or groups, in inventory order); all when empty."""
-        if selection is None:
-            words: list[str] = []
-        elif isinstance(selection, str):
-            words = [w.strip() for w in selection.split(",") if w.strip()]
-        else:
-            words = [w.strip() for item in selection for w in item.split(",") if w.strip()]
-        if not words or ALL_HOSTS in words:
+        """Hosts named by `a,b,group` (names or groups, in inventory order; several `-H` values
+        add up); all when nothing is given. A selection given but empty (`-H ""`, as from an
+        unset variable) is refused: it must never widen to the whole fleet."""
+        items = [selection] if isinstance(selection, str) else list(selection or [])
+        if not items:
+            return list(self.hosts.values())
+        words = [w.strip() for item in items for w in item.split(",") if w.strip()]
+        if not words:
+            raise UsageError(f"-H/--hosts: empty host selection {','.join(items)!r} (name hosts or groups, or 'all')")
+        if ALL_HOSTS in words:
             return list(self.hosts.values())
         groups = self.groups()
         wanted: set[str] = set()
@@ -179,13 +196,41 @@ def load_inventory(explicit: str | os.PathLike[str] | None = None) -> Inventory:
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: cannot read inventory: {err}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_unique_key_loader(yaml))
+    except _DuplicateKey as err:
+        raise ConfigError(f"{path}: line {err.line}: {err.key!r}: duplicate key (the later entry would win)") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ConfigError(f"{path}: {where}invalid YAML: {problem}") from None
     return parse_inventory(data, source=str(path), base_dir=path.resolve().parent)
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, line: int):
+        super().__init__(key, line)
+        self.key, self.line = key, line
+
+
+def _unique_key_loader(yaml: Any) -> type:
+    """A SafeLoader that refuses a key given twice in one mapping (plain safe_load keeps the last)."""
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> dict:
+            seen: set = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    duplicate = key in seen
+                except TypeError:  # an unhashable key: the base class reports it
+                    break
+                if duplicate:
+                    raise _DuplicateKey(key, key_node.start_mark.line + 1)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
 
 
 def parse_inventory(data: Any, *, source: str, base_dir: Path) -> Inventory:
@@ -256,6 +301,7 @@ def _resolve_host(name: str, entry: HostEntry, defaults: _HostKeys, source: str,
         command_timeout=pick("command_timeout") or BUILTIN_COMMAND_TIMEOUT_S,
         groups=tuple(entry.groups),
         models=pick("models"),
+        source=source,
     )
 
 
@@ -272,6 +318,8 @@ _EXPECTED = {
     "model_attributes_type": "expected a mapping",
     "bool_type": "expected true or false",
     "bool_parsing": "expected true or false",
+    "string_too_short": "expected a non-empty string",
+    "finite_number": "expected a finite number",
 }
 
 

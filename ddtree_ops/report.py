@@ -284,6 +284,8 @@ def parse_metric_checks(data: dict[str, Any], path: Path) -> list[MetricCheck]:
             raise ConfigError(f"{where}.metric: expected '<stage>.<name>', got {metric!r}")
         if "expected" not in entry:
             raise ConfigError(f"{where}: missing `expected`")
+        if isinstance(entry["expected"], float) and not math.isfinite(entry["expected"]):
+            raise ConfigError(f"{where}.expected: expected a finite value, got {entry['expected']!r}")
         try:
             better = Better(entry.get("better", "equal"))
         except ValueError:
@@ -292,8 +294,9 @@ def parse_metric_checks(data: dict[str, Any], path: Path) -> list[MetricCheck]:
         tolerances = {}
         for key in ("tolerance", "abs_tolerance"):
             value = entry.get(key, 0.0)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ConfigError(f"{where}.{key}: expected a number >= 0, got {value!r}")
+            # NaN would fail every check and inf pass every one: neither is a tolerance
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise ConfigError(f"{where}.{key}: expected a finite number >= 0, got {value!r}")
             tolerances[key] = float(value)
         hosts = entry.get("hosts", [])
         if isinstance(hosts, str):

@@ -85,8 +85,8 @@ def resolve_stages(requested: list[str] | None) -> list[str]:
     unknown = [s for s in requested
                if not s or s.startswith("_") or not (folder / f"{stage_module_name(s)}.py").is_file()]
     if unknown:
-        raise ValueError(f"unknown stage(s) {', '.join(map(repr, unknown))}; this release has: "
-                         f"{', '.join(available_stages())}")
+        every = sorted(p.stem.replace("_", "-") for p in folder.glob("*.py") if not p.name.startswith("_"))
+        raise ValueError(f"unknown stage(s) {', '.join(map(repr, unknown))}; this release has: {', '.join(every)}")
     seen: set[str] = set()
     return [s for s in requested if not (s in seen or seen.add(s))]
 

@@ -5,6 +5,7 @@ their functions, so `ddtree-ops --help` stays fast.
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import traceback
@@ -61,6 +62,29 @@ def _record_traceback() -> Path | None:
         return None
 
 
+class _DebugLogHandler(logging.Handler):
+    """Appends library log records to the debug log, resolved per record (the path follows
+    $DDTREE_OPS_DEBUG_LOG); a record that cannot be written is dropped, never printed."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            path = debug_log_path()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a", encoding="utf-8") as log:
+                log.write(f"{record.name} {record.levelname}: {self.format(record)}\n")
+        except Exception:  # noqa: BLE001 - logging must never break or spam the command
+            pass
+
+
+def _route_library_logs() -> None:
+    """Warnings and errors that libraries log (Paramiko's handshake tracebacks) go to the
+    debug log, never to the terminal: each failure is already reported in one line."""
+    logger = logging.getLogger("paramiko")
+    if not any(isinstance(h, _DebugLogHandler) for h in logger.handlers):
+        handler = _DebugLogHandler(logging.WARNING)
+        logger.addHandler(handler)
+
+
 def _say(message: str) -> None:
     sys.stderr.write(f"ddtree-ops: {message}\n")
 
@@ -68,6 +92,7 @@ def _say(message: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return (and exit with) the process exit code."""
     prepare()
+    _route_library_logs()
     try:
         result = app(args=argv, standalone_mode=False, prog_name="ddtree-ops")
         code = int(result) if isinstance(result, int) else ExitCode.OK

@@ -64,6 +64,10 @@ def bench(
     from ddtree_ops.cli.console import say
     from ddtree_ops.results import new_run_id
 
+    if plot is not None:  # before the sweep, not after it
+        from ddtree_ops.local_dirs import ensure_output_dir
+
+        ensure_output_dir(plot, "--plot")
     run_id = new_run_id()
     code = run_smoke(
         inventory=inventory, hosts=hosts, stages=_bench_stages(source, not no_push),

@@ -31,7 +31,7 @@ def collect(
     parallel: ParallelOpt = DEFAULT_PARALLEL,
     accept_new_host_keys: AcceptNewHostKeysOpt = False,
     max_gib: Annotated[float, typer.Option(
-        "--max-gib", min=1e-6, help="Most a host may send in this collect (GiB); past it the host fails.")] = 8.0,
+        "--max-gib", min=1e-6, max=1 << 20, help="Most a host may send in this collect (GiB); past it the host fails.")] = 8.0,
 ) -> int:
     """Fetch a run's remaining files from its hosts into runs/<run-id>/<host>/remote/ (one
     stream per host; files already held, by size and sha256, are not sent again)."""

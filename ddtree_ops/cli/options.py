@@ -31,8 +31,10 @@ InventoryOpt = Annotated[
     ),
 ]
 HostsOpt = Annotated[
-    Optional[str],
-    typer.Option("-H", "--hosts", help="Host names or groups, comma-separated (default: all).", show_default=False),
+    Optional[list[str]],
+    typer.Option(
+        "-H", "--hosts", help="Host names or groups, comma-separated; repeatable (default: all).", show_default=False
+    ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON document on stdout; progress and logs on stderr.")]
 ParallelOpt = Annotated[int, typer.Option("--parallel", min=1, help="At most this many hosts at once.")]
@@ -54,14 +56,14 @@ SourceOpt = Annotated[
 @dataclass(frozen=True)
 class FanoutOptions:
     inventory: Optional[Path] = None
-    hosts: Optional[str] = None
+    hosts: Optional[list[str]] = None
     json: bool = False
     parallel: int = DEFAULT_PARALLEL
     fail_fast: bool = False
     accept_new_host_keys: bool = False
 
 
-def select_hosts(inventory: Optional[Path], hosts: Optional[str]) -> tuple["Inventory", list["Host"]]:
+def select_hosts(inventory: Optional[Path], hosts: Optional[list[str]]) -> tuple["Inventory", list["Host"]]:
     """Load the inventory and pick the hosts named by -H (all when omitted)."""
     from ddtree_ops.inventory import load_inventory
 

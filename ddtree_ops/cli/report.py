@@ -173,6 +173,10 @@ def report(
 
     if run_id is not None:
         check_run_id(run_id)  # a path part: refused before anything is read
+    if plot is not None:
+        from ddtree_ops.local_dirs import ensure_output_dir
+
+        ensure_output_dir(plot, "--plot")
     kind, loaded = load_any_baseline(baseline) if baseline is not None else (None, None)
     decode_options = {"--tau-tolerance": tau_tolerance, "--baseline-dataset": baseline_dataset,
                       "--baseline-model": baseline_model}

@@ -74,7 +74,7 @@ def check_stages_in_bundle(stages: list[str], relpaths: set[str]) -> None:
     available = sorted(p[len("smoke/stages/"):-3].replace("_", "-") for p in relpaths
                        if p.startswith("smoke/stages/") and p.endswith(".py")
                        and not p.rsplit("/", 1)[1].startswith("_"))
-    unknown = [s for s in stages if f"smoke/stages/{s.replace('-', '_')}.py" not in relpaths]
+    unknown = [s for s in stages if s.replace("_", "-") not in available]  # `__init__` is no stage
     if unknown:
         raise UsageError(f"--stages: unknown stage(s) {', '.join(unknown)} "
                          f"(this release has: {', '.join(available)})")
@@ -86,7 +86,7 @@ def host_entry(host: "Host") -> dict[str, Any]:
         "name": host.name, "transport": host.transport.value, "hostname": host.hostname,
         "user": host.user, "port": host.port, "python": host.python, "workdir": host.workdir,
         "groups": list(host.groups), "connect_timeout": host.connect_timeout,
-        "command_timeout": host.command_timeout,
+        "command_timeout": host.command_timeout, "inventory": host.source,
     }
     if host.models is not None:
         entry["models"] = host.models.model_dump()
@@ -227,7 +227,7 @@ def run_timeout(plan: SmokePlan, host: "Host") -> float:
 def run_smoke(
     *,
     inventory: Optional[Path],
-    hosts: Optional[str],
+    hosts: Optional[list[str]],
     stages: list[str],
     options: dict[str, Any],
     keep_going: bool,
@@ -247,12 +247,15 @@ def run_smoke(
     from ddtree_ops.errors import ExitCode, RemoteStepError
     from ddtree_ops.fanout import HostState, run_fanout
     from ddtree_ops.report import build_report
-    from ddtree_ops.results import RunStore, new_run_id, runs_root
+    from ddtree_ops.results import RUNS_DIR_ENV, RunStore, new_run_id, runs_root
 
     from ddtree_ops.transport.factory import check_connection_config
 
+    from ddtree_ops.local_dirs import ensure_output_dir
+
     _, selected = select_hosts(inventory, hosts)
     check_connection_config(selected)  # before a run folder exists: exit 3, nothing recorded
+    ensure_output_dir(runs_root(runs_dir), "--runs-dir" if runs_dir else f"runs folder (${RUNS_DIR_ENV} or ./runs)")
     bundle = None
     if push:
         from ddtree_ops.release import build_bundle

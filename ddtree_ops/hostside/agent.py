@@ -201,7 +201,17 @@ def maybe_lock(workdir, take_lock, owner, wait_s):
 def remove_tree(path):
     import shutil
 
+    if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
+        try:
+            os.unlink(path)  # rmtree leaves a file (or a link) where a folder was expected
+        except OSError:
+            pass
+        return
     shutil.rmtree(path, ignore_errors=True)
+
+
+def is_real_dir(path):
+    return os.path.isdir(path) and not os.path.islink(path)
 
 
 def clean_incoming(workdir):
@@ -214,11 +224,15 @@ def clean_incoming(workdir):
 
 def set_current(workdir, release_id):
     """Point `current` at releases/<id> atomically: a new symlink renamed over the old one."""
+    current = os.path.join(workdir, "current")
+    if os.path.lexists(current) and not os.path.islink(current):
+        # never ours (we only ever make a link): the operator's data, so say so and stop
+        raise AgentError("layout", "%s: not a symlink made by ddtree-ops; move it out of the way" % current)
     tmp = os.path.join(workdir, ".current.tmp-%d" % os.getpid())
     if os.path.lexists(tmp):
         os.unlink(tmp)
     os.symlink(os.path.join("releases", release_id), tmp)
-    os.replace(tmp, os.path.join(workdir, "current"))
+    os.replace(tmp, current)
     now = time.time()
     os.utime(os.path.join(releases_dir(workdir), release_id), (now, now))
     fsync_dir(workdir)
@@ -265,8 +279,11 @@ def activate_if_present(workdir, release_id, keep):
     rejected or None). Caller holds the lock."""
     clean_incoming(workdir)
     directory = os.path.join(releases_dir(workdir), release_id)
-    if not os.path.isdir(directory):
+    if not os.path.lexists(directory):
         return None, None
+    if not is_real_dir(directory):
+        set_aside_broken(workdir, release_id)  # a file or a link where the release belongs
+        return None, "%s: not a folder" % directory
     problem = verify_release(directory, release_id)
     if problem is not None:
         set_aside_broken(workdir, release_id)  # never activated; the next copy replaces it
@@ -362,8 +379,8 @@ def install_from_stdin(workdir, release_id, keep):
         # the fresh directory needs no second pass.
         receive_archive(sys.stdin.buffer, incoming, release_id)
         final = os.path.join(base, release_id)
-        if os.path.isdir(final):
-            if verify_release(final, release_id) is None:
+        if os.path.lexists(final):
+            if is_real_dir(final) and verify_release(final, release_id) is None:
                 remove_tree(incoming)  # someone else already installed it intact
                 incoming = None
             else:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import getpass
 import hashlib
+import logging
 import os
 import select
 import socket
@@ -67,6 +68,10 @@ def _import_paramiko_without_invoke():
 
 
 paramiko = _import_paramiko_without_invoke()
+# Paramiko logs a failed handshake's traceback at ERROR; with no handler of its own, Python's
+# last-resort handler would print it on the operator's terminal. Our errors already say what
+# happened in one line; the CLI routes these records to its debug log (`cli.app`).
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 _CHUNK = 1 << 16
 _POLL_S = 0.2
@@ -104,6 +109,27 @@ def load_ssh_config(host: Host) -> Optional["paramiko.SSHConfig"]:
     except (OSError, paramiko.SSHException, ValueError) as err:
         reason = getattr(err, "strerror", None) or (str(err).splitlines() or [type(err).__name__])[0]
         raise ConfigError(f"{config_path}: ssh_config of host {host.name}: cannot read it: {reason}") from None
+
+
+def known_hosts_path(host: Host) -> str:
+    """The host's known_hosts: the inventory's, else ~/.ssh/known_hosts (created on first use
+    with --accept-new-host-keys)."""
+    return _default_path(host.known_hosts, "~/.ssh/known_hosts") or os.path.expanduser("~/.ssh/known_hosts")
+
+
+def check_known_hosts(host: Host) -> None:
+    """A known_hosts that exists but is not a readable key file (a folder, bad lines) is a
+    config problem of the whole command (ConfigError, exit 3), not of the host behind it."""
+    path = known_hosts_path(host)
+    if not os.path.lexists(path):
+        return
+    if not os.path.isfile(path):
+        raise ConfigError(f"{path}: known_hosts of host {host.name}: not a file")
+    try:
+        paramiko.HostKeys(path)
+    except (OSError, paramiko.SSHException, ValueError) as err:
+        reason = getattr(err, "strerror", None) or (str(err).splitlines() or [type(err).__name__])[0]
+        raise ConfigError(f"{path}: known_hosts of host {host.name}: cannot read it: {reason}") from None
 
 
 def resolve_target(host: Host, alias: Optional[str] = None, *, user: Optional[str] = None,
@@ -173,8 +199,10 @@ def _tcp_connect(host_name: str, hostname: str, port: int, timeout: float) -> so
 
 
 def _classify_handshake(host_name: str, where: str, err: BaseException, timeout: float,
-                        known_hosts: Optional[str]) -> TransportError:
-    """Paramiko's zoo -> one of our transport errors (the socket was already connected)."""
+                        known_hosts: Optional[str], elapsed: Optional[float] = None) -> TransportError:
+    """Paramiko's zoo -> one of our transport errors (the socket was already connected).
+    `elapsed`: how long the handshake ran, when known: Paramiko words a banner that never came
+    and a peer that hung up before sending one alike, so only the clock tells them apart."""
     if isinstance(err, TransportError):
         return err
     if isinstance(err, _UnknownHostKey):
@@ -193,6 +221,10 @@ def _classify_handshake(host_name: str, where: str, err: BaseException, timeout:
     if isinstance(err, paramiko.AuthenticationException):
         return AuthenticationFailed(host_name, f"{where}: {err}")
     text = str(err)
+    if "banner" in text and elapsed is not None and elapsed < 0.9 * timeout:
+        return ConnectionLost(
+            host_name, f"{where}: closed the connection after {elapsed:.1f}s without an SSH banner (is it an SSH server?)"
+        )
     if isinstance(err, (socket.timeout, TimeoutError)) or any(
         marker in text for marker in ("banner", "No existing session", "timed out", "Negotiation")
     ):
@@ -208,9 +240,7 @@ class SshTransport(Transport):
         self.host = host
         self.connect_timeout = host.connect_timeout
         self.command_timeout = host.command_timeout
-        self.known_hosts = _default_path(host.known_hosts, "~/.ssh/known_hosts") or os.path.expanduser(
-            "~/.ssh/known_hosts"
-        )
+        self.known_hosts = known_hosts_path(host)
         self.accept_new_host_keys = accept_new_host_keys
         self._clients: list[paramiko.SSHClient] = []  # jump hosts first, the target last
         self.target = resolve_target(host)
@@ -257,6 +287,7 @@ class SshTransport(Transport):
                 sock = _tcp_connect(self.host_name, hop.hostname, hop.port, self.connect_timeout)
             client = self._new_client()
             self._clients.append(client)
+            started = time.monotonic()
             try:
                 for path in hop.identity_files:
                     if not os.path.isfile(path):
@@ -275,7 +306,9 @@ class SshTransport(Transport):
                     channel_timeout=self.connect_timeout,
                 )
             except Exception as err:  # noqa: BLE001 - classified right here, once
-                raise _classify_handshake(self.host_name, where, err, self.connect_timeout, self.known_hosts) from None
+                raise _classify_handshake(
+                    self.host_name, where, err, self.connect_timeout, self.known_hosts, time.monotonic() - started
+                ) from None
             transport = client.get_transport()
             transport.set_keepalive(15)
             if hop is not target:

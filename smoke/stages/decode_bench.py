@@ -91,7 +91,10 @@ def run(ctx: StageContext) -> StageResult:
     models = ctx.host.get("models") if isinstance(ctx.host, dict) else None
     host_name = ctx.host.get("name", "host") if isinstance(ctx.host, dict) else "host"
     if not models:
-        return StageResult.skipped(f"no models configured for this host (hosts.yaml: hosts.{host_name}.models)")
+        inventory = ctx.host.get("inventory") if isinstance(ctx.host, dict) else None
+        return StageResult.skipped(
+            f"no models configured for this host ({inventory or 'the inventory'}: hosts.{host_name}.models)"
+        )
     from ddtree.hf_target import transformers_version
 
     if transformers_version() is None:

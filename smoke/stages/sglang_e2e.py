@@ -242,7 +242,8 @@ def missing_prerequisite(ctx: StageContext) -> str | None:
     if ctx.device != "cuda":
         return "no GPU on this host (torch sees no CUDA device)"
     if not ctx.host.get("models"):
-        return "hosts.yaml gives no `models:` (target, drafter) for this host"
+        where = f"{ctx.host.get('inventory') or 'the inventory'}: hosts.{ctx.host.get('name', '?')}.models"
+        return f"no `models:` (target, drafter) configured for this host ({where})"
     import importlib.util
 
     if importlib.util.find_spec("sglang") is None:

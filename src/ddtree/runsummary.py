@@ -8,6 +8,7 @@ speedup = mean AR time per output token / mean method time per output token.
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import asdict, dataclass
 from statistics import mean
@@ -86,10 +87,65 @@ class MethodSummary:
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "MethodSummary":
-        values = dict(data)
-        values["histogram"] = {int(k): float(v) for k, v in dict(values.get("histogram") or {}).items()}
+    def from_dict(cls, data: Any) -> "MethodSummary":
+        """A summary from plain JSON (a baseline file, a decode-bench record). Raises
+        ValueError naming the field and the value for anything the file should not hold:
+        a comparison must never meet a string where it expects a number."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"expected an object, got {type(data).__name__}")
+        unknown = sorted(set(data) - set(_FIELD_KINDS))
+        if unknown:
+            raise ValueError(f"{unknown[0]}: unknown field")
+        missing = [name for name in _REQUIRED_FIELDS if name not in data]
+        if missing:
+            raise ValueError(f"{missing[0]}: required field is missing")
+        values = {name: _checked(name, kind, data[name]) for name, kind in _FIELD_KINDS.items() if name in data}
         return cls(**values)
+
+
+# MethodSummary's fields as JSON holds them: "text", "number", "count", "histogram", "shares";
+# a trailing "?" allows null.
+_FIELD_KINDS = {
+    "dataset": "text", "model": "text", "temperature": "number", "method": "text", "budget": "count?",
+    "tau": "number", "speedup": "number?", "time_per_output_token": "number?", "histogram": "histogram",
+    "requests": "count?", "identical_to_ar": "number?", "stage_split": "shares?", "source": "text",
+}
+_REQUIRED_FIELDS = ("dataset", "model", "temperature", "method", "budget", "tau", "speedup",
+                    "time_per_output_token", "histogram", "requests", "identical_to_ar")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _checked(name: str, kind: str, value: Any) -> Any:
+    if kind.endswith("?"):
+        if value is None:
+            return None
+        kind = kind[:-1]
+    if kind == "text" and isinstance(value, str):
+        return value
+    if kind == "number" and _is_number(value):
+        return float(value)
+    if kind == "count" and isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if kind == "histogram" and isinstance(value, Mapping):
+        if all(str(k).isdigit() and _is_number(v) for k, v in value.items()):
+            return {int(k): float(v) for k, v in value.items()}
+    if kind == "shares" and isinstance(value, Mapping):
+        if all(isinstance(k, str) and _is_number(v) for k, v in value.items()):
+            return {k: float(v) for k, v in value.items()}
+    expected = {
+        "text": "a string", "number": "a finite number", "count": "a whole number >= 0",
+        "histogram": "an object of acceptance length -> finite number",
+        "shares": "an object of stage -> finite number",
+    }[kind]
+    return _raise_bad_field(name, expected, value)
+
+
+def _raise_bad_field(name: str, expected: str, value: Any) -> Any:
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+    raise ValueError(f"{name}: expected {expected}, got {shown}")
 
 
 def stage_split(records: Sequence[Any]) -> dict[str, float]:

@@ -91,3 +91,12 @@ def test_an_unwritable_output_is_one_line_naming_the_file(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"ddtree-ops: error: {out}: cannot write the baseline here")
     assert blocker.read_text() == "a file where a folder should be\n"
+
+
+def test_an_output_that_is_a_folder_is_one_line_naming_it(tmp_path, capsys):
+    folder = tmp_path / "baselines"
+    folder.mkdir()
+    assert main(["baseline", "paper", "-o", str(folder)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"ddtree-ops: error: {folder}: is a folder; name the baseline file to write (e.g. {folder / 'baseline.json'})"]
+    assert list(folder.iterdir()) == []  # no temporary file left behind

@@ -110,6 +110,8 @@ def test_hanging_stage_is_stopped_by_the_stage_timeout(env, checkout, capsys):
 
 @pytest.mark.parametrize("args,message", [
     (["--stages", "env,nosuch"], "--stages: unknown stage(s) nosuch"),
+    (["--stages", "__init__"], "--stages: unknown stage(s) __init__"),  # a module of the folder, no stage
+    (["--runs-dir", "/proc/no-such-folder"], "--runs-dir /proc/no-such-folder: cannot create the folder"),
     (["--budgets", "16,x"], "--budgets: expected comma-separated integers >= 0, got 'x'"),
     (["--batch-sizes", "0"], "--batch-sizes: expected comma-separated integers >= 1, got '0'"),
 ])
@@ -156,6 +158,17 @@ def test_report_baseline_and_plot(env, capsys, tmp_path):
     pngs = sorted(p.name for p in plots.glob("*.png"))
     assert pngs == ["tree-build-vs-budget-bs1.png", "tree-build-vs-budget-bs2.png"]
     assert (plots / pngs[0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_bad_plot_folder_is_refused_before_any_work(env, capsys):
+    """bench checks it before the sweep (not after it, losing the sweep's exit code)."""
+    blocker = env / "plots.txt"
+    blocker.write_text("a file\n")
+    assert main(["bench", "--budgets", "16", "--batch-sizes", "1", "--repeat", "1", "--plot", str(blocker)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"ddtree-ops: error: --plot {blocker}: exists and is not a folder"
+    assert not (env / "runs").exists()  # no sweep ran, no run was recorded
+    assert main(["report", "--plot", str(blocker)]) == 2
+    assert blocker.read_text() == "a file\n"
 
 
 def test_report_without_runs_is_a_usage_error(env, capsys):

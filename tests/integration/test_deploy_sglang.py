@@ -197,7 +197,8 @@ def test_an_unknown_sglang_version_is_refused(host, env, capsys):
         before = site_listing(python)
         code, doc = run_cli(capsys, inventory, snapshot, "deploy")
         assert code == 5
-        assert "unknown-version: sglang 0.5.24 is not supported (supported: 0.5.23)" in doc["hosts"]["h0"]["error"]
+        error = doc["hosts"]["h0"]["error"]
+        assert "deploy: refused: sglang 0.5.24 is not supported (supported: 0.5.23); --force deploys anyway" in error
         assert site_listing(python) == before
     finally:
         metadata.write_bytes(original)

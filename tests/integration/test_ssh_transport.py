@@ -97,6 +97,40 @@ def test_frozen_sshd_before_connect_is_bounded(sshd_fleet):
         fleet.hosts[0].thaw()
 
 
+def test_a_port_that_is_no_ssh_server_is_named_as_such_without_tracebacks(sshd_fleet, tmp_path, capsys, monkeypatch):
+    """A web server on the port answers and hangs up at once: not a timeout, and Paramiko's
+    own logged traceback stays out of the terminal (it goes to the debug log)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    port = listener.getsockname()[1]
+
+    def answer_like_http() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            conn.close()
+
+    threading.Thread(target=answer_like_http, daemon=True).start()
+    fleet = sshd_fleet(1, connect_timeout=5)
+    inventory = fleet.write_inventory(host_overrides={"h0": {"port": port}})
+    monkeypatch.setenv("DDTREE_OPS_DEBUG_LOG", str(tmp_path / "debug.log"))
+    try:
+        started = time.monotonic()
+        assert main(["hosts", "check", "-i", str(inventory), "-H", "h0", "--json"]) == 4
+        assert time.monotonic() - started < 4  # it hung up: no waiting for the 5 s timeout
+        captured = capsys.readouterr()
+        error = json.loads(captured.out)["hosts"]["h0"]["error"]
+        assert "connection lost" in error and "without an SSH banner (is it an SSH server?)" in error
+        assert "Traceback" not in captured.err and "paramiko" not in captured.err
+        assert "Error reading SSH protocol banner" in (tmp_path / "debug.log").read_text()
+    finally:
+        listener.close()
+
+
 def test_frozen_sshd_mid_command_is_bounded(sshd_fleet):
     fleet = sshd_fleet(1)
     host = fleet.inventory().hosts["h0"]

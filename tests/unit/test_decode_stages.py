@@ -85,9 +85,9 @@ def test_lossless_profiles_and_the_full_stage():
 
 
 def test_decode_bench_skips_without_models(tmp_path):
-    result = decode_bench.run(context(tmp_path, "decode-bench", {"name": "gpu-a"}))
+    result = decode_bench.run(context(tmp_path, "decode-bench", {"name": "gpu-a", "inventory": "fleet/eval.yaml"}))
     assert result.status is Status.SKIP
-    assert result.reason == "no models configured for this host (hosts.yaml: hosts.gpu-a.models)"
+    assert result.reason == "no models configured for this host (fleet/eval.yaml: hosts.gpu-a.models)"
 
 
 def test_decode_bench_measures_every_method(tmp_path, models):

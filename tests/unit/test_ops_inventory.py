@@ -90,6 +90,11 @@ def test_selection_by_name_and_group(tmp_path):
     assert names(["c", "h200,a"]) == ["a", "b", "c"]
     with pytest.raises(UsageError, match=r"no host or group named 'h100' \(known: a, b, c, h200, local\)"):
         inv.select("h100")
+    assert names(["c", "h200"]) == names("c,h200") == ["a", "b", "c"]  # repeated -H values add up
+    assert names([]) == names(None) == ["a", "b", "c", "local"]  # -H not given: every host
+    for empty in ("", ",", " , ", ["", ","]):  # given but empty (an unset variable): never the fleet
+        with pytest.raises(UsageError, match=r"-H/--hosts: empty host selection"):
+            inv.select(empty)
 
 
 BAD_INVENTORIES = [
@@ -114,6 +119,17 @@ BAD_INVENTORIES = [
     ("hosts:\n  '../evil': {}\n", "hosts.yaml: hosts.'../evil': invalid host name"),
     ("hosts:\n  '..': {}\n", "hosts.yaml: hosts.'..': invalid host name"),
     ("hosts:\n  a: {groups: [all]}\n", "hosts.yaml: hosts.a.groups: invalid group name 'all'"),
+    # the later of two entries would silently win
+    ("hosts:\n  a: {hostname: x}\n  a: {hostname: y}\n", "hosts.yaml: line 3: 'a': duplicate key"),
+    ("hosts:\n  a: {port: 22, port: 23}\n", "hosts.yaml: line 2: 'port': duplicate key"),
+    # an empty value would silently fall back to the default
+    ("hosts:\n  a: {workdir: ''}\n", "hosts.yaml: hosts.a.workdir: expected a non-empty string, got ''"),
+    ("defaults: {python: ''}\nhosts: {a: {}}\n", "hosts.yaml: defaults.python: expected a non-empty string, got ''"),
+    ("hosts:\n  a: {hostname: ''}\n", "hosts.yaml: hosts.a.hostname: expected a non-empty string, got ''"),
+    ("hosts:\n  a: {port: true}\n", "hosts.yaml: hosts.a.port: expected an integer, got True"),
+    # every phase is bounded
+    ("hosts:\n  a: {connect_timeout: .inf}\n", "hosts.yaml: hosts.a.connect_timeout: expected a finite number, got inf"),
+    ("hosts:\n  a: {command_timeout: .nan}\n", "hosts.yaml: hosts.a.command_timeout: expected a finite number, got nan"),
 ]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import shutil
 import sys
 import tarfile
 import threading
@@ -92,6 +93,38 @@ def test_tampered_release_is_never_activated_and_is_replaced(tmp_path):
     assert ensure_release(transport, host, one).action is PushAction.UNCHANGED
     (tmp_path / "w" / "releases" / one.release_id / "src" / "ddtree" / "evil.py").write_text("")
     assert ensure_release(transport, host, one).replaced_broken == "unexpected file src/ddtree/evil.py"
+
+
+def test_a_file_or_link_where_a_release_belongs_is_replaced(tmp_path):
+    host, transport = local_host(tmp_path / "w"), LocalTransport("local")
+    one = build_bundle(make_checkout(tmp_path / "c1"))
+    ensure_release(transport, host, one)
+    release = tmp_path / "w" / "releases" / one.release_id
+    for blocker in ("file", "link"):
+        shutil.rmtree(release)  # the intact copy the last push left
+        if blocker == "file":
+            release.write_text("hi\n")
+        else:
+            release.symlink_to(tmp_path / "c1")  # even a folder of the right files is not ours
+        outcome = ensure_release(transport, host, one)
+        assert outcome.action is PushAction.UPLOADED
+        assert outcome.replaced_broken == f"{release}: not a folder"
+        assert release.is_dir() and not release.is_symlink()
+        assert sorted(p.name for p in release.parent.iterdir()) == [one.release_id]  # nothing set aside is left
+
+
+def test_a_folder_where_current_belongs_is_refused_by_name_and_kept(tmp_path):
+    host, transport = local_host(tmp_path / "w"), LocalTransport("local")
+    one = build_bundle(make_checkout(tmp_path / "c1"))
+    ensure_release(transport, host, one)
+    current = tmp_path / "w" / "current"
+    current.unlink()
+    current.mkdir()
+    (current / "notes.txt").write_text("the operator's\n")
+    with pytest.raises(RemoteStepError, match=rf"local: push: {current}: not a symlink made by ddtree-ops"):
+        ensure_release(transport, host, one)
+    assert (current / "notes.txt").read_text() == "the operator's\n"
+    assert not [p for p in (tmp_path / "w").iterdir() if p.name.startswith(".current.tmp")]
 
 
 def test_corrupt_archive_is_rejected_and_previous_stays_active(tmp_path):

@@ -11,6 +11,7 @@ import pytest
 
 from ddtree.sglang import gate
 from ddtree.sglang.gate import FindingKind, run_gate
+from ddtree.sglang.install import REFUSAL_FINDINGS_SHOWN, entry_point_refusal, foreign_entry_points, gate_refusal
 from ddtree.sglang.manifest import (
     NameKind,
     find_definition,
@@ -121,10 +122,29 @@ def test_an_unknown_version_is_refused(copied_package):
     assert "sglang 0.5.24 is not supported (supported: 0.5.23)" in report.findings[0].detail
 
 
-def test_a_missing_file_is_refused(copied_package):
+def test_a_missing_file_is_refused_once(copied_package):
+    """The file is both pinned and read for names: one finding, not one per check."""
     (copied_package / "srt/speculative/eagle_utils.py").unlink()
-    kinds = [f.kind for f in run_gate(copied_package).findings]
-    assert kinds == [FindingKind.MISSING_FILE, FindingKind.MISSING_FILE]  # pinned + named
+    findings = run_gate(copied_package).findings
+    assert [(f.kind, Path(f.file).name) for f in findings] == [(FindingKind.MISSING_FILE, "eagle_utils.py")]
+
+
+def test_a_refusal_leads_with_the_version_and_stays_short(copied_package):
+    """An unknown version whose files also differ: one line that says the version first,
+    counts the rest by kind and names only the first few."""
+    metadata = copied_package.parent / f"sglang-{SGLANG_VERSION}.dist-info" / "METADATA"
+    metadata.write_text(metadata.read_text().replace(f"Version: {SGLANG_VERSION}", "Version: 0.5.99", 1))
+    missing = sorted(SPEC_PINNED)[:6]
+    for rel in missing:
+        (copied_package / rel).unlink()
+    report = run_gate(copied_package)
+    refusal = gate_refusal(report.to_dict())
+    assert refusal.startswith("sglang 0.5.99 is not supported (supported: 0.5.23); checked against sglang 0.5.23: ")
+    assert "\n" not in refusal and refusal.endswith("--force deploys anyway (recorded)")
+    others = [f for f in report.findings if f.kind is not FindingKind.UNKNOWN_VERSION]
+    assert f"{len(others)} missing-file" in refusal
+    assert sum(str(copied_package / rel) in refusal for rel in missing) == REFUSAL_FINDINGS_SHOWN
+    assert f"(+{len(others) - REFUSAL_FINDINGS_SHOWN} more;" in refusal
 
 
 def test_version_falls_back_to_the_version_file(copied_package):
@@ -170,3 +190,14 @@ def test_every_supported_manifest_is_consistent():
             assert (required.signature is not None) == callable_kind, required.label
             assert required.module.startswith("sglang."), required.label
     assert inspect.isfunction(gate.main)
+
+
+def test_an_environment_with_ddtree_ops_installed_is_refused_with_what_to_do():
+    """This venv has ddtree-ops installed (editable), whose own metadata declares the entry
+    point: deploy must not add a second one, and says the installed package is the plugin."""
+    foreign = foreign_entry_points()
+    assert foreign == ["ddtree.sglang.plugin:register (ddtree-ops)"]
+    refusal = entry_point_refusal(foreign)
+    assert refusal.startswith("entry point sglang.srt.plugins:ddtree already declared by ddtree.sglang.plugin:register")
+    assert "ddtree-ops itself is installed in this environment" in refusal and "DDTREE_ENABLE=1" in refusal
+    assert "ddtree-ops itself" not in entry_point_refusal(["other.plugin:register (someone-else)"])

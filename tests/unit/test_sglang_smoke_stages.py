@@ -28,7 +28,8 @@ def test_plugin_stage_skips_without_sglang(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("device, host, reason", [
     ("cpu", {"models": {"target": "t", "drafter": "d"}}, "no GPU on this host"),
-    ("cuda", {}, "hosts.yaml gives no `models:`"),
+    ("cuda", {"name": "gpu-a", "inventory": "fleet.yaml"},
+     "no `models:` (target, drafter) configured for this host (fleet.yaml: hosts.gpu-a.models)"),
 ])
 def test_e2e_stage_skips_with_a_reason(tmp_path, device, host, reason):
     result = e2e.run(_ctx(tmp_path, device, host))

@@ -164,8 +164,9 @@ def run_gate(package_dir: Path, manifests: dict[str, Manifest] | None = None) ->
         )
         manifest = manifests[max(manifests, key=_version_key)] if manifests else None
     if manifest is not None:
-        findings += check_files(package_dir, manifest)
-        findings += check_names(package_dir, manifest)
+        for finding in check_files(package_dir, manifest) + check_names(package_dir, manifest):
+            if finding not in findings:  # a file both checks need is reported missing once
+                findings.append(finding)
     return GateReport(
         package_dir=str(package_dir),
         version=version,

@@ -145,6 +145,14 @@ def foreign_entry_points():
     )
 
 
+def entry_point_refusal(foreign):
+    why = ""
+    if any(name.endswith("(ddtree-ops)") for name in foreign):
+        why = (" (ddtree-ops itself is installed in this environment and already provides the plugin:"
+               " enable it with DDTREE_ENABLE=1, or deploy into an environment without ddtree-ops)")
+    return "entry point sglang.srt.plugins:ddtree already declared by %s%s" % (", ".join(foreign), why)
+
+
 def run_gate(payload, sglang_dir):
     import pathlib
 
@@ -250,7 +258,7 @@ def make_plan(workdir, release_id, force, sources):
     plan = planned_files(site, release_id)
     refusals = []
     if not gate["ok"] and not force:
-        refusals += ["%s: %s: %s" % (f["file"], f["kind"], f["detail"]) for f in gate["findings"]]
+        refusals.append(gate_refusal(gate))
     if not facts["site_writable"]:
         refusals.append("%s: not writable" % site)
     ours = record["payload_dir"] if record else None
@@ -258,7 +266,7 @@ def make_plan(workdir, release_id, force, sources):
         refusals.append("%s: another `ddtree` package is importable here (%s)" % (sys.executable, facts["ddtree_dir"]))
     foreign = foreign_entry_points()
     if foreign:
-        refusals.append("entry point sglang.srt.plugins:ddtree already declared by %s" % ", ".join(foreign))
+        refusals.append(entry_point_refusal(foreign))
     recorded_files = set((record or {}).get("files", {}))
     for path in plan["files"]:
         if os.path.lexists(path) and path not in recorded_files:
@@ -281,6 +289,30 @@ def make_plan(workdir, release_id, force, sources):
     }
 
 
+# A refusal names this many gate findings; `deploy --dry-run --force --json` lists them all.
+REFUSAL_FINDINGS_SHOWN = 3
+
+
+def gate_refusal(gate):
+    """The gate's findings as one readable refusal: an unsupported version first, then a count
+    of the other findings by kind and the first few of them."""
+    findings = gate["findings"]
+    parts = [f["detail"] for f in findings if f["kind"] == "unknown-version"]
+    rest = [f for f in findings if f["kind"] != "unknown-version"]
+    if rest:
+        kinds = []
+        for f in rest:
+            if f["kind"] not in kinds:
+                kinds.append(f["kind"])
+        counts = ", ".join("%d %s" % (sum(f["kind"] == k for f in rest), k) for k in kinds)
+        against = "checked against sglang %s: " % gate.get("manifest_version") if parts else ""
+        shown = "; ".join("%s: %s: %s" % (f["file"], f["kind"], f["detail"]) for f in rest[:REFUSAL_FINDINGS_SHOWN])
+        more = len(rest) - REFUSAL_FINDINGS_SHOWN
+        tail = " (+%d more; `deploy --dry-run --force --json` lists all)" % more if more > 0 else ""
+        parts.append("%s%s (%s%s)" % (against, counts, shown, tail))
+    return "; ".join(parts) + "; --force deploys anyway (recorded)"
+
+
 def intact(record):
     return all(os.path.isfile(p) and sha256_file(p) == h for p, h in record["files"].items()) and os.path.isdir(
         record["payload_dir"]
@@ -297,7 +329,7 @@ def op_install(workdir, release_id, force, sources):
     recovered = recover(workdir, site)
     plan = make_plan(workdir, release_id, force, sources)
     if plan["refusals"]:
-        raise InstallError("refused", "; ".join(plan["refusals"]))
+        raise InstallError("refused", "refused: " + "; ".join(plan["refusals"]))
     directory = deployment_dir(workdir, site)
     record_path = os.path.join(directory, "record.json")
     if plan["action"] == "unchanged":
