@@ -241,15 +241,29 @@ class StageRecord:
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> "StageRecord":
+        """A stage_end record as written by the runner; ValueError naming the field for one
+        that is not (edited by hand, another version): the caller names the file."""
         try:
             status = StageStatus(record.get("status"))
         except ValueError:
             status = StageStatus.FAIL
-        return cls(stage=str(record.get("stage")), index=int(record.get("index") or 0),
-                   status=status, reason=str(record.get("reason") or ""),
-                   duration_s=float(record.get("duration_s") or 0.0),
-                   metrics=dict(record.get("metrics") or {}),
-                   tables=dict(record.get("tables") or {}),
+        index, duration = record.get("index") or 0, record.get("duration_s") or 0.0
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise ValueError(f"stage_end.index: expected an integer, got {index!r:.60}")
+        if isinstance(duration, bool) or not isinstance(duration, (int, float)):
+            raise ValueError(f"stage_end.duration_s: expected a number, got {duration!r:.60}")
+        metrics, tables = record.get("metrics") or {}, record.get("tables") or {}
+        if not isinstance(metrics, dict):
+            raise ValueError(f"stage_end.metrics: expected an object, got {metrics!r:.60}")
+        if not isinstance(tables, dict) or not all(
+                isinstance(rows, list) and all(isinstance(row, dict) for row in rows) for rows in tables.values()):
+            raise ValueError(f"stage_end.tables: expected {{name: [row objects]}}, got {tables!r:.60}")
+        for name in ("traceback", "output_tail"):
+            if not isinstance(record.get(name), (str, type(None))):
+                raise ValueError(f"stage_end.{name}: expected a string, got {record.get(name)!r:.60}")
+        return cls(stage=str(record.get("stage")), index=index, status=status,
+                   reason=str(record.get("reason") or ""), duration_s=float(duration),
+                   metrics=dict(metrics), tables=dict(tables),
                    traceback=record.get("traceback"), output_tail=record.get("output_tail"))
 
     def to_dict(self) -> dict[str, Any]:
@@ -297,6 +311,13 @@ def read_events(path: Path) -> list[dict[str, Any]]:
         return [r for r in (parse_record(line) for line in handle) if r is not None]
 
 
+def _stage_record(record: dict[str, Any], where: Path) -> StageRecord:
+    try:
+        return StageRecord.from_record(record)
+    except ValueError as err:
+        raise ConfigError(f"{where}: stage {str(record.get('stage'))!r:.60}: {err}") from None
+
+
 def load_host(host_dir: Path, host: str) -> HostRecord:
     """A host's results from its folder; the event log is the truth, `collect` may have
     replaced it with the host's own (more complete) copy."""
@@ -313,12 +334,14 @@ def load_host(host_dir: Path, host: str) -> HostRecord:
         elif kind == "stage_start":
             started.add(str(record.get("stage")))
         elif kind == "stage_end":
-            stage_record = StageRecord.from_record(record)
+            stage_record = _stage_record(record, host_dir / "events.jsonl")
             ended[stage_record.stage] = stage_record
         elif kind == "run_end":
             run_end = record
     for stage_file in sorted((host_dir / "stages").glob("*.json")):  # e.g. events lost
-        stage_record = StageRecord.from_record(read_json(stage_file))
+        if stage_file.stem in ended:
+            continue  # the event log has it: the copy is only a fallback
+        stage_record = _stage_record(read_json(stage_file), stage_file)
         ended.setdefault(stage_record.stage, stage_record)
     outcome_note = meta.get("outcome")
     error = meta.get("error")

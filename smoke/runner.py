@@ -22,6 +22,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -60,8 +61,18 @@ OUTPUT_TAIL_CHARS = 4000
 PID_FILE = "runner.pid"
 
 
-class Interrupted(Exception):
-    """SIGTERM/SIGINT reached the runner: stop the worker, keep what is recorded."""
+class Interrupted(BaseException):
+    """SIGTERM/SIGINT reached the runner: stop the worker, keep what is recorded. A
+    BaseException, so no `except Exception` on the way (torch's import) can swallow it."""
+
+
+class _Terminated(BaseException):
+    """SIGTERM reached a worker (a timeout or a stop): unwinds the stage, running its
+    `finally` blocks (a stage's servers are stopped there), then the worker exits."""
+
+
+# A stopped worker gets this long to unwind its stage before SIGKILL.
+STOP_GRACE_S = 10.0
 
 
 # ----------------------------------------------------------------------------- stage catalogue
@@ -105,7 +116,8 @@ def load_stage(name: str) -> Any:
 # ----------------------------------------------------------------------------- the worker
 
 def _die_with_parent() -> None:
-    """Linux: the worker gets SIGKILL when the runner dies, so no stage outlives a run."""
+    """Linux: the worker gets SIGKILL when the runner dies. (Its children are stopped by
+    `Supervisor.stop_worker`: SIGTERM first, then SIGKILL to the worker's process group.)"""
     try:
         import ctypes
 
@@ -128,16 +140,53 @@ def _redirect_output(log_path: Path) -> None:
 def _pick_device() -> str:
     try:
         import torch
-    except ImportError:
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except Exception:  # noqa: BLE001 - a broken torch (missing CUDA library...): the env stage reports it
         return "none"
-    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _raise_terminated(_signum: int, _frame: Any) -> None:
+    raise _Terminated()
+
+
+class _Sender:
+    """The worker's end of the pipe, shared by a stage's threads (`ctx.log` from a thread
+    pool): one message at a time, or the pickled frames interleave."""
+
+    def __init__(self, conn: Any):
+        self.conn, self.lock = conn, threading.Lock()
+
+    def send(self, message: Any) -> None:
+        with self.lock:
+            self.conn.send(message)
+
+
+def _checked_result(stage: str, result: Any) -> tuple[Status, str, dict[str, Any], dict[str, Any]]:
+    """(status, reason, metrics, tables) as plain JSON, or an error naming what is wrong: a
+    malformed result fails its stage, never the runner."""
+    if not isinstance(result, StageResult):
+        raise TypeError(f"stage {stage} returned {type(result).__name__}, not StageResult")
+    status = Status(result.status)
+    if status is Status.NOT_RUN:
+        raise ValueError(f"stage {stage} returned NOT_RUN (reserved for the runner)")
+    reason = "" if result.reason is None else str(result.reason)  # an exception or a Path reads fine
+    if not isinstance(result.metrics, dict):
+        raise TypeError(f"stage {stage} metrics: expected a dict, got {type(result.metrics).__name__}")
+    tables = result.tables
+    if not isinstance(tables, dict) or not all(
+            isinstance(rows, (list, tuple)) and all(isinstance(row, dict) for row in rows) for rows in tables.values()):
+        raise TypeError(f"stage {stage} tables: expected {{name: [row dicts]}}, got {tables!r:.80}")
+    return status, reason, jsonable(result.metrics, f"stage {stage} metrics"), jsonable(tables, f"stage {stage} tables")
 
 
 def worker_main(conn: Any, plan: dict[str, Any], stages: list[str]) -> None:
     """Run `stages` in order in this (forked) process; every event goes to `conn`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt stops
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    os.setpgid(0, 0)  # the stage's children share this group, which a stop kills last
     _die_with_parent()
+    conn = _Sender(conn)
     import faulthandler
 
     run_dir = Path(plan["run_dir"])
@@ -169,15 +218,10 @@ def worker_main(conn: Any, plan: dict[str, Any], stages: list[str]) -> None:
         started = time.monotonic()
         trace = None
         try:
-            result = load_stage(stage).run(ctx)
-            if not isinstance(result, StageResult):
-                raise TypeError(f"stage {stage} returned {type(result).__name__}, "
-                                f"not StageResult")
-            status, reason = Status(result.status), result.reason
-            if status is Status.NOT_RUN:
-                raise ValueError(f"stage {stage} returned NOT_RUN (reserved for the runner)")
-            metrics.update(jsonable(result.metrics, f"stage {stage} metrics"))
-            tables = jsonable(result.tables, f"stage {stage} tables")
+            status, reason, result_metrics, tables = _checked_result(stage, load_stage(stage).run(ctx))
+            metrics.update(result_metrics)
+        except _Terminated:
+            raise  # stopped by the runner: its `finally` blocks ran; nothing more to report
         except BaseException as err:  # noqa: BLE001 - a stage's exception is its failure
             trace = traceback.format_exc()
             print(trace, file=sys.stderr, flush=True)
@@ -323,10 +367,21 @@ class Supervisor:
                         metrics={}, tables={}, traceback=None)
 
     def stop_worker(self) -> None:
-        if self.worker is not None and self.worker.is_alive():
-            self.worker.kill()
-        if self.worker is not None:
-            self.worker.join(5.0)
+        """SIGTERM, so the stage unwinds and stops what it started (servers); SIGKILL after
+        `STOP_GRACE_S`; then SIGKILL to the worker's process group, for any child left."""
+        worker = self.worker
+        if worker is None:
+            return
+        if worker.is_alive():
+            worker.terminate()
+            worker.join(STOP_GRACE_S)
+        if worker.is_alive():
+            worker.kill()
+        worker.join(5.0)
+        try:
+            os.killpg(worker.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, OSError):
+            pass  # no process left in the group (or it was never made)
 
     def run(self) -> RunStatus:
         try:
@@ -424,7 +479,13 @@ def command_run(args: argparse.Namespace) -> int:
                       duration_s=0.0, exit_code=EXIT_USAGE, error=str(err))
             print(f"runner: {err}", file=sys.stderr)
             return EXIT_USAGE
-        preload = _preload()
+        try:
+            preload = _preload()
+        except Interrupted as why:  # stopped while torch was importing (seconds on a GPU host)
+            preload = {"python": sys.version.split()[0], "interrupted": str(why)}
+            interrupted = str(why)
+        else:
+            interrupted = None
         plan = {
             "run_dir": str(run_dir), "release_root": str(release_root),
             "expected_release": args.expected_release, "options": options.to_dict(),
@@ -438,7 +499,12 @@ def command_run(args: argparse.Namespace) -> int:
         write_json_atomic(run_dir / "run.json", {"run_id": args.run_id, "host": args.host,
                                                  **jsonable(meta, "run.json")})
         supervisor = Supervisor(plan, stages, sink)
-        status, counts = supervisor.run(), supervisor.counts
+        if interrupted is None:
+            status = supervisor.run()
+        else:
+            supervisor.not_run(f"not run: interrupted ({interrupted})")
+            status = RunStatus.INTERRUPTED
+        counts = supervisor.counts
         code = {RunStatus.PASS: EXIT_OK, RunStatus.FAIL: EXIT_STAGE_FAILED,
                 RunStatus.INTERRUPTED: EXIT_INTERRUPTED}[status]
         duration = round(time.monotonic() - started, 6)

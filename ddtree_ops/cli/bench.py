@@ -23,6 +23,7 @@ from ddtree_ops.cli.smoke import (
     NoPushOpt,
     SeedOpt,
     SourceOpt,
+    SetOpt,
     StageTimeoutOpt,
     build_options,
     run_smoke,
@@ -59,6 +60,7 @@ def bench(
     runs_dir: RunsDirOpt = None,
     parallel: ParallelOpt = DEFAULT_PARALLEL,
     accept_new_host_keys: AcceptNewHostKeysOpt = False,
+    settings: SetOpt = None,
 ) -> int:
     """Run the budget sweeps on the hosts (more repetitions than smoke) and report them."""
     from ddtree_ops.cli.console import say
@@ -71,7 +73,7 @@ def bench(
     run_id = new_run_id()
     code = run_smoke(
         inventory=inventory, hosts=hosts, stages=_bench_stages(source, not no_push),
-        options=build_options(budgets, batch_sizes, repeat, seed), keep_going=True,
+        options=build_options(budgets, batch_sizes, repeat, seed, settings), keep_going=True,
         json_out=json_out, push=not no_push, source=source, stage_timeout_s=stage_timeout,
         runs_dir=runs_dir, parallel=parallel, accept_new_host_keys=accept_new_host_keys,
         command="bench", run_id=run_id)

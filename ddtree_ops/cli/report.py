@@ -49,7 +49,7 @@ def render_report(report: "Report", console: "Console") -> None:
     table.add_column("host")
     table.add_column("outcome")
     for stage in report.stages:
-        table.add_column(stage)
+        table.add_column(escape(stage))
     for host in report.hosts:
         cells = []
         for stage in report.stages:
@@ -71,7 +71,7 @@ def render_report(report: "Report", console: "Console") -> None:
     skips = [(h, s, report.reasons[h][s]) for h in report.hosts for s in report.stages
              if report.statuses[h].get(s) == "skip"]
     for host, stage, reason in skips:
-        console.print(f"[yellow]skip[/] {escape(host)} / {stage}: {escape(reason)}",
+        console.print(f"[yellow]skip[/] {escape(host)} / {escape(stage)}: {escape(reason)}",
                       highlight=False)
     if report.sweep:
         builders, rows = sweep_pivot(report.sweep)
@@ -80,7 +80,7 @@ def render_report(report: "Report", console: "Console") -> None:
         for column in ("host", "batch", "budget", "nodes"):
             sweep.add_column(column, justify="right" if column != "host" else "left")
         for builder in builders:
-            sweep.add_column(builder, justify="right")
+            sweep.add_column(escape(str(builder)), justify="right")
         for row in rows:
             sweep.add_row(escape(str(row["host"])), str(row["batch_size"]), str(row["budget"]),
                           str(row.get("nodes", "-")), *[_ms(row.get(b)) for b in builders])

@@ -9,6 +9,7 @@ runners are stopped, what arrived is kept) · 2 bad options · 3 bad inventory.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import threading
 import time
@@ -57,14 +58,23 @@ def parse_int_list(flag: str, text: Optional[str], minimum: int) -> Optional[lis
 
 
 def parse_stages(text: Optional[str]) -> list[str]:
+    """Stage names as the runner spells them (`tree_bench` is `tree-bench`), each once; []
+    when --stages is not given (every stage). Given but empty is refused: it never means all."""
     from ddtree_ops.errors import UsageError
 
-    if not text:
+    if text is None:
         return []
-    stages = [w.strip() for w in text.split(",") if w.strip()]
-    for stage in stages:
-        if not stage.replace("-", "").replace("_", "").isalnum():
-            raise UsageError(f"--stages: not a stage name: {stage!r}")
+    stages: list[str] = []
+    for word in (w.strip() for w in text.split(",")):
+        if not word:
+            continue
+        if not word.replace("-", "").replace("_", "").isalnum():
+            raise UsageError(f"--stages: not a stage name: {word!r}")
+        name = word if word.startswith("_") else word.replace("_", "-")  # `__init__` stays unknown
+        if name not in stages:
+            stages.append(name)
+    if not stages:
+        raise UsageError(f"--stages: empty stage list {text!r} (omit --stages to run every stage)")
     return stages
 
 
@@ -437,12 +447,43 @@ SourceOpt = Annotated[Optional[Path], typer.Option(
     "--source", help="Push this checkout instead of the ddtree ddtree-ops runs with.",
     show_default=False)]
 StageTimeoutOpt = Annotated[float, typer.Option(
-    "--stage-timeout", min=1, help="Seconds a stage may run before it is stopped and failed.")]
+    "--stage-timeout", min=1, max=7 * 24 * 3600,
+    help="Seconds a stage may run before it is stopped and failed (at most a week: every stage is bounded).")]
+
+
+SetOpt = Annotated[Optional[list[str]], typer.Option(
+    "--set", metavar="KEY=VALUE",
+    help="A stage knob (options.extra, see docs/smoke.md), repeatable: e.g. --set strict=true "
+         "--set max_new_tokens=64; VALUE is read as JSON, else taken as a string.",
+    show_default=False)]
+
+
+def parse_extra(settings: Optional[list[str]]) -> dict[str, Any]:
+    """`--set key=value` pairs -> options.extra (JSON values, else strings)."""
+    from ddtree_ops.errors import UsageError
+
+    extra: dict[str, Any] = {}
+    for setting in settings or []:
+        key, sep, raw = setting.partition("=")
+        key = key.strip()
+        if not sep or not key.replace("_", "").isalnum():
+            raise UsageError(f"--set: expected KEY=VALUE with a name of letters, digits and _, got {setting!r}")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"--set {key}: expected a finite value, got {raw!r}")
+        extra[key] = value
+    return extra
 
 
 def build_options(budgets: Optional[str], batch_sizes: Optional[str], repeat: Optional[int],
-                  seed: int) -> dict[str, Any]:
+                  seed: int, settings: Optional[list[str]] = None) -> dict[str, Any]:
     options: dict[str, Any] = {"seed": seed}
+    extra = parse_extra(settings)
+    if extra:
+        options["extra"] = extra
     parsed = parse_int_list("--budgets", budgets, 0)
     if parsed is not None:
         options["budgets"] = parsed
@@ -470,11 +511,12 @@ def smoke(
     runs_dir: RunsDirOpt = None,
     parallel: ParallelOpt = DEFAULT_PARALLEL,
     accept_new_host_keys: AcceptNewHostKeysOpt = False,
+    settings: SetOpt = None,
 ) -> int:
     """Push, run the staged smoke tests on every selected host, keep the results, report."""
     return run_smoke(
         inventory=inventory, hosts=hosts, stages=parse_stages(stages),
-        options=build_options(budgets, batch_sizes, repeat, seed), keep_going=keep_going,
+        options=build_options(budgets, batch_sizes, repeat, seed, settings), keep_going=keep_going,
         json_out=json_out, push=not no_push, source=source, stage_timeout_s=stage_timeout,
         runs_dir=runs_dir, parallel=parallel, accept_new_host_keys=accept_new_host_keys)
 

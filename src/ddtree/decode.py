@@ -68,6 +68,8 @@ class DecodeConfig:
     save_round_trees: bool = False
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
+            raise ValueError(f"max_new_tokens must be an int, got {self.max_new_tokens!r}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not self.temperature >= 0.0:
@@ -316,6 +318,19 @@ def generate_dflash(
 
 
 @torch.inference_mode()
+def _check_full_attention(target: HFTarget, input_ids: torch.Tensor, config: DecodeConfig, budget: int) -> None:
+    """The verify forward passes its own 4-D mask, which the model takes as is: a sliding
+    window would not be applied, and the output would stop being the target's. Refused once
+    the sequence can outgrow the window (within it, the window masks nothing)."""
+    window = getattr(target, "sliding_window", None)
+    longest = int(input_ids.shape[-1]) + config.max_new_tokens + budget + 1
+    if window is not None and longest > window:
+        raise ValueError(
+            f"the target uses sliding-window attention (window {window}), which DDTree's tree mask does not "
+            f"apply: prompt + max_new_tokens + budget + 1 = {longest} exceeds it (not lossless; unsupported)"
+        )
+
+
 def generate_ddtree(
     target: HFTarget,
     drafter: Drafter,
@@ -330,6 +345,7 @@ def generate_ddtree(
     with the vocabulary and budget, see benchmarks/decode.py)."""
     budget = check_budget(budget)
     check_drafter(drafter, target)
+    _check_full_attention(target, input_ids, config, budget)
     req = _Request(target, input_ids, config, STAGE_ORDER)
     drafter.begin(target)
     feed = _DraftFeed(drafter, req, req.prefill(drafter.target_layer_ids))

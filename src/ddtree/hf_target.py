@@ -43,6 +43,18 @@ def new_dynamic_cache() -> Any:
     return DynamicCache()
 
 
+def _sliding_window(config: Any) -> int | None:
+    """The attention window of a target that limits some layer to one (Mistral, Gemma-2/3,
+    gpt-oss), else None. Qwen2/3 carry a `sliding_window` that `use_sliding_window` turns off."""
+    window = getattr(config, "sliding_window", None)
+    if not window:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return int(window) if "sliding_attention" in layer_types else None
+    return int(window) if getattr(config, "use_sliding_window", True) else None
+
+
 class HFTarget:
     """Wraps `model` (e.g. `LlamaForCausalLM`, `Qwen3ForCausalLM`) in eval mode."""
 
@@ -55,6 +67,7 @@ class HFTarget:
         self.vocab_size: int = int(text_config.vocab_size)
         self.num_layers: int = int(text_config.num_hidden_layers)
         self.hidden_size: int = int(text_config.hidden_size)
+        self.sliding_window: int | None = _sliding_window(text_config)
 
     @property
     def device(self) -> torch.device:

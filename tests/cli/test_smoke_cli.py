@@ -111,6 +111,10 @@ def test_hanging_stage_is_stopped_by_the_stage_timeout(env, checkout, capsys):
 @pytest.mark.parametrize("args,message", [
     (["--stages", "env,nosuch"], "--stages: unknown stage(s) nosuch"),
     (["--stages", "__init__"], "--stages: unknown stage(s) __init__"),  # a module of the folder, no stage
+    (["--stages", " , "], "--stages: empty stage list ' , ' (omit --stages to run every stage)"),
+    (["--stage-timeout", "inf"], "Invalid value for '--stage-timeout'"),
+    (["--set", "strict"], "--set: expected KEY=VALUE with a name of letters, digits and _, got 'strict'"),
+    (["--set", "x=NaN"], "--set x: expected a finite value, got 'NaN'"),
     (["--runs-dir", "/proc/no-such-folder"], "--runs-dir /proc/no-such-folder: cannot create the folder"),
     (["--budgets", "16,x"], "--budgets: expected comma-separated integers >= 0, got 'x'"),
     (["--batch-sizes", "0"], "--batch-sizes: expected comma-separated integers >= 1, got '0'"),
@@ -287,3 +291,19 @@ def test_a_missing_host_python_is_reported(env, capsys, monkeypatch, tmp_path):
     assert code == 5  # the host answered; its python did not
     assert doc["hosts"]["local"]["outcome"] == "fail"
     assert str(tmp_path / "no" / "python") in doc["failures"][0]["reason"]
+
+
+def test_stage_names_are_spelled_as_the_runner_spells_them():
+    from ddtree_ops.cli.smoke import parse_stages
+
+    assert parse_stages(None) == []  # not given: every stage
+    assert parse_stages("tree_bench,env,tree-bench") == ["tree-bench", "env"]
+
+
+def test_stage_knobs_reach_the_stages(env, capsys):
+    """--set fills options.extra, which the stages read (here tree-bench's vocabulary)."""
+    code, doc = run_json(["smoke", "--stages", "tree-bench", "--budgets", "4", "--batch-sizes", "1",
+                          "--repeat", "1", "--set", "vocab=500", "--set", "note=plain text"], capsys)
+    assert code == 0, doc["failures"]
+    run = json.loads((env / "runs" / doc["run_id"] / "local" / "run.json").read_text())
+    assert run["options"]["extra"] == {"vocab": 500, "note": "plain text"}

@@ -174,6 +174,8 @@ def test_bad_arguments_name_the_value(target):
         generate_ddtree(target, drafter, prompt, DecodeConfig(max_new_tokens=4), budget=-2)
     with pytest.raises(ValueError, match="max_new_tokens must be >= 1, got 0"):
         DecodeConfig(max_new_tokens=0)
+    with pytest.raises(ValueError, match="max_new_tokens must be an int, got 2.5"):
+        DecodeConfig(max_new_tokens=2.5)
     with pytest.raises(ValueError, match="temperature must be >= 0, got -0.5"):
         DecodeConfig(max_new_tokens=3, temperature=-0.5)
     with pytest.raises(ValueError, match=r"input_ids must have shape \[1, n >= 1\], got \[4\]"):
@@ -196,3 +198,32 @@ def test_an_unsupported_block_size_is_refused(target):
         check_drafter(drafter, target, block_size=16)
     with pytest.raises(DrafterMismatchError, match="block size must be >= 2"):
         NoisyTargetDrafter(target, block_size=1, noise=0.1)
+
+
+def _tiny_mistral(window: int):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from ddtree.hf_target import HFTarget
+
+    config = MistralConfig(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, sliding_window=window,
+                           initializer_range=0.5, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    return HFTarget(MistralForCausalLM(config).to(torch.float64).eval())
+
+
+def test_a_sliding_window_target_is_refused_once_the_window_can_bind(target):
+    """The tree mask is passed as is, so the model's window would not apply: measured, a
+    window of 4 broke losslessness at the second new token. Within the window nothing is
+    masked, so a window the run cannot reach is fine."""
+    assert target.sliding_window is None  # a full-attention Llama
+    prompt = prompt_set(1, 6, TINY_VOCAB, seed=2)[0]
+    narrow = _tiny_mistral(window=4)
+    assert narrow.sliding_window == 4
+    drafter = NoisyTargetDrafter(narrow, block_size=4, noise=0.0)
+    with pytest.raises(ValueError, match=r"sliding-window attention \(window 4\).*= 19 exceeds it"):
+        generate_ddtree(narrow, drafter, prompt, DecodeConfig(max_new_tokens=4), budget=8)
+    wide = _tiny_mistral(window=64)
+    result = generate_ddtree(wide, NoisyTargetDrafter(wide, block_size=4, noise=0.5), prompt,
+                             DecodeConfig(max_new_tokens=6), budget=8)
+    assert torch.equal(result.output_ids, generate_autoregressive(wide, prompt, DecodeConfig(max_new_tokens=6)).output_ids)

@@ -33,6 +33,13 @@ def test_defaults_leave_ddtree_off_and_strict():
     assert config.verify_width == DEFAULT_BUDGET + 1
 
 
+def test_an_empty_switch_keeps_its_default():
+    """`DDTREE_STRICT=${UNSET}` in a template must not turn strict mode off."""
+    assert load_config({"DDTREE_ENABLE": "1", "DDTREE_STRICT": ""}).strict is True
+    assert load_config({"DDTREE_ENABLE": " "}).enabled is False
+    assert load_config({"DDTREE_ENABLE": "1", "DDTREE_STRICT": "0"}).strict is False
+
+
 def test_full_configuration_round_trips_through_the_environment():
     env = {"DDTREE_ENABLE": "yes", "DDTREE_BUDGET": " 127 ", "DDTREE_TOPK": "16",
            "DDTREE_STRICT": "off", "DDTREE_METRICS_INTERVAL": "0"}
@@ -84,6 +91,8 @@ def test_block_size_resolution_follows_sglang_order():
 @pytest.mark.parametrize("setup, message", [
     (ServerSetup("fa3", None, 1, 1, False), "--attention-backend fa3"),
     (ServerSetup(None, "trtllm_mha", 1, 1, False), "--decode-attention-backend trtllm_mha"),
+    # target verify runs on the prefill backend in SGLang's default speculative attention mode
+    (ServerSetup("flashinfer", None, 1, 1, False, prefill_attention_backend="fa3"), "--prefill-attention-backend fa3"),
     (ServerSetup("triton", None, 16, 1, False), "--page-size 16"),
     (ServerSetup("triton", None, 1, 2, False), "pipeline parallelism"),
     (ServerSetup("triton", None, 1, 1, True), "DP attention"),

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from ddtree_ops.errors import ExitCode, UsageError  # noqa: E402
+from ddtree_ops.errors import ConfigError, ExitCode, UsageError  # noqa: E402
 from ddtree_ops.results import (  # noqa: E402
     HostOutcome,
     RunStore,
@@ -158,3 +158,38 @@ def test_a_stage_name_that_is_not_a_safe_file_name_writes_no_stage_file(tmp_path
     recorder.close()
     written = sorted(p.name for p in (tmp_path / "run-1" / "h1" / "stages").iterdir())
     assert written == ["env.json"]  # the hostile name left nothing behind; the good one landed
+
+
+def recorded_full_run(root: Path) -> RunStore:
+    store = RunStore(root)
+    store.create_run("run-1", {"hosts": ["h1"]})
+    recorder = store.host_recorder("run-1", "h1", {})
+    for text in full_run():
+        recorder.feed_line(text)
+    recorder.close()
+    return store
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("index", "first", "stage_end.index: expected an integer, got 'first'"),
+    ("duration_s", "fast", "stage_end.duration_s: expected a number, got 'fast'"),
+    ("metrics", [1, 2], "stage_end.metrics: expected an object, got [1, 2]"),
+    ("tables", [{"budget": 16, "ms": 1.0}], "stage_end.tables: expected {name: [row objects]}"),
+    ("tables", {"sweep": "abc"}, "stage_end.tables: expected {name: [row objects]}"),
+])
+def test_a_record_edited_by_hand_is_one_line_naming_file_and_field(tmp_path, field, value, message):
+    store = recorded_full_run(tmp_path)
+    events = tmp_path / "run-1" / "h1" / "events.jsonl"
+    records = [json.loads(text) for text in events.read_text().splitlines()]
+    next(r for r in records if r["event"] == "stage_end" and r["stage"] == "golden")[field] = value
+    events.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(ConfigError) as caught:
+        store.load("run-1")
+    assert str(caught.value).startswith(f"{events}: stage 'golden': {message}")
+
+
+def test_a_truncated_stage_copy_is_not_needed_when_the_event_log_has_the_stage(tmp_path):
+    store = recorded_full_run(tmp_path)
+    copy = tmp_path / "run-1" / "h1" / "stages" / "golden.json"
+    copy.write_text(copy.read_text()[:20])
+    assert store.load("run-1").hosts["h1"].stages["golden"].status is StageStatus.PASS

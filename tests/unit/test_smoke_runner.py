@@ -78,7 +78,59 @@ def run(ctx):
     from smoke.protocol import StageResult
     return StageResult.passed(metrics={"pid": os.getpid()})
 """,
+    "spawner": """
+NAME = "spawner"
+DESCRIPTION = "starts a server in its own session (cleaned up in finally) and a plain child"
+import subprocess, time
+def run(ctx):
+    server = subprocess.Popen(["sleep", "333"], start_new_session=True)
+    plain = subprocess.Popen(["sleep", "334"])  # no cleanup of its own
+    (ctx.run_dir / "children").write_text(f"{server.pid} {plain.pid}")
+    try:
+        time.sleep(3600)
+    finally:
+        server.kill()
+        server.wait()
+""",
+    "odd": """
+NAME = "odd"
+DESCRIPTION = "a reason that is no string"
+def run(ctx):
+    from pathlib import Path
+    from smoke.protocol import StageResult
+    return StageResult.failed(ValueError("made by an exception"), metrics={"where": str(Path("/x"))})
+""",
+    "listtables": """
+NAME = "listtables"
+DESCRIPTION = "tables as a list"
+def run(ctx):
+    from smoke.protocol import StageResult
+    return StageResult.passed("rows", tables=[{"budget": 16, "ms": 1.0}])
+""",
+    "threadlog": """
+NAME = "threadlog"
+DESCRIPTION = "logs from several threads at once"
+import threading
+def run(ctx):
+    from smoke.protocol import StageResult
+    def chatter(tag):
+        for i in range(1500):
+            ctx.log(tag * 6000)
+            ctx.emit_metric(f"m{tag}", i)
+    threads = [threading.Thread(target=chatter, args=(t,)) for t in "abcd"]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    return StageResult.passed("done")
+""",
 }
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(")")[-1].split()[0] != "Z"  # a zombie is dead
+    except OSError:
+        return False
 
 
 @pytest.fixture(scope="module")
@@ -260,3 +312,58 @@ def test_files_lists_the_run_with_hashes(release, tmp_path):
     import hashlib
     assert listed["events.jsonl"]["sha256"] == hashlib.sha256(data).hexdigest()
     assert listed["events.jsonl"]["size"] == len(data)
+
+
+def test_a_stopped_stage_unwinds_and_leaves_no_child_behind(release, tmp_path):
+    """A timeout sends SIGTERM first: the stage's `finally` stops its server (in a session of
+    its own); what it left in the worker's process group is killed with the group."""
+    code, records, _ = run_runner(release, tmp_path, "spawner,ok", "--stage-timeout", "2", "--keep-going")
+    assert code == 5
+    assert ends(records)["spawner"]["reason"] == "timed out after 2s"
+    assert ends(records)["ok"]["status"] == "pass"
+    server, plain = map(int, (tmp_path / "runs" / "r1" / "children").read_text().split())
+    deadline = time.monotonic() + 5
+    while (_alive(server) or _alive(plain)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(server) and not _alive(plain)
+
+
+def test_a_malformed_result_fails_its_stage_not_the_runner(release, tmp_path):
+    code, records, _ = run_runner(release, tmp_path, "listtables,odd,ok", "--keep-going")
+    assert code == 5 and records[-1]["event"] == "run_end"
+    by_stage = ends(records)
+    assert by_stage["listtables"]["status"] == "fail"
+    assert by_stage["listtables"]["reason"].startswith("TypeError: stage listtables tables: expected {name: [row dicts]}")
+    assert (by_stage["odd"]["status"], by_stage["odd"]["reason"]) == ("fail", "made by an exception")
+    assert by_stage["ok"]["status"] == "pass"
+
+
+def test_logging_from_several_threads_keeps_the_stream_whole(release, tmp_path):
+    code, records, _ = run_runner(release, tmp_path, "threadlog,ok")
+    assert code == 0, records[-1]
+    assert sum(r["event"] == "log" and r["stage"] == "threadlog" for r in records) == 6000
+    assert ends(records)["ok"]["status"] == "pass"
+
+
+def test_a_stop_while_torch_imports_runs_nothing(release, tmp_path):
+    """The runner imports torch and ddtree before any stage (seconds on a GPU host); a stop
+    then is an interrupted run with every stage not run, never a run that carries on."""
+    slow = tmp_path / "slow-release"
+    shutil.copytree(release, slow, symlinks=True, ignore=shutil.ignore_patterns("src"))
+    (slow / "src" / "ddtree").mkdir(parents=True)
+    (slow / "src" / "ddtree" / "__init__.py").write_text("import time\ntime.sleep(30)\n")
+    argv = [sys.executable, str(slow / "smoke" / "runner.py"), "run", "--run-id", "r5",
+            "--workdir", str(tmp_path), "--release-root", str(slow), "--stages", "ok,skipme"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    pid_file = tmp_path / "runs" / "r5" / "runner.pid"
+    deadline = time.monotonic() + 20
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    subprocess.run([sys.executable, str(slow / "smoke" / "runner.py"), "stop", "--run-id", "r5",
+                    "--workdir", str(tmp_path)], capture_output=True, timeout=30, check=True)
+    out, _ = proc.communicate(timeout=30)
+    records = [json.loads(line) for line in out.splitlines()]
+    assert proc.returncode == 130
+    assert [ends(records)[s]["status"] for s in ("ok", "skipme")] == ["not_run", "not_run"]
+    assert records[-1]["event"] == "run_end" and records[-1]["status"] == "interrupted"

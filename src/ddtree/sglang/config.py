@@ -32,7 +32,7 @@ DEFAULT_METRICS_INTERVAL = 50  # verify rounds between two metric log lines
 MAX_BUDGET = 1024
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off", ""})
+_FALSE = frozenset({"0", "false", "no", "off"})
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,8 @@ class DDTreeConfig:
 
 def _parse_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     raw = env.get(name)
-    if raw is None:
-        return default
+    if raw is None or raw.strip() == "":
+        return default  # `DDTREE_STRICT=${UNSET}` keeps the default, as the int settings do
     value = raw.strip().lower()
     if value in _TRUE:
         return True

@@ -86,6 +86,7 @@ def after_handle_dflash(result: Any, server_args: Any) -> None:
     setup = ServerSetup(
         attention_backend=getattr(cfg, "attention_backend", None),
         decode_attention_backend=getattr(cfg, "decode_attention_backend", None),
+        prefill_attention_backend=getattr(cfg, "prefill_attention_backend", None),
         page_size=getattr(cfg, "page_size", None),
         pp_size=int(getattr(cfg, "pp_size", 1) or 1),
         attn_dp=bool(attn_dp_enabled_of(cfg)),

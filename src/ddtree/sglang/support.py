@@ -25,10 +25,13 @@ class ServerSetup:
     page_size: int | None
     pp_size: int
     attn_dp: bool
+    # With SGLang's default speculative_attention_mode "prefill", target verify runs on the
+    # prefill backend: it must apply the tree mask too (FA3 there would ignore it).
+    prefill_attention_backend: str | None = None
 
 
 def check_server_setup(setup: ServerSetup) -> None:
-    for flag_name in ("attention_backend", "decode_attention_backend"):
+    for flag_name in ("attention_backend", "prefill_attention_backend", "decode_attention_backend"):
         value = getattr(setup, flag_name)
         if value is not None and value not in SUPPORTED_ATTENTION_BACKEND_FLAGS:
             raise UnsupportedSetupError(
