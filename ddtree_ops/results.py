@@ -145,7 +145,8 @@ class HostRecorder:
         if kind == "run_start":
             self.planned = list(record.get("stages") or [])
             for key in ("python", "torch", "executable", "release_root", "expected_release",
-                        "options", "stages", "keep_going", "stage_timeout_s", "error"):
+                        "options", "stages", "keep_going", "stage_timeout_s", "error",
+                        "torch_error", "ddtree_error", "interrupted"):  # why a host's stages failed
                 if key in record:
                     self.meta[key] = record[key]
             self.meta["remote_started"] = record.get("time")

@@ -188,6 +188,17 @@ def test_a_record_edited_by_hand_is_one_line_naming_file_and_field(tmp_path, fie
     assert str(caught.value).startswith(f"{events}: stage 'golden': {message}")
 
 
+def test_the_runners_import_errors_are_kept_with_the_host(tmp_path):
+    store = RunStore(tmp_path)
+    store.create_run("run-1", {"hosts": ["h1"]})
+    recorder = store.host_recorder("run-1", "h1", {})
+    recorder.feed_line(line(EventKind.RUN_START, stages=["env"], python="3.11",
+                            torch_error="OSError: libcudart.so.12: cannot open shared object file"))
+    recorder.close()
+    meta = json.loads((tmp_path / "run-1" / "h1" / "run.json").read_text())
+    assert meta["torch_error"] == "OSError: libcudart.so.12: cannot open shared object file"
+
+
 def test_a_truncated_stage_copy_is_not_needed_when_the_event_log_has_the_stage(tmp_path):
     store = recorded_full_run(tmp_path)
     copy = tmp_path / "run-1" / "h1" / "stages" / "golden.json"
