@@ -179,12 +179,15 @@ class Comparison:
     measured: Any
     ok: bool
     why: str
+    # False for a check of a host this run did not select (`-H` a subset of a fleet baseline):
+    # neither passed nor a regression, and shown as such
+    checked: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {"metric": self.check.metric, "host": self.host,
                 "expected": self.check.expected, "measured": self.measured,
                 "tolerance": self.check.tolerance, "abs_tolerance": self.check.abs_tolerance,
-                "better": self.check.better.value, "ok": self.ok, "why": self.why}
+                "better": self.check.better.value, "ok": self.ok, "why": self.why, "checked": self.checked}
 
     def line(self) -> str:
         return (f"{self.check.metric} on {self.host}: expected {self.check.expected!r}"
@@ -349,10 +352,11 @@ def compare_with_baseline(run: RunRecord, checks: list[MetricCheck]) -> list[Com
         hosts = check.hosts or tuple(run.hosts)
         for host in hosts:
             record = run.hosts.get(host)
-            measured = record.metric(check.stage, check.name) if record else None
+            if record is None:  # not selected for this run: nothing to judge (an unreachable host is judged)
+                results.append(Comparison(check, host, None, False, "host not in this run: not checked", checked=False))
+                continue
+            measured = record.metric(check.stage, check.name)
             ok, why = judge(check, measured)
-            if record is None:
-                why = "host not in this run"
             results.append(Comparison(check, host, measured, ok, why))
     return results
 

@@ -104,7 +104,10 @@ def render_comparisons(comparisons: "list[Comparison]", console: "Console") -> N
     from rich.markup import escape
 
     for item in comparisons:
-        mark = "[green]ok[/]        " if item.ok else "[bold red]REGRESSION[/]"
+        if not item.checked:
+            mark = "[yellow]not checked[/]"
+        else:
+            mark = "[green]ok[/]        " if item.ok else "[bold red]REGRESSION[/]"
         console.print(f"{mark} {escape(item.line())}", highlight=False)
 
 
@@ -195,7 +198,8 @@ def report(
         decode = compare_decode(model, loaded, DEFAULT_TAU_TOLERANCE if tau_tolerance is None else tau_tolerance,
                                 dataset=baseline_dataset, model=baseline_model)
         comparisons = list(decode.checks)
-    regressions = [c for c in comparisons if not c.ok]
+    regressions = [c for c in comparisons if not c.ok and getattr(c, "checked", True)]
+    unchecked = [c for c in comparisons if not getattr(c, "checked", True)]
     plots: list[str] = []
     if plot is not None:
         overlay = decode_baseline_overlay(model, loaded, baseline_dataset, baseline_model) \
@@ -208,7 +212,7 @@ def report(
         if kind is BaselineKind.METRICS:
             document["baseline"] = {"file": str(baseline), "kind": kind.value,
                                     "comparisons": [c.to_dict() for c in comparisons],
-                                    "regressions": len(regressions)}
+                                    "regressions": len(regressions), "not_checked": len(unchecked)}
         elif decode is not None:
             document["baseline"] = {"file": str(baseline), "kind": BaselineKind.DECODE.value,
                                     "baseline_dataset": baseline_dataset, "baseline_model": baseline_model,
@@ -229,6 +233,9 @@ def report(
             say("no tree-bench or decode-bench results in this run: nothing to plot")
     for item in regressions:
         say(f"regression: {item.line()}")
+    if unchecked:
+        hosts = sorted({item.host for item in unchecked})
+        say(f"{len(unchecked)} baseline check(s) not made: host(s) {', '.join(hosts)} not in this run")
     return int(code)
 
 

@@ -307,3 +307,16 @@ def test_stage_knobs_reach_the_stages(env, capsys):
     assert code == 0, doc["failures"]
     run = json.loads((env / "runs" / doc["run_id"] / "local" / "run.json").read_text())
     assert run["options"]["extra"] == {"vocab": 500, "note": "plain text"}
+
+
+def test_a_fleet_baseline_on_a_run_of_some_hosts_checks_only_those(env, capsys, tmp_path):
+    code, _ = run_json(["smoke", "--stages", "env"], capsys)
+    assert code == 0
+    baseline = tmp_path / "fleet.yaml"
+    baseline.write_text(yaml.safe_dump({"metrics": [
+        {"metric": "env.status", "expected": "pass", "hosts": ["local", "gpu-elsewhere"]}]}))
+    code, report = run_json(["report", "--baseline", str(baseline)], capsys)
+    assert code == 0 and report["baseline"]["regressions"] == 0 and report["baseline"]["not_checked"] == 1
+    assert main(["report", "--baseline", str(baseline)]) == 0
+    captured = capsys.readouterr()
+    assert "not checked" in captured.out and "host(s) gpu-elsewhere not in this run" in captured.err

@@ -143,6 +143,16 @@ def test_comparisons_name_metric_host_expected_and_measured(run):
     assert sum(c.ok for c in results) == 2  # gpu-a twice
 
 
+def test_a_check_of_a_host_the_run_did_not_select_is_not_made(run):
+    """A fleet baseline against a run with `-H` a subset: the other hosts' checks are shown as
+    not checked, neither passed nor regressions."""
+    results = compare_with_baseline(run, [MetricCheck("env.gpu_count", 8, hosts=("gpu-a", "gpu-z"))])
+    by_host = {c.host: c for c in results}
+    assert by_host["gpu-a"].checked and by_host["gpu-a"].ok
+    assert not by_host["gpu-z"].checked and by_host["gpu-z"].why == "host not in this run: not checked"
+    assert by_host["gpu-z"].to_dict()["checked"] is False
+
+
 @pytest.mark.parametrize("content,message", [
     ("[1, 2]", "not a baseline: expected a metrics baseline (a mapping with a `metrics:` list)"),
     ('{"metrics": {"a.b": 1}}', "metrics: expected a list of checks, got dict"),
