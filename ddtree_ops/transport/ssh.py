@@ -118,7 +118,7 @@ def known_hosts_path(host: Host) -> str:
 
 
 def check_known_hosts(host: Host) -> None:
-    """A known_hosts that exists but is not a readable key file (a folder, bad lines) is a
+    """A known_hosts that exists but cannot be read as one (a folder, no read permission) is a
     config problem of the whole command (ConfigError, exit 3), not of the host behind it."""
     path = known_hosts_path(host)
     if not os.path.lexists(path):
