@@ -84,7 +84,7 @@ def check_stages_in_bundle(stages: list[str], relpaths: set[str]) -> None:
     available = sorted(p[len("smoke/stages/"):-3].replace("_", "-") for p in relpaths
                        if p.startswith("smoke/stages/") and p.endswith(".py")
                        and not p.rsplit("/", 1)[1].startswith("_"))
-    unknown = [s for s in stages if s.replace("_", "-") not in available]  # `__init__` is no stage
+    unknown = [s for s in stages if s not in available]  # `parse_stages` spelled them; `__init__` is no stage
     if unknown:
         raise UsageError(f"--stages: unknown stage(s) {', '.join(unknown)} "
                          f"(this release has: {', '.join(available)})")

@@ -140,10 +140,6 @@ def _checked(name: str, kind: str, value: Any) -> Any:
         "histogram": "an object of acceptance length -> finite number",
         "shares": "an object of stage -> finite number",
     }[kind]
-    return _raise_bad_field(name, expected, value)
-
-
-def _raise_bad_field(name: str, expected: str, value: Any) -> Any:
     shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
     raise ValueError(f"{name}: expected {expected}, got {shown}")
 

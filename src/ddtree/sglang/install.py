@@ -300,10 +300,7 @@ def gate_refusal(gate):
     parts = [f["detail"] for f in findings if f["kind"] == "unknown-version"]
     rest = [f for f in findings if f["kind"] != "unknown-version"]
     if rest:
-        kinds = []
-        for f in rest:
-            if f["kind"] not in kinds:
-                kinds.append(f["kind"])
+        kinds = dict.fromkeys(f["kind"] for f in rest)  # in order of first appearance
         counts = ", ".join("%d %s" % (sum(f["kind"] == k for f in rest), k) for k in kinds)
         against = "checked against sglang %s: " % gate.get("manifest_version") if parts else ""
         shown = "; ".join("%s: %s: %s" % (f["file"], f["kind"], f["detail"]) for f in rest[:REFUSAL_FINDINGS_SHOWN])
