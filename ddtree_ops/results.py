@@ -50,6 +50,7 @@ class HostOutcome(str, Enum):
     UNREACHABLE = "unreachable"  # never started (connect, push or runner start failed)
     INTERRUPTED = "interrupted"  # stopped by the operator
     PENDING = "pending"  # no outcome recorded yet (run in progress)
+    REFUSED = "refused"  # the host's runner refused the plan (unknown stage or option): usage
 
 
 def runs_root(override: str | os.PathLike[str] | None = None) -> Path:
@@ -360,8 +361,8 @@ def load_host(host_dir: Path, host: str) -> HostRecord:
                                         "not run: the run ended early")
     if run_end is not None:
         remote = run_end.get("status")
-        outcome = {"pass": HostOutcome.PASS, "interrupted": HostOutcome.INTERRUPTED}.get(
-            remote, HostOutcome.FAIL)
+        outcome = {"pass": HostOutcome.PASS, "interrupted": HostOutcome.INTERRUPTED,
+                   "error": HostOutcome.REFUSED}.get(remote, HostOutcome.FAIL)
     elif outcome_note in {o.value for o in HostOutcome}:
         outcome = HostOutcome(outcome_note)
     elif events:
@@ -373,7 +374,8 @@ def load_host(host_dir: Path, host: str) -> HostRecord:
 
 def hosts_exit_code(outcomes: Iterable[HostOutcome]) -> int:
     """DESIGN.md: 0 all passed, 4 none reachable, 5 a stage failed (no host passed),
-    6 partial (some hosts passed, others failed or were lost), 130 interrupted."""
+    6 partial (some hosts passed, others failed or were lost), 130 interrupted, 2 a host's
+    runner refused the plan (the same exit `smoke` returned, whenever the run is reported)."""
     from ddtree_ops.errors import ExitCode
 
     outcomes = list(outcomes)
@@ -381,6 +383,8 @@ def hosts_exit_code(outcomes: Iterable[HostOutcome]) -> int:
         return ExitCode.OK
     if HostOutcome.INTERRUPTED in outcomes:
         return ExitCode.INTERRUPTED
+    if HostOutcome.REFUSED in outcomes:
+        return ExitCode.USAGE
     passed = sum(o is HostOutcome.PASS for o in outcomes)
     if passed == len(outcomes):
         return ExitCode.OK

@@ -19,7 +19,8 @@ if TYPE_CHECKING:  # pragma: no cover
 _STATUS_STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow", "not_run": "dim",
                  "running": "cyan"}
 _OUTCOME_STYLE = {"pass": "green", "fail": "bold red", "lost": "bold red",
-                  "unreachable": "bold red", "interrupted": "magenta", "pending": "dim"}
+                  "unreachable": "bold red", "interrupted": "magenta", "pending": "dim",
+                  "refused": "bold red"}
 
 RunsDirOpt = Annotated[
     Optional[Path],

@@ -355,8 +355,7 @@ def run_smoke(
     refused = [r.run_end.get("error") for r in recorders.values()
                if r.run_end is not None and r.run_end.get("status") == "error"]
     if refused and not interrupted:
-        say(f"the runner refused the plan: {refused[0]}")
-        code = ExitCode.USAGE
+        say(f"the runner refused the plan: {refused[0]}")  # the report's exit code is 2
     if json_out:
         document = report.to_dict()
         document["exit_code"] = int(code)

@@ -234,3 +234,28 @@ def test_decode_rows_are_reported_rendered_and_plotted(tmp_path):
                                          "label": "paper"}])
     assert [p.name for p in written] == ["decode-vs-budget.png"]
     assert written[0].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_plan_the_host_runner_refused_reports_exit_2_as_smoke_did(tmp_path, capsys):
+    from ddtree_ops.cli.app import main
+
+    store = RunStore(tmp_path)
+    store.create_run("r3", {"hosts": ["h", "ok"], "stages": ["golden"]})
+    refusal = "unknown stage 'goldne'"
+    refused = store.host_recorder("r3", "h", {})
+    for text in [encode_event(make_event(EventKind.RUN_START, "r3", "h", stages=[], error=refusal)),
+                 encode_event(make_event(EventKind.RUN_END, "r3", "h", status="error", exit_code=2,
+                                         error=refusal))]:
+        refused.feed_line(text)
+    refused.close()
+    fine = store.host_recorder("r3", "ok", {})
+    for text in [encode_event(make_event(EventKind.RUN_START, "r3", "ok", stages=["golden"])),
+                 stage_end("ok", "golden", 0, "pass"),
+                 encode_event(make_event(EventKind.RUN_END, "r3", "ok", status="pass"))]:
+        fine.feed_line(text)
+    fine.close()
+    report = build_report(store.load("r3"))
+    assert report.outcomes["h"].value == "refused" and report.exit_code == 2
+    assert [(f.host, f.reason) for f in report.failures] == [("h", refusal)]
+    assert main(["report", "r3", "--json", "--runs-dir", str(tmp_path)]) == 0  # no baseline: nothing regressed
+    assert json.loads(capsys.readouterr().out)["exit_code"] == 2  # the run's own code, as `smoke` returned

@@ -207,3 +207,22 @@ def test_tensor_parallel_names_exist(site):
     dflash_stores = {node.attr for node in ast.walk(_dflash_class(site))
                      if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)}
     assert {"_tp_sync", "draft_parallel_layout"} <= dflash_stores
+
+
+def test_custom_logit_processors_are_applied_once_before_eagle_sample(site):
+    """eagle_sample applies penalties, bias and grammar but not custom logit processors
+    (DFlash's linear verify applies them itself): the worker must apply them to all N rows of
+    each request before eagle_sample, exactly once."""
+    eagle = find_definition(_parse(site, "sglang.srt.speculative.eagle_utils"), "eagle_sample")
+    assert "custom_logit_processor" not in ast.unparse(eagle)  # else we would apply them twice
+
+    forward = _methods(find_definition(WORKER_TREE, "DDTreeWorkerV2"))["forward_batch_generation"]
+    calls = [node for node in ast.walk(forward) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)]
+    by_name = {}
+    for call in calls:
+        by_name.setdefault(call.func.id, []).append(call)
+    (apply,) = by_name["apply_custom_logit_processor"]
+    (sample,) = by_name["eagle_sample"]
+    assert (apply.lineno, apply.col_offset) < (sample.lineno, sample.col_offset)
+    assert ast.unparse(apply.args[0]) == "logits_output.next_token_logits"
+    assert {k.arg: ast.unparse(k.value) for k in apply.keywords} == {"num_tokens_in_batch": "width"}

@@ -35,6 +35,7 @@ import torch
 
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
+from sglang.srt.layers.sampler import apply_custom_logit_processor
 from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import (
@@ -220,6 +221,11 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 reqs=batch.reqs, tree=grammar_tree, sampling_info=batch.sampling_info,
                 device=logits_output.next_token_logits.device, barrier=grammar_barrier,
             )
+        sampling_info = batch.sampling_info
+        if sampling_info is not None and sampling_info.has_custom_logit_processor:
+            # eagle_sample applies penalties, bias and grammar but not these; DFlash's own
+            # verify applies them to each of a request's rows first, and so do we (N rows).
+            apply_custom_logit_processor(logits_output.next_token_logits, sampling_info, num_tokens_in_batch=width)
         view = TreeVerifyView.from_inputs(inputs, custom_mask)
         predict, accept_lens, accept_index = eagle_sample(
             view, batch, logits_output, grammar_mask, watermark_state=self.model_runner.watermark_state,

@@ -57,6 +57,8 @@ MANIFEST = Manifest(
         RequiredName('srt/speculative/spec_utils.py', 'GrammarTree.from_host', NameKind.CLASSMETHOD, '(retrieve_next_token, retrieve_next_sibling, draft_token)', (), None, 'grammar over the tree'),
         RequiredName('srt/speculative/spec_utils.py', 'build_grammar_vocab_mask', NameKind.FUNCTION, '(*, reqs, tree, sampling_info, device, barrier)', (), None, 'grammar over the tree'),
         RequiredName('srt/layers/logprob_processor.py', 'compute_spec_logprobs', NameKind.FUNCTION, '(batch, logits_output, predict, *, accept_index=, chain_stride=)', (), None, 'logprobs of accepted rows'),
+        RequiredName('srt/layers/sampler.py', 'apply_custom_logit_processor', NameKind.FUNCTION, '(logits, sampling_batch_info, num_tokens_in_batch=)', (), None, 'custom logit processors on the verify rows'),
+        RequiredName('srt/sampling/sampling_batch_info.py', 'SamplingBatchInfo', NameKind.FIELDS, None, ('has_custom_logit_processor', 'custom_params', 'custom_logit_processor'), None, 'custom logit processors'),
         RequiredName('srt/speculative/dflash_info.py', 'DFlashVerifyInput', NameKind.FIELDS, None, ('draft_token', 'positions', 'draft_token_num', 'custom_mask', 'capture_hidden_mode', 'kv_loc_plan'), None, 'verify input'),
         RequiredName('srt/speculative/dflash_info.py', 'DFlashVerifyInput.prepare_for_verify', NameKind.METHOD, '(batch, target_worker, *, defer_metadata_init=)', (), None, 'verify forward batch'),
         RequiredName('srt/speculative/dflash_info_v2.py', 'DFlashDraftInputV2', NameKind.FIELDS, None, ('bonus_tokens', 'new_seq_lens'), None, 'bonus relay'),
