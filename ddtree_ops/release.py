@@ -13,6 +13,7 @@ import io
 import os
 import tarfile
 import threading
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -110,6 +111,10 @@ def _walk(directory: Path, prefix: str) -> list[tuple[str, Path]]:
     pairs = []
     for root, dirs, files in os.walk(directory):
         dirs[:] = sorted(d for d in dirs if d not in _SKIPPED_DIRS and not d.startswith("."))
+        for name in dirs:
+            if (Path(root) / name).is_symlink():  # os.walk would silently leave it out
+                raise UsageError(f"{Path(root) / name}: a linked folder; a release holds real files "
+                                 "(copy it in, or point --source at the real tree)")
         for name in files:
             if name.startswith(".") or name.endswith(_SKIPPED_SUFFIXES):
                 continue
@@ -117,8 +122,19 @@ def _walk(directory: Path, prefix: str) -> list[tuple[str, Path]]:
             if not path.is_file():
                 continue
             rel = path.relative_to(directory).as_posix()
+            _check_printable_name(path, rel)
             pairs.append((f"{prefix}/{rel}", path))
     return pairs
+
+
+def _check_printable_name(path: Path, rel: str) -> None:
+    """Manifest lines are split on newlines and names travel as UTF-8: a path with a control
+    or line-separator character (or bytes that are not UTF-8) cannot be a release file."""
+    for char in rel:
+        category = unicodedata.category(char)
+        if category[0] == "C" or category in ("Zl", "Zp"):
+            raise UsageError(f"{str(path)!r}: file name holds {char!r}; a release file name must be "
+                             "printable UTF-8 (rename or remove it)")
 
 
 def build_bundle(source: str | os.PathLike[str] | None = None) -> ReleaseBundle:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib
+import importlib.machinery
 import json
 import multiprocessing
 import os
@@ -28,14 +29,43 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+
+
+class _SourceOnlyLoader(importlib.machinery.SourceFileLoader):
+    """Loads the release's modules from their sources, which the manifest covers: bytecode
+    in a `__pycache__` of the release is neither read (a planted .pyc would otherwise run as
+    verified code) nor written. SourceLoader.get_code skips the cache when path_stats fails."""
+
+    def path_stats(self, path: str) -> Any:
+        raise OSError("the release's bytecode caches are not used")
+
+
+def _compile_release_from_source(release_root: str) -> None:
+    """A path hook for the folders inside the release (sys.path entries and packages'
+    __path__); every other folder keeps Python's own finder (and its bytecode caches)."""
+    root = os.path.realpath(release_root)
+    finder_for = importlib.machinery.FileFinder.path_hook(
+        (_SourceOnlyLoader, importlib.machinery.SOURCE_SUFFIXES))
+
+    def release_hook(entry: str) -> Any:
+        real = os.path.realpath(entry or ".")
+        if real != root and not real.startswith(root + os.sep):
+            raise ImportError("not a folder of the release")
+        return finder_for(entry)
+
+    sys.path_hooks.insert(0, release_hook)
+    sys.path_importer_cache.clear()
+
+
 if __package__ in (None, ""):
     # Run as a script: import `smoke` and `ddtree` from the release this file belongs to,
     # ahead of anything else on the host's sys.path (the script's own folder is dropped so
-    # `smoke/*.py` never shadows a top-level module).
+    # `smoke/*.py` never shadows a top-level module), compiled from their sources.
     _script_dir = os.path.dirname(os.path.abspath(__file__))
     _release_root = os.path.dirname(_script_dir)
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _script_dir]
     sys.path[:0] = [_release_root, os.path.join(_release_root, "src")]
+    _compile_release_from_source(_release_root)
 
 from smoke.protocol import (  # noqa: E402
     EXIT_INTERRUPTED,
@@ -324,6 +354,24 @@ def _preload() -> dict[str, Any]:
     return info
 
 
+def release_problem(release_root: Path, workdir: Path, default_root: bool) -> str | None:
+    """Why this release must not run, or None. A pushed release (one with a manifest) is
+    checked before anything of it beyond `smoke` is imported: a tampered file must never run
+    as if verified. A folder without a manifest (a checkout given as --release-root) runs,
+    and the `import` stage says it is not a pushed release."""
+    from smoke.release_check import check_release, has_manifest, summary
+
+    if default_root:
+        releases = os.path.realpath(workdir / "releases")
+        target = os.path.realpath(release_root)
+        if os.path.dirname(target) != releases:
+            return f"{release_root} points to {target}, not to a release in {releases}"
+    if not has_manifest(release_root):
+        return None
+    release_id, problems = check_release(release_root)
+    return f"release {release_id} at {release_root} is not intact: {summary(problems)}" if problems else None
+
+
 def _raise_interrupted(signum: int, _frame: Any) -> None:
     raise Interrupted(signal.Signals(signum).name)
 
@@ -479,13 +527,17 @@ def command_run(args: argparse.Namespace) -> int:
                       duration_s=0.0, exit_code=EXIT_USAGE, error=str(err))
             print(f"runner: {err}", file=sys.stderr)
             return EXIT_USAGE
-        try:
-            preload = _preload()
-        except Interrupted as why:  # stopped while torch was importing (seconds on a GPU host)
-            preload = {"python": sys.version.split()[0], "interrupted": str(why)}
-            interrupted = str(why)
+        refusal = release_problem(release_root, workdir, default_root=not args.release_root)
+        interrupted = None
+        if refusal is not None:
+            preload = {"python": sys.version.split()[0], "error": refusal}
+            print(f"runner: {refusal}", file=sys.stderr)
         else:
-            interrupted = None
+            try:
+                preload = _preload()
+            except Interrupted as why:  # stopped while torch was importing (seconds on a GPU host)
+                preload = {"python": sys.version.split()[0], "interrupted": str(why)}
+                interrupted = str(why)
         plan = {
             "run_dir": str(run_dir), "release_root": str(release_root),
             "expected_release": args.expected_release, "options": options.to_dict(),
@@ -499,7 +551,10 @@ def command_run(args: argparse.Namespace) -> int:
         write_json_atomic(run_dir / "run.json", {"run_id": args.run_id, "host": args.host,
                                                  **jsonable(meta, "run.json")})
         supervisor = Supervisor(plan, stages, sink)
-        if interrupted is None:
+        if refusal is not None:
+            supervisor.not_run(f"not run: {refusal}")
+            status = RunStatus.FAIL
+        elif interrupted is None:
             status = supervisor.run()
         else:
             supervisor.not_run(f"not run: interrupted ({interrupted})")

@@ -56,7 +56,8 @@ def push(
         FanoutOptions(inventory, hosts, json_out, parallel, fail_fast, accept_new_host_keys),
         columns=["action", "release", "previous", "sent", "pruned"],
         row=lambda o: [
-            o.value.action.value,
+            o.value.action.value + (f" (replaced a damaged copy: {o.value.replaced_broken})"
+                                    if o.value.replaced_broken else ""),
             o.value.release_id,
             o.value.previous or "-",
             _size(o.value.bytes_sent),

@@ -66,12 +66,19 @@ def releases_dir(workdir):
 
 
 def active_release(workdir):
-    """The id `current` points to, or None."""
+    """The id `current` points to, or None. Only a link we make counts (`releases/<id>`,
+    relative): one aimed anywhere else, even at a folder named like a release, is not ours."""
     try:
         target = os.readlink(os.path.join(workdir, "current"))
     except OSError:
         return None
-    return os.path.basename(target.rstrip("/")) or None
+    head, sep, release_id = target.partition("/")
+    if head != "releases" or not sep:
+        return None
+    try:
+        return check_id(release_id, "release id")
+    except AgentError:
+        return None
 
 
 def ensure_layout(workdir):
@@ -96,7 +103,7 @@ def safe_relpath(path):
 def parse_manifest(manifest_bytes):
     """{relpath: sha256} from `<sha256>  <relpath>` lines."""
     entries = {}
-    for line in manifest_bytes.decode("utf-8").splitlines():
+    for line in manifest_bytes.decode("utf-8").split("\n"):  # names never hold one (release.py)
         if not line:
             continue
         digest, sep, path = line.partition("  ")
@@ -115,7 +122,10 @@ def file_sha256(path):
 
 
 def verify_release(directory, release_id):
-    """None when the directory holds exactly the release (bytecode caches aside), else why not."""
+    """None when the directory holds exactly the release (bytecode caches aside: the smoke
+    runner compiles the release from its sources), else why not. A link anywhere is a
+    problem: os.walk would not look inside a linked folder, and it could stand in for any
+    module (even torch: the release comes first on the runner's sys.path)."""
     try:
         with open(os.path.join(directory, MANIFEST_NAME), "rb") as handle:
             manifest_bytes = handle.read()
@@ -134,6 +144,9 @@ def verify_release(directory, release_id):
         if file_sha256(path) != digest:
             return "hash mismatch in %s" % relpath
     for root, dirs, files in os.walk(directory):
+        for name in dirs + files:
+            if os.path.islink(os.path.join(root, name)):
+                return "unexpected link %s" % os.path.relpath(os.path.join(root, name), directory).replace(os.sep, "/")
         dirs[:] = [d for d in dirs if d != "__pycache__"]
         for name in files:
             relpath = os.path.relpath(os.path.join(root, name), directory).replace(os.sep, "/")

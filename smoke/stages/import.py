@@ -4,23 +4,20 @@ Checks that `ddtree` (and every loaded `ddtree.*` module) comes from `<release_r
 that no other `ddtree` sits on the host's `sys.path` (a stale or foreign copy would shadow
 ours in other processes, e.g. SGLang's), that every file the release's `MANIFEST.sha256`
 lists still has its hash, and that the manifest's id is the release the operator pushed.
-The manifest format is ddtree_ops/release.py's: `<sha256>  <relpath>` lines, id = the first
-16 hex digits of the manifest's sha256.
+What "intact" means is `smoke.release_check`'s (the runner checks it before it imports
+`ddtree`; this stage says so in the results).
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 from pathlib import Path
 
 from smoke.protocol import StageContext, StageResult
+from smoke.release_check import MANIFEST_NAME, check_release, summary
 
 NAME = "import"
 DESCRIPTION = "the release's ddtree is the one imported, and its files match the manifest"
-
-MANIFEST_NAME = "MANIFEST.sha256"
-RELEASE_ID_CHARS = 16
 
 
 def _under(path: Path, root: Path) -> bool:
@@ -45,26 +42,6 @@ def _foreign_copies(src_root: Path) -> list[str]:
             if candidate.is_file():
                 found.append(str(candidate.parent if candidate.name == "__init__.py" else candidate))
     return sorted(set(found))
-
-
-def check_manifest(release_root: Path) -> tuple[str, list[str]]:
-    """(release id computed from the manifest, problems found in the files it lists)."""
-    manifest = (release_root / MANIFEST_NAME).read_bytes()
-    problems = []
-    for number, line in enumerate(manifest.decode("utf-8").splitlines(), start=1):
-        digest, sep, relpath = line.partition("  ")
-        if not sep or len(digest) != 64:
-            problems.append(f"{MANIFEST_NAME}:{number}: malformed line {line!r:.80}")
-            continue
-        path = release_root / relpath
-        try:
-            actual = hashlib.sha256(path.read_bytes()).hexdigest()
-        except OSError as err:
-            problems.append(f"{relpath}: unreadable ({err.strerror or err})")
-            continue
-        if actual != digest:
-            problems.append(f"{relpath}: sha256 {actual[:12]}.. != manifest {digest[:12]}..")
-    return hashlib.sha256(manifest).hexdigest()[:RELEASE_ID_CHARS], problems
 
 
 def run(ctx: StageContext) -> StageResult:
@@ -97,17 +74,12 @@ def run(ctx: StageContext) -> StageResult:
     if not (release_root / MANIFEST_NAME).is_file():
         return StageResult.failed(f"no {MANIFEST_NAME} in {release_root}: not a pushed release",
                                   metrics=metrics)
-    release_id, problems = check_manifest(release_root)
+    release_id, problems = check_release(release_root)
     metrics["release"] = release_id
     metrics["manifest_problems"] = problems[:20]
     ctx.log(f"ddtree from {package_file}; manifest id {release_id}")
     if problems:
-        return StageResult.failed(f"release {release_id} is damaged: {problems[0]}"
-                                  + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""),
-                                  metrics=metrics)
-    if release_root.name != release_id and release_root.parent.name == "releases":
-        return StageResult.failed(f"release directory {release_root.name} holds manifest "
-                                  f"{release_id}", metrics=metrics)
+        return StageResult.failed(f"release {release_id} is damaged: {summary(problems)}", metrics=metrics)
     if ctx.expected_release and ctx.expected_release != release_id:
         return StageResult.failed(f"host runs release {release_id}, operator pushed "
                                   f"{ctx.expected_release}", metrics=metrics)

@@ -66,3 +66,61 @@ def test_bad_source_is_usage_error(tmp_path, capsys):
 
 def test_bad_keep_is_usage_error(tmp_path, capsys):
     assert main(["push", "-i", str(inventory(tmp_path)), "--keep", "0"]) == 2
+
+
+def test_a_linked_folder_in_a_pushed_release_is_replaced(tmp_path, capsys):
+    inv = inventory(tmp_path)
+    code, doc = push_json(["-i", str(inv)], capsys)
+    release = tmp_path / "w" / "releases" / doc["release"]
+    (tmp_path / "fake_torch").mkdir()
+    (release / "src" / "torch").symlink_to(tmp_path / "fake_torch")
+    code, doc = push_json(["-i", str(inv)], capsys)
+    result = doc["hosts"]["local"]["result"]
+    assert (code, result["action"], result["replaced_broken"]) == (0, "uploaded", "unexpected link src/torch")
+    assert not (release / "src" / "torch").exists() and (tmp_path / "fake_torch").is_dir()
+    (release / "src" / "ddtree" / "tree.py").write_text("edited")
+    assert main(["push", "-i", str(inv)]) == 0
+    assert "uploaded (replaced a damaged copy: hash mismatch in src/ddtree/tree.py)" in capsys.readouterr().out
+
+
+def test_current_aimed_outside_the_releases_is_switched_back(tmp_path, capsys):
+    import shutil
+
+    inv = inventory(tmp_path)
+    code, doc = push_json(["-i", str(inv)], capsys)
+    release_id = doc["release"]
+    foreign = tmp_path / "other" / "releases" / release_id
+    shutil.copytree(tmp_path / "w" / "releases" / release_id, foreign)
+    current = tmp_path / "w" / "current"
+    current.unlink()
+    current.symlink_to(foreign)
+    code, doc = push_json(["-i", str(inv)], capsys)
+    result = doc["hosts"]["local"]["result"]
+    assert (code, result["action"], result["previous"]) == (0, "activated", None)
+    assert os.readlink(current) == f"releases/{release_id}"
+
+
+def test_a_linked_folder_in_the_source_is_refused_not_dropped(tmp_path, capsys):
+    checkout = make_checkout(tmp_path / "c", "1")
+    real = tmp_path / "real_sub"
+    (real).mkdir()
+    (real / "__init__.py").write_text("")
+    (checkout / "src" / "ddtree" / "sub").symlink_to(real)
+    assert main(["push", "-i", str(inventory(tmp_path)), "--source", str(checkout)]) == 2
+    err = capsys.readouterr().err
+    assert f"{checkout / 'src' / 'ddtree' / 'sub'}: a linked folder" in err
+    assert not (tmp_path / "w" / "current").exists()
+
+
+def test_unprintable_file_names_in_the_source_are_refused(tmp_path, capsys):
+    for index, name in enumerate(["line\nbreak.py", "sep\u2028.py", "cr\r.py"]):
+        checkout = make_checkout(tmp_path / f"c{index}", "1")
+        (checkout / "smoke" / name).write_text("x")
+        assert main(["push", "-i", str(inventory(tmp_path)), "--source", str(checkout)]) == 2
+        err = capsys.readouterr().err
+        assert "file name holds" in err and "must be printable UTF-8" in err and len(err.strip().splitlines()) == 1
+    checkout = make_checkout(tmp_path / "c-bytes", "1")
+    with open(os.path.join(os.fsencode(checkout / "smoke"), b"latin\xe9.py"), "w") as handle:
+        handle.write("x")
+    assert main(["push", "-i", str(inventory(tmp_path)), "--source", str(checkout)]) == 2
+    assert "latin\\udce9.py" in capsys.readouterr().err

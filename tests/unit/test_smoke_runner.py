@@ -137,7 +137,7 @@ def _alive(pid: int) -> bool:
 def release(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("release")
     (root / "smoke" / "stages").mkdir(parents=True)
-    for name in ("__init__.py", "protocol.py", "runner.py"):
+    for name in ("__init__.py", "protocol.py", "release_check.py", "runner.py"):
         shutil.copy(REPO / "smoke" / name, root / "smoke" / name)
     shutil.copy(REPO / "smoke" / "stages" / "__init__.py", root / "smoke" / "stages")
     shutil.copy(REPO / "smoke" / "stages" / "env.py", root / "smoke" / "stages")

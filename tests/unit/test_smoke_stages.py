@@ -77,19 +77,127 @@ def test_import_fails_with_a_foreign_ddtree_on_sys_path(workdir, tmp_path):
     assert record["reason"] == f"another ddtree is on sys.path: {tmp_path / 'ddtree'}"
 
 
-def test_import_fails_on_a_tampered_file(workdir, tmp_path_factory):
-    root, release_id = workdir
-    copy = tmp_path_factory.mktemp("tampered")
-    (copy / "releases").mkdir()
+def release_copy(workdir: Path, factory) -> tuple[Path, Path]:
+    """A fresh workdir holding a copy of the release (current -> it): (workdir, release)."""
     import shutil
 
+    root, release_id = workdir
+    copy = factory.mktemp("copy")
+    (copy / "releases").mkdir()
     shutil.copytree(root / "releases" / release_id, copy / "releases" / release_id, symlinks=True)
     (copy / "current").symlink_to(copy / "releases" / release_id)
-    victim = copy / "releases" / release_id / "src" / "ddtree" / "metrics.py"
-    victim.write_text(victim.read_text() + "\n# edited on the host\n")
-    record = run_import_stage(copy, "--expected-release", release_id)
-    assert record["status"] == "fail"
-    assert record["reason"].startswith(f"release {release_id} is damaged: src/ddtree/metrics.py: sha256 ")
+    return copy, copy / "releases" / release_id
+
+
+def run_runner(workdir: Path, stages: str, *extra: str) -> tuple[int, list[dict], str]:
+    proc = subprocess.run(
+        [sys.executable, str(workdir / "current" / "smoke" / "runner.py"), "run", "--run-id",
+         "t", "--workdir", str(workdir), "--stages", stages, *extra],
+        capture_output=True, text=True, timeout=120)
+    return proc.returncode, [json.loads(line) for line in proc.stdout.splitlines()], proc.stderr
+
+
+MARKER_CODE = "open({marker!r}, 'w').write('ran')\n"
+
+
+def test_a_tampered_release_is_refused_before_any_of_it_runs(workdir, tmp_path_factory):
+    root, release_id = workdir
+    copy, release = release_copy(workdir, tmp_path_factory)
+    marker = copy / "tampered-code-ran"
+    victim = release / "src" / "ddtree" / "metrics.py"
+    victim.write_text(MARKER_CODE.format(marker=str(marker)) + victim.read_text())
+    code, records, stderr = run_runner(copy, "import,golden", "--expected-release", release_id)
+    assert code == 5 and not marker.exists()
+    start, end = records[0], records[-1]
+    assert start["error"].startswith(f"release {release_id} at {copy / 'current'} is not intact: "
+                                     "src/ddtree/metrics.py: sha256 ")
+    assert end["status"] == "fail" and end["exit_code"] == 5
+    stages = {r["stage"]: r for r in records if r["event"] == "stage_end"}
+    assert {s: r["status"] for s, r in stages.items()} == {"import": "not_run", "golden": "not_run"}
+    assert stages["import"]["reason"] == f"not run: {start['error']}"
+    assert "is not intact" in stderr
+
+
+def test_a_linked_folder_in_the_release_is_refused(workdir, tmp_path_factory):
+    """A link could stand in for any module, even torch: the release leads sys.path."""
+    copy, release = release_copy(workdir, tmp_path_factory)
+    fake = copy / "fake_torch"
+    fake.mkdir()
+    marker = copy / "fake-torch-ran"
+    (fake / "__init__.py").write_text(MARKER_CODE.format(marker=str(marker)))
+    (release / "src" / "torch").symlink_to(fake)
+    code, records, _ = run_runner(copy, "env,import")
+    assert code == 5 and not marker.exists()
+    assert records[0]["error"].endswith("is not intact: src/torch: unexpected link")
+
+
+def test_current_pointing_outside_the_workdirs_releases_is_refused(workdir, tmp_path_factory):
+    copy, release = release_copy(workdir, tmp_path_factory)
+    elsewhere = tmp_path_factory.mktemp("elsewhere") / "releases"
+    elsewhere.mkdir()
+    release.rename(elsewhere / release.name)
+    (copy / "current").unlink()
+    (copy / "current").symlink_to(elsewhere / release.name)
+    code, records, _ = run_runner(copy, "import")
+    assert code == 5
+    assert records[0]["error"] == (f"{copy / 'current'} points to {elsewhere / release.name}, not to a "
+                                   f"release in {copy / 'releases'}")
+
+
+def test_planted_bytecode_in_the_release_is_never_run(workdir, tmp_path_factory):
+    """A .pyc in the release's __pycache__ whose header matches its source (mtime, size) is
+    what plain Python would run; the runner compiles the release from its verified sources."""
+    import importlib.util
+    import py_compile
+
+    root, release_id = workdir
+    copy, release = release_copy(workdir, tmp_path_factory)
+    marker = copy / "planted-bytecode-ran"
+    victim = release / "src" / "ddtree" / "metrics.py"
+    size, mtime = victim.stat().st_size, victim.stat().st_mtime
+    evil = tmp_path_factory.mktemp("evil") / "metrics.py"
+    code_text = MARKER_CODE.format(marker=str(marker)) + "from ddtree.metrics_real import *\n"
+    evil.write_text(code_text + "#" * (size - len(code_text.encode()) - 1) + "\n")
+    assert evil.stat().st_size == size
+    os.utime(evil, (mtime, mtime))
+    py_compile.compile(str(evil), cfile=importlib.util.cache_from_source(str(victim)), dfile=str(victim),
+                       invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)
+    # the plant works on plain Python ...
+    plain = subprocess.run([sys.executable, "-c", "import ddtree.metrics"], cwd=release / "src",
+                           capture_output=True, text=True, timeout=120)
+    assert marker.exists(), plain.stderr
+    marker.unlink()
+    # ... and not in a smoke run, which passes on the verified sources
+    code, records, _ = run_runner(copy, "import,golden", "--expected-release", release_id)
+    stages = {r["stage"]: r for r in records if r["event"] == "stage_end"}
+    assert code == 0, stages
+    assert not marker.exists()
+    assert stages["import"]["reason"] == f"release {release_id} intact, ddtree from it"
+
+
+def test_check_release_names_every_kind_of_damage(workdir, tmp_path_factory):
+    from smoke.release_check import check_release
+
+    root, release_id = workdir
+    assert check_release(root / "current") == (release_id, [])
+    copy, release = release_copy(workdir, tmp_path_factory)
+    (release / "src" / "ddtree" / "tree.py").write_text("edited")
+    (release / "src" / "ddtree" / "extra.py").write_text("stray")
+    (release / "src" / "ddtree" / "inputs.py").unlink()
+    (release / "smoke" / "linked.py").symlink_to(release / "smoke" / "protocol.py")
+    (release / "src" / "ddtree" / "__pycache__").mkdir(exist_ok=True)
+    (release / "src" / "ddtree" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"ignored")
+    renamed = release.parent / "0000000000000000"
+    release.rename(renamed)
+    got_id, problems = check_release(renamed)
+    assert got_id == release_id
+    (edited,) = [p for p in problems if p.startswith("src/ddtree/tree.py: sha256 ")]
+    assert sorted(p for p in problems if p != edited) == sorted([
+        "src/ddtree/inputs.py: unreadable (No such file or directory)",
+        "src/ddtree/extra.py: unexpected file (not in the manifest)",
+        "smoke/linked.py: unexpected link",
+        f"release directory 0000000000000000 holds manifest {release_id}",
+    ])
 
 
 def test_import_in_process_sees_ddtree_from_elsewhere(workdir, tmp_path):
