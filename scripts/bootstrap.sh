@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV="${VENV:-.venv}"
+TORCH_SPEC_GIVEN="${TORCH_SPEC:-}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 
 if ! command -v sshd >/dev/null 2>&1 && [ ! -x /usr/sbin/sshd ] || ! command -v rsync >/dev/null 2>&1; then
@@ -24,4 +25,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   "$VENV/bin/python" -c "import torch" 2>/dev/null || "$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
   "$VENV/bin/python" -m pip install -q -e '.[test]'
   touch "$stamp"
+fi
+if [ -n "$TORCH_SPEC_GIVEN" ]; then
+  # Asked for by name: make the venv's torch match it even when the venv already existed (a
+  # no-op when it does). Word-split on purpose: pip options may follow (--index-url ...).
+  # shellcheck disable=SC2086
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check $TORCH_SPEC_GIVEN
 fi

@@ -59,7 +59,7 @@ def parse_int_list(flag: str, text: Optional[str], minimum: int) -> Optional[lis
 
 def parse_stages(text: Optional[str]) -> list[str]:
     """Stage names as the runner spells them (`tree_bench` is `tree-bench`), each once; []
-    when --stages is not given (every stage). Given but empty is refused: it never means all."""
+    when --stages is not given (the default order). Given but empty is refused: it never means all."""
     from ddtree_ops.errors import UsageError
 
     if text is None:
@@ -74,7 +74,7 @@ def parse_stages(text: Optional[str]) -> list[str]:
         if name not in stages:
             stages.append(name)
     if not stages:
-        raise UsageError(f"--stages: empty stage list {text!r} (omit --stages to run every stage)")
+        raise UsageError(f"--stages: empty stage list {text!r} (omit --stages for the default order)")
     return stages
 
 
@@ -427,7 +427,7 @@ def stop_runners(hosts: list["Host"], workdirs: dict[str, str], plan: SmokePlan,
 # ----------------------------------------------------------------------------- the command
 
 StagesOpt = Annotated[Optional[str], typer.Option(
-    "--stages", help="Comma-separated stages, in order (default: every stage of the release).",
+    "--stages", help="Comma-separated stages, in order (default: the release's stages in the default order, all but the long lossless-full).",
     show_default=False)]
 BudgetsOpt = Annotated[Optional[str], typer.Option(
     "--budgets", help="Tree budgets for the sweeps (default: 16,32,64,128,256,512,1024).",

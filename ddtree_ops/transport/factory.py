@@ -19,14 +19,15 @@ def open_transport(host: Host, *, accept_new_host_keys: bool = False) -> Transpo
 
 
 def check_connection_config(hosts: Sequence[Host]) -> None:
-    """Read every SSH host's ssh_config and known_hosts before any connection: one that cannot
-    be read is a config error (ConfigError, exit 3) for the whole command, not an unreachable
-    host."""
+    """Read every SSH host's ssh_config (with its ProxyJump chain) and known_hosts before any
+    connection: one that cannot be read is a config error (ConfigError, exit 3) for the whole
+    command, not an unreachable host."""
     ssh_hosts = [h for h in hosts if h.transport is not TransportKind.LOCAL]
     if not ssh_hosts:
         return
-    from ddtree_ops.transport.ssh import check_known_hosts, load_ssh_config
+    from ddtree_ops.transport.ssh import check_known_hosts, jump_targets, load_ssh_config, resolve_target
 
     for host in ssh_hosts:
         load_ssh_config(host)
+        jump_targets(host, resolve_target(host))
         check_known_hosts(host)

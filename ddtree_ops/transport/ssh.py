@@ -132,6 +132,22 @@ def check_known_hosts(host: Host) -> None:
         raise ConfigError(f"{path}: known_hosts of host {host.name}: cannot read it: {reason}") from None
 
 
+def jump_targets(host: Host, target: SshTarget) -> list[SshTarget]:
+    """The ProxyJump hops before `target`, in order (none without ProxyJump)."""
+    if not target.proxy_jump:
+        return []
+    hops = []
+    for spec in target.proxy_jump.split(","):
+        user, _, rest = spec.rpartition("@")
+        alias, _, port = rest.partition(":")
+        if port and not port.isdigit():
+            # A config problem, like an unreadable ssh_config: names the value and its source.
+            raise ConfigError(f"{host.ssh_config or '~/.ssh/config'}: ssh_config of host {host.name}: "
+                              f"ProxyJump {spec!r}: port {port!r} is not a number")
+        hops.append(resolve_target(host, alias, user=user or None, port=int(port) if port else None))
+    return hops
+
+
 def resolve_target(host: Host, alias: Optional[str] = None, *, user: Optional[str] = None,
                    port: Optional[int] = None) -> SshTarget:
     """Merge ssh_config's entry for the alias under the inventory's explicit values."""
@@ -264,23 +280,9 @@ class SshTransport(Transport):
         )
         return client
 
-    def _jump_targets(self, target: SshTarget) -> list[SshTarget]:
-        if not target.proxy_jump:
-            return []
-        hops = []
-        for spec in target.proxy_jump.split(","):
-            user, _, rest = spec.rpartition("@")
-            alias, _, port = rest.partition(":")
-            if port and not port.isdigit():
-                # A config problem, like an unreadable ssh_config: names the value and its source.
-                raise ConfigError(f"{self.host.ssh_config or '~/.ssh/config'}: ssh_config of host {self.host_name}: "
-                                  f"ProxyJump {spec!r}: port {port!r} is not a number")
-            hops.append(resolve_target(self.host, alias, user=user or None, port=int(port) if port else None))
-        return hops
-
     def _connect_chain(self, target: SshTarget) -> paramiko.SSHClient:
         sock = None
-        chain = self._jump_targets(target) + [target]  # resolved once: each reads ssh_config
+        chain = jump_targets(self.host, target) + [target]  # resolved once: each reads ssh_config
         for hop in chain:
             where = f"{hop.hostname}:{hop.port}"
             if sock is None:

@@ -111,7 +111,7 @@ def test_hanging_stage_is_stopped_by_the_stage_timeout(env, checkout, capsys):
 @pytest.mark.parametrize("args,message", [
     (["--stages", "env,nosuch"], "--stages: unknown stage(s) nosuch"),
     (["--stages", "__init__"], "--stages: unknown stage(s) __init__"),  # a module of the folder, no stage
-    (["--stages", " , "], "--stages: empty stage list ' , ' (omit --stages to run every stage)"),
+    (["--stages", " , "], "--stages: empty stage list ' , ' (omit --stages for the default order)"),
     (["--stage-timeout", "inf"], "Invalid value for '--stage-timeout'"),
     (["--set", "strict"], "--set: expected KEY=VALUE with a name of letters, digits and _, got 'strict'"),
     (["--set", "x=NaN"], "--set x: expected a finite value, got 'NaN'"),

@@ -75,3 +75,17 @@ def test_opening_a_transport_reports_the_same_config_error(tmp_path):
     host = load_inventory(write_inventory(tmp_path, config, per_host=False)).hosts["gpu-a"]
     with pytest.raises(ConfigError, match=f"{config}: ssh_config of host gpu-a: cannot read it"):
         open_transport(host)
+
+
+def test_a_malformed_proxyjump_port_is_a_config_error_before_any_host_is_contacted(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DDTREE_OPS_RUNS_DIR", str(tmp_path / "runs"))
+    config = tmp_path / "ssh_config-jump"
+    config.write_text("Host 127.0.0.1\n  ProxyJump root@127.0.0.1:abc\n")
+    inventory = write_inventory(tmp_path, config, per_host=True)
+    for command in (["hosts", "check"], ["push"], ["smoke", "--stages", "env"]):
+        assert main([*command, "-i", str(inventory), "--json"]) == 3, command
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        assert captured.err.strip() == (f"ddtree-ops: error: {config}: ssh_config of host gpu-b: "
+                                        "ProxyJump 'root@127.0.0.1:abc': port 'abc' is not a number")
+    assert not (tmp_path / "runs").exists()

@@ -141,3 +141,12 @@ def test_self_check_sees_a_hook_sglang_really_applied(tmp_path):
     done = run_python(APPLY_ON_A_RESOLVABLE_TARGET, extra_path=[tmp_path])
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == ["not-registered", "not-applied", "applied", "resolve"]
+
+
+def test_a_bad_variable_with_the_plugin_off_leaves_the_server_alone():
+    for env in ({"DDTREE_ENABLE": "0", "DDTREE_BUDGET": "2000"}, {"DDTREE_BUDGTE": "64"}):
+        result = _load(env)
+        assert result == {"error": None, "hooks": {}, "wrapped": False, "report": None}, env
+    # an unreadable DDTREE_ENABLE says nothing about intent: it stops the server
+    result = _load({"DDTREE_ENABLE": "maybe"})
+    assert result["error"] == "PluginConfigError: DDTREE_ENABLE: expected one of 1/0/true/false/yes/no/on/off, got 'maybe'"

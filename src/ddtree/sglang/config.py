@@ -85,6 +85,14 @@ def _parse_int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int
     return value
 
 
+def enable_setting(env: Mapping[str, str] | None = None) -> bool | None:
+    """DDTREE_ENABLE as parsed (unset: False), or None when it is malformed."""
+    try:
+        return _parse_bool(os.environ if env is None else env, ENV_ENABLE, False)
+    except PluginConfigError:
+        return None
+
+
 def load_config(env: Mapping[str, str] | None = None) -> DDTreeConfig:
     """Parse DDTREE_* variables; a bad value raises PluginConfigError naming the variable.
 

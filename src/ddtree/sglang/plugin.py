@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from ddtree.sglang import hooks as hook_functions
-from ddtree.sglang.config import load_config
+from ddtree.sglang.config import enable_setting, load_config
 from ddtree.sglang.errors import PluginConfigError
 from ddtree.sglang.targets import HOOKS
 
@@ -26,6 +26,9 @@ def register() -> None:
     try:
         config = load_config()
     except PluginConfigError as err:
+        if enable_setting() is False:  # plainly off: an installed plugin must stay harmless
+            logger.warning("DDTree plugin disabled (DDTREE_ENABLE off); ignoring a bad setting: %s", err)
+            return
         logger.error("DDTree plugin: %s", err)
         _install_post_apply_check(config_error=err, strict=True)
         return
