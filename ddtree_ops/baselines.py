@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import re
 import tempfile
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from ddtree.runsummary import MethodSummary, summarize_methods
+from ddtree.runsummary import AUTOREGRESSIVE_KEY, MethodSummary, summarize_methods
 from ddtree_ops.errors import BaselineFileError, UsageError
 from ddtree_ops.results import sha256_file
 
@@ -68,11 +69,26 @@ def load_reference_run(path: Path) -> dict[str, Any]:
                 f"{path}: refused: the file names the global {found.group(1)!r}, which a reference run "
                 "never holds (nothing from the file was run)"
             ) from None
-        raise BaselineFileError(f"{path}: not a reference run: {_first_line(err)}") from None
+        # torch's own text here is boilerplate about loading unsafely: never our advice
+        raise BaselineFileError(f"{path}: not a reference run file we can read safely ({_pickle_kind(path)}; "
+                                "nothing from the file was run)") from None
     except Exception as err:  # noqa: BLE001 - untrusted bytes fail in many ways, all meaning the same
         raise BaselineFileError(f"{path}: not a torch.save file: {type(err).__name__}: {_first_line(err)}") from None
     _check_run_layout(path, data)
     return data
+
+
+def _pickle_kind(path: Path) -> str:
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(4)
+    except OSError:
+        return "unreadable"
+    if head.startswith(b"PK\x03\x04"):
+        return "a torch.save archive holding what the restricted loader does not accept"
+    if head.startswith(b"\x80"):
+        return "a raw pickle, not torch.save's archive"
+    return "neither torch.save's archive nor a pickle"
 
 
 def _first_line(err: BaseException) -> str:
@@ -94,6 +110,7 @@ def _check_run_layout(path: Path, data: Any) -> None:
             raise BaselineFileError(f"{path}: not a reference run: args has no {key!r}")
     if not isinstance(responses, list) or not responses:
         raise BaselineFileError(f"{path}: not a reference run: 'responses' must be a non-empty list")
+    _check_args(path, args)
     methods = None
     for index, response in enumerate(responses):
         if not isinstance(response, dict) or not response:
@@ -105,19 +122,79 @@ def _check_run_layout(path: Path, data: Any) -> None:
                 f"{path}: responses[{index}]: methods {sorted(response)} differ from responses[0]'s {sorted(methods)}"
             )
         for method, record in response.items():
+            where = f"{path}: responses[{index}][{method!r}]"
             missing = [name for name in REQUIRED_RECORD_FIELDS if not hasattr(record, name)]
             if missing:
-                raise BaselineFileError(f"{path}: responses[{index}][{method!r}]: missing {', '.join(missing)}")
+                raise BaselineFileError(f"{where}: missing {', '.join(missing)}")
+            _check_record(where, record)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_args(path: Path, args: Mapping[str, Any]) -> None:
+    for key in ("dataset", "model_name_or_path"):
+        if not isinstance(args[key], str) or not args[key]:
+            raise BaselineFileError(f"{path}: args.{key}: expected a name, got {_shown(args[key])}")
+    temperature = args["temperature"]
+    if not _is_real(temperature) or not math.isfinite(temperature) or temperature < 0:
+        raise BaselineFileError(f"{path}: args.temperature: expected a finite number >= 0, got {_shown(temperature)}")
+
+
+def _check_record(where: str, record: Any) -> None:
+    """One method's record of one request, in the shapes the summary reads (the reference's
+    benchmark.py writes them so); BaselineFileError naming the field otherwise, so that no
+    odd value reaches the arithmetic (a NaN would end up in the baseline file)."""
+    import torch
+
+    lengths = record.acceptance_lengths  # list[int], as both the reference and DecodeResult hold them
+    if not isinstance(lengths, (list, tuple)):
+        raise BaselineFileError(f"{where}.acceptance_lengths: expected a list of whole numbers >= 1, "
+                                f"got {_shown(lengths)}")
+    for length in lengths:  # a round accepts at least the root
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise BaselineFileError(f"{where}.acceptance_lengths: expected whole numbers >= 1, got {_shown(length)}")
+    tpot = record.time_per_output_token
+    if not _is_real(tpot) or not math.isfinite(tpot) or tpot < 0:
+        raise BaselineFileError(f"{where}.time_per_output_token: expected a finite number >= 0, got {_shown(tpot)}")
+    ids = record.output_ids  # [1, n] int64 (or [n])
+    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.dtype == torch.bool or \
+            not (ids.dim() == 1 or (ids.dim() == 2 and ids.shape[0] == 1)):
+        got = f"a {ids.dtype} tensor of shape {tuple(ids.shape)}" if isinstance(ids, torch.Tensor) else _shown(ids)
+        raise BaselineFileError(f"{where}.output_ids: expected a [1, n] integer tensor, got {got}")
+    prompt = record.num_input_tokens
+    if isinstance(prompt, bool) or not isinstance(prompt, int) or not 0 <= prompt <= ids.shape[-1]:
+        raise BaselineFileError(f"{where}.num_input_tokens: expected a whole number from 0 to the "
+                                f"{ids.shape[-1]} output_ids, got {_shown(prompt)}")
+    stage_times = record.stage_times
+    if not isinstance(stage_times, Mapping) or not all(
+            isinstance(k, str) and _is_real(v) and math.isfinite(v) and v >= 0 for k, v in stage_times.items()):
+        raise BaselineFileError(f"{where}.stage_times: expected an object of stage -> finite seconds >= 0, "
+                                f"got {_shown(stage_times)}")
 
 
 def summarize_reference_run(path: Path, data: Mapping[str, Any]) -> list[MethodSummary]:
+    """Per-method summaries of a run `load_reference_run` accepted; BaselineFileError naming
+    the file, method and field for a value a baseline cannot hold (e.g. an infinite speedup)."""
     args = data["args"]
     methods = list(data["responses"][0])
     records = {m: [response[m] for response in data["responses"]] for m in methods}
-    return summarize_methods(
+    summaries = summarize_methods(
         records, dataset=str(args["dataset"]), model=short_model_name(args["model_name_or_path"]),
         temperature=float(args["temperature"]), source=path.name,
     )
+    for summary in summaries:
+        try:
+            summary.check()
+        except ValueError as err:
+            raise BaselineFileError(f"{path}: {summary.method}: {err}") from None
+    return summaries
 
 
 # --------------------------------------------------------------------------- the baseline file
@@ -133,7 +210,7 @@ class Baseline:
 
     def to_json(self) -> str:
         body = {"format": BASELINE_FORMAT, "sources": self.sources, "entries": [e.to_dict() for e in self.entries]}
-        return json.dumps(body, indent=1, sort_keys=True) + "\n"
+        return json.dumps(body, indent=1, sort_keys=True, allow_nan=False) + "\n"  # strict JSON: no NaN
 
     @classmethod
     def from_json(cls, text: str, where: str) -> "Baseline":
@@ -276,6 +353,9 @@ class ComparisonRow:
 class Comparison:
     rows: list[ComparisonRow]
     tau_tolerance: float
+    # baseline entries of a (dataset, model, temperature) cell the run measured, for a method
+    # the run has no row for (e.g. `dflash`, or a budget the run did not sweep)
+    not_compared: list[MethodSummary] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -309,8 +389,11 @@ def compare_with_baseline(
     """Compare a run's per-method summaries (decode-bench's `methods` table) with a baseline.
 
     tau passes when |tau - baseline tau| <= tau_tolerance (absolute); at T=0 every method must
-    be token-identical to AR on every request. `dataset_alias` / `model_alias` map a run
-    dataset (e.g. our shipped prompt set) or model name to the baseline one it stands in for.
+    be token-identical to AR on every request, whatever the baseline holds: a method whose
+    `identical_to_ar` was not measured there fails (`lossless_ok` False). `dataset_alias` /
+    `model_alias` map a run dataset (e.g. our shipped prompt set) or model name to the baseline
+    one it stands in for. Baseline methods of a matched cell that the run lacks are listed in
+    `not_compared`.
     """
     if tau_tolerance < 0:
         raise ValueError(f"tau tolerance must be >= 0, got {tau_tolerance}")
@@ -323,8 +406,11 @@ def compare_with_baseline(
         looked_up = (datasets.get(dataset, dataset), models.get(model, model), temperature, method)
         cell = index.get(looked_up)
         lossless = None
-        if temperature == 0.0 and entry.identical_to_ar is not None and not derived:
-            lossless = entry.identical_to_ar == 1.0
+        if temperature == 0.0 and not derived:  # `ddtree_best`: its budget's own row is checked
+            if entry.identical_to_ar is not None:
+                lossless = entry.identical_to_ar == 1.0
+            elif method != AUTOREGRESSIVE_KEY:  # AR is the reference itself
+                lossless = False  # not measured at T=0: never a pass
         rows.append(ComparisonRow(
             key=entry.key, tau=entry.tau, baseline_tau=cell.tau if cell else None,
             speedup=entry.speedup, baseline_speedup=cell.speedup if cell else None,
@@ -332,7 +418,10 @@ def compare_with_baseline(
             tau_ok=None if cell is None else abs(entry.tau - cell.tau) <= tau_tolerance,
             lossless_ok=lossless, budget=entry.budget, baseline_key=looked_up,
         ))
-    return Comparison(rows=rows, tau_tolerance=tau_tolerance)
+    looked_up_keys = {row.baseline_key for row in rows}
+    cells = {key[:3] for key in looked_up_keys if key is not None}
+    missing = [e for e in baseline.entries if e.key[:3] in cells and e.key not in looked_up_keys]
+    return Comparison(rows=rows, tau_tolerance=tau_tolerance, not_compared=missing)
 
 
 def summaries_from_rows(rows: Sequence[Mapping[str, Any]], where: str) -> list[MethodSummary]:

@@ -25,11 +25,11 @@ from ddtree_ops.release import ReleaseBundle
 from ddtree_ops.ids import IdKind, check_optional_host_id
 from ddtree_ops.remote_layout import (
     DEFAULT_KEEP,
-    DEFAULT_LOCK_WAIT_S,
     agent_argv,
     agent_preamble,
     parse_agent_reply,
     push_outcome,
+    lock_wait_within,
     run_with_release_on_demand,
 )
 from ddtree_ops.transport.base import Transport
@@ -109,7 +109,7 @@ def deploy_host(
             raise RemoteStepError(f"{host.name}: deploy would be refused: " + "; ".join(plan["refusals"]))
         return _outcome(bundle, plan, action=_would(plan["action"]), verdict="-", reasons=())
     limit = host.command_timeout
-    argv = agent_argv(host, "deploy", bundle.release_id, str(DEFAULT_KEEP), f"{DEFAULT_LOCK_WAIT_S:g}", flag,
+    argv = agent_argv(host, "deploy", bundle.release_id, str(DEFAULT_KEEP), f"{lock_wait_within(limit):g}", flag,
                       site=True)  # with site-packages: the installer works on the environment's site dir
     result, _ = run_with_release_on_demand(transport, argv, bundle, before=installer_stdin(bundle, "install"),
                                            timeout=limit)
@@ -149,7 +149,7 @@ class RollbackOutcome:
 
 
 def rollback_host(transport: Transport, host: Host, bundle: ReleaseBundle) -> RollbackOutcome:
-    argv = agent_argv(host, "rollback", f"{DEFAULT_LOCK_WAIT_S:g}", site=True)
+    argv = agent_argv(host, "rollback", f"{lock_wait_within(host.command_timeout):g}", site=True)
     stdin = agent_preamble() + installer_stdin(bundle, "rollback")
     reply = parse_agent_reply(host, "rollback", transport.run(argv, stdin=stdin, timeout=host.command_timeout))
     reply = reply["rollback"]

@@ -25,6 +25,11 @@ DEFAULT_PARALLEL = 32
 T = TypeVar("T")
 
 
+# An interrupted host's command may already be past the point of no return on the host (a
+# deploy finishes its install; the next deploy/rollback recovers a half-done one).
+INTERRUPTED_DETAIL = "interrupted while under way: the host may still finish this step"
+
+
 class HostState(str, Enum):
     QUEUED = "queued"
     CONNECTING = "connecting"
@@ -34,6 +39,7 @@ class HostState(str, Enum):
     UNREACHABLE = "unreachable"  # could not connect / authenticate / verify the host key
     TIMED_OUT = "timed out"
     SKIPPED = "skipped"  # not started because of --fail-fast
+    INTERRUPTED = "interrupted"  # under way when the operator interrupted (Ctrl-C / SIGTERM)
 
     @property
     def terminal(self) -> bool:
@@ -83,6 +89,8 @@ class FanoutResult(dict):
 
     def exit_code(self) -> ExitCode:
         """0 all ok; 6 some ok; otherwise 4 when no host could be connected to, else 5."""
+        if any(o.state is HostState.INTERRUPTED for o in self.values()):
+            return ExitCode.INTERRUPTED
         if not self.failed:
             return ExitCode.OK
         if self.succeeded:
@@ -149,6 +157,7 @@ def run_fanout(
     stop = threading.Event()
     started_at: dict[str, float] = {}
     transports: dict[str, Transport] = {}
+    interrupted = threading.Event()
 
     def update(name: str, state: HostState, detail: str = "", **fields: Any) -> bool:
         """Record a state change unless the host already finished (e.g. timed out meanwhile)."""
@@ -184,6 +193,9 @@ def run_fanout(
         except BaseException as err:  # noqa: BLE001 - every failure stays with its host
             if isinstance(err, (KeyboardInterrupt, SystemExit)):
                 stop.set()
+            if interrupted.is_set():  # its connection was closed by the interrupt, not lost
+                update(host.name, HostState.INTERRUPTED, INTERRUPTED_DETAIL)
+                return
             detail = str(err) if isinstance(err, DdtreeOpsError) else traceback.format_exc(limit=-3).strip()
             if update(host.name, _failure_state(err, transport is not None), detail.splitlines()[-1], error=err):
                 if fail_fast:
@@ -220,6 +232,7 @@ def run_fanout(
                     transport.close()  # unblocks the worker; its late result is ignored
                 pending.discard(future)
     except KeyboardInterrupt:
+        interrupted.set()
         stop.set()
         with lock:
             open_now = list(transports.values())

@@ -43,6 +43,12 @@ DEFAULT_LOCK_WAIT_S = 30.0
 DEFAULT_MAX_HOLD_S = 6 * 3600.0
 
 
+def lock_wait_within(command_timeout: float, lock_wait_s: float = DEFAULT_LOCK_WAIT_S) -> float:
+    """How long a command may wait for the host lock: at most half its own deadline, so a held
+    lock is reported as held (naming its holder), never as a command that timed out."""
+    return min(lock_wait_s, command_timeout / 2)
+
+
 def release_dir(workdir: str, release_id: str) -> str:
     return posixpath.join(workdir, "releases", release_id)
 
@@ -213,7 +219,7 @@ def ensure_release(
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
     limit = timeout if timeout is not None else host.command_timeout
-    args = (bundle.release_id, str(keep), f"{lock_wait_s:g}", "1" if take_lock else "0")
+    args = (bundle.release_id, str(keep), f"{lock_wait_within(limit, lock_wait_s):g}", "1" if take_lock else "0")
     reply, sent = run_with_release_on_demand(transport, agent_argv(host, "push", *args), bundle, timeout=limit)
     return push_outcome(host, bundle, parse_agent_reply(host, "push", reply), sent)
 

@@ -15,7 +15,8 @@ stage's outcome):
         expected: pass
 
 A check is a regression when the measured value is worse than expected beyond the
-tolerance, or when a host did not measure it at all.
+tolerance, is not a finite number (the runner writes inf/nan as "inf", "-inf", "nan"), or when
+a host did not measure it at all. A non-finite `expected` is refused when the file is read.
 
 The other kind of baseline is a decode baseline (`"format": "ddtree-ops-baseline/1"`, written
 by `ddtree-ops baseline import|paper`): `compare_decode` checks every host's decode-bench
@@ -287,7 +288,7 @@ def parse_metric_checks(data: dict[str, Any], path: Path) -> list[MetricCheck]:
             raise ConfigError(f"{where}.metric: expected '<stage>.<name>', got {metric!r}")
         if "expected" not in entry:
             raise ConfigError(f"{where}: missing `expected`")
-        if isinstance(entry["expected"], float) and not math.isfinite(entry["expected"]):
+        if _is_non_finite(entry["expected"]):  # inf would pass every `lower` check, nan fail all
             raise ConfigError(f"{where}.expected: expected a finite value, got {entry['expected']!r}")
         try:
             better = Better(entry.get("better", "equal"))
@@ -311,6 +312,13 @@ def parse_metric_checks(data: dict[str, Any], path: Path) -> list[MetricCheck]:
     return checks
 
 
+def _is_non_finite(value: Any) -> bool:
+    """A float infinity or NaN, or its string form ("inf", "-inf", "nan": how the runner writes
+    non-finite values, smoke/protocol.py jsonable)."""
+    number = _as_number(value)
+    return number is not None and not math.isfinite(number)
+
+
 def _as_number(value: Any) -> float | None:
     if isinstance(value, bool) or value is None:
         return None
@@ -332,7 +340,9 @@ def judge(check: MetricCheck, measured: Any) -> tuple[bool, str]:
     if expected is None or isinstance(check.expected, bool):
         same = measured == check.expected and type(measured) is type(check.expected)
         return same, "equal" if same else "differs"
-    if got is None or math.isnan(got):
+    if not math.isfinite(expected):  # refused when a baseline is loaded; never a pass
+        return False, "expected value is not a finite number"
+    if got is None or not math.isfinite(got):  # "inf" / "-inf" / "nan" as the runner writes them
         return False, "not a number"
     slack = abs(expected) * check.tolerance + check.abs_tolerance
     if check.better is Better.LOWER:
@@ -377,6 +387,16 @@ class DecodeCheck:
     ok: bool
     why: str
 
+    @property
+    def verdict(self) -> str:
+        """ok, regression, or outside tolerance: a value above the baseline beyond a two-sided
+        tolerance (tau far above it: a different setup, still exit 5, but not a loss)."""
+        if self.ok:
+            return "ok"
+        above = _as_number(self.measured) is not None and _as_number(self.expected) is not None \
+            and self.tolerance is not None and _as_number(self.measured) > _as_number(self.expected)
+        return "outside tolerance" if above else "regression"
+
     def line(self) -> str:
         bound = f" ± {self.tolerance:g}" if self.tolerance is not None else ""
         return (f"{self.metric} on {self.host}: expected {self.expected!r}{bound}, "
@@ -385,7 +405,7 @@ class DecodeCheck:
     def to_dict(self) -> dict[str, Any]:
         return {"metric": self.metric, "host": self.host, "expected": self.expected,
                 "measured": self.measured, "tolerance": self.tolerance, "ok": self.ok,
-                "why": self.why}
+                "verdict": self.verdict, "why": self.why}
 
 
 @dataclass
@@ -393,7 +413,10 @@ class DecodeComparison:
     tau_tolerance: float
     checks: list[DecodeCheck]
     rows: list[dict[str, Any]]  # one per (host, method): run and baseline side by side
-    notes: list[str]  # hosts not compared and why
+    notes: list[str]  # hosts and baseline methods not compared, and why
+    # baseline methods of a cell a host measured that its run has no row for:
+    # {host, method, baseline_cell, regression, why}
+    not_compared: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def regressions(self) -> list[DecodeCheck]:
@@ -401,7 +424,8 @@ class DecodeComparison:
 
     def to_dict(self) -> dict[str, Any]:
         return {"tau_tolerance": self.tau_tolerance, "comparisons": [c.to_dict() for c in self.checks],
-                "rows": self.rows, "notes": self.notes, "regressions": len(self.regressions)}
+                "rows": self.rows, "notes": self.notes, "not_compared": self.not_compared,
+                "regressions": len(self.regressions)}
 
 
 def _cell_name(key: tuple[Any, ...]) -> str:
@@ -421,6 +445,18 @@ def _aliases(summaries: list[Any], dataset: str | None, model: str | None) -> tu
     return datasets, models
 
 
+def _row_verdict(row: Any) -> str | None:
+    """A comparison row's word: None (nothing to judge), ok, regression, or outside tolerance
+    (tau above the baseline's beyond the tolerance, tokens fine)."""
+    if row.tau_ok is None and row.lossless_ok is None:
+        return None
+    if row.ok:
+        return "ok"
+    if row.lossless_ok is not False and row.tau > row.baseline_tau:
+        return "outside tolerance"
+    return "regression"
+
+
 def compare_decode(report: Report, baseline: Any, tau_tolerance: float = DEFAULT_TAU_TOLERANCE,
                    dataset: str | None = None, model: str | None = None) -> DecodeComparison:
     """Every host's decode-bench rows against a decode baseline (`ddtree_ops.baselines.Baseline`).
@@ -428,8 +464,12 @@ def compare_decode(report: Report, baseline: Any, tau_tolerance: float = DEFAULT
     Per method: tau within `tau_tolerance` of the baseline cell (same dataset, model,
     temperature and method; `dataset` / `model` name the baseline's cell when the run's names
     differ, e.g. our prompt set standing in for math500) and, at T=0, every request
-    token-identical to AR. A host whose decode-bench failed, or whose rows match no baseline
-    cell, is a regression too (nothing could be checked); a host that skipped it is noted.
+    token-identical to AR (an unmeasured identity is a regression too). A host whose
+    decode-bench failed, did not run, or passed without rows, or whose rows match no baseline
+    cell, is a regression (nothing could be checked); only a host that skipped it (no models)
+    is noted. Baseline methods of a matched cell that the host lacks: a budget the run did not
+    sweep is noted; `dflash`, AR (`baseline`) or `ddtree_best`, which decode-bench always
+    measures, is a `not measured` regression.
     """
     from ddtree.runsummary import AUTOREGRESSIVE_KEY
     from ddtree_ops.baselines import compare_with_baseline
@@ -440,17 +480,25 @@ def compare_decode(report: Report, baseline: Any, tau_tolerance: float = DEFAULT
     table: list[dict[str, Any]] = []
     notes: list[str] = []
     compared_hosts = 0
+    not_compared: list[dict[str, Any]] = []
     for host in report.hosts:
         status = report.statuses[host].get(DECODE_STAGE)
         reason = report.reasons[host].get(DECODE_STAGE, "")
         summaries = _run_summaries(report, host)
         if not summaries:
-            if status in (StageStatus.FAIL.value, StageStatus.NOT_RUN.value):
-                checks.append(DecodeCheck(f"{DECODE_STAGE}.{DECODE_TABLE}", host, "decode-bench results", None,
-                                          None, False, f"not measured: decode-bench {status}: {reason}"))
+            if status == StageStatus.SKIP.value:
+                notes.append(f"{host}: not compared (decode-bench skip: {reason})")
+            elif status is None and DECODE_STAGE not in report.stages:
+                notes.append(f"{host}: not compared (no decode-bench in this run)")
             else:
-                why = f"decode-bench {status}: {reason}" if status else "no decode-bench in this run"
-                notes.append(f"{host}: not compared ({why})")
+                if status == StageStatus.PASS.value:
+                    what = f"decode-bench pass without {DECODE_TABLE} rows: {reason}"
+                elif status is None:
+                    what = f"no decode-bench result (host {report.outcomes[host].value})"
+                else:
+                    what = f"decode-bench {status}: {reason}"
+                checks.append(DecodeCheck(f"{DECODE_STAGE}.{DECODE_TABLE}", host, "decode-bench results", None,
+                                          None, False, f"not measured: {what}"))
             continue
         compared_hosts += 1
         datasets, models = _aliases(summaries, dataset, model)
@@ -463,23 +511,39 @@ def compare_decode(report: Report, baseline: Any, tau_tolerance: float = DEFAULT
                           "baseline_tau": row.baseline_tau, "speedup": row.speedup,
                           "baseline_speedup": row.baseline_speedup, "identical_to_ar": row.identical_to_ar,
                           "baseline_cell": cell if row.tau_ok is not None else None,
-                          "ok": row.ok if (row.tau_ok is not None or row.lossless_ok is not None) else None})
+                          "ok": row.ok if (row.tau_ok is not None or row.lossless_ok is not None) else None,
+                          "verdict": _row_verdict(row)})
             if method == AUTOREGRESSIVE_KEY:
                 continue  # the reference itself: tau 1 and identical by construction
             if row.tau_ok is not None:
                 matched += 1
-                why = "within tolerance" if row.tau_ok else "outside tolerance"
+                delta = row.tau - row.baseline_tau
+                why = f"{delta:+.3f}, {'within' if row.tau_ok else 'outside'} tolerance"
                 if method == "ddtree_best":
                     why += f", fastest budget {row.budget}"
                 checks.append(DecodeCheck(f"{DECODE_STAGE}.tau.{method}", host, row.baseline_tau,
                                           round(row.tau, 4), tau_tolerance, bool(row.tau_ok),
                                           f"{why}; baseline {cell}"))
             if row.lossless_ok is not None:
-                differ = 1.0 - (row.identical_to_ar or 0.0)
-                checks.append(DecodeCheck(
-                    f"{DECODE_STAGE}.identical_to_ar.{method}", host, 1.0, row.identical_to_ar, None,
-                    bool(row.lossless_ok), "token-identical to AR at T=0" if row.lossless_ok
-                    else f"tokens differ from AR at T=0 on {differ:.0%} of requests"))
+                if row.identical_to_ar is None:
+                    why = "not measured: no identical_to_ar at T=0"
+                elif row.lossless_ok:
+                    why = "token-identical to AR at T=0"
+                else:
+                    why = f"tokens differ from AR at T=0 on {1.0 - row.identical_to_ar:.0%} of requests"
+                checks.append(DecodeCheck(f"{DECODE_STAGE}.identical_to_ar.{method}", host, 1.0,
+                                          row.identical_to_ar, None, bool(row.lossless_ok), why))
+        for entry in result.not_compared:
+            cell = _cell_name(entry.key)
+            if entry.budget is not None:  # the operator's budget sweep: a choice, not a loss
+                why = f"the run measured no budget {entry.budget}"
+                notes.append(f"{host}: {entry.method} of baseline {cell} not compared ({why})")
+            else:
+                why = f"not measured: the run has no {entry.method} row for baseline {cell}"
+                checks.append(DecodeCheck(f"{DECODE_STAGE}.tau.{entry.method}", host, entry.tau, None,
+                                          tau_tolerance, False, why))
+            not_compared.append({"host": host, "method": entry.method, "baseline_cell": cell,
+                                 "regression": entry.budget is None, "why": why})
         if not matched:
             run_cells = sorted({_cell_name(s.key) for s in summaries})
             offered = sorted({e.dataset for e in baseline.entries})
@@ -491,7 +555,8 @@ def compare_decode(report: Report, baseline: Any, tau_tolerance: float = DEFAULT
     if not compared_hosts and not checks:
         checks.append(DecodeCheck(f"{DECODE_STAGE}.{DECODE_TABLE}", "-", "decode-bench results", None, None,
                                   False, f"no host of run {report.run_id} measured decode-bench"))
-    return DecodeComparison(tau_tolerance=tau_tolerance, checks=checks, rows=table, notes=notes)
+    return DecodeComparison(tau_tolerance=tau_tolerance, checks=checks, rows=table, notes=notes,
+                            not_compared=not_compared)
 
 
 def decode_baseline_overlay(report: Report, baseline: Any, dataset: str | None = None,

@@ -113,13 +113,34 @@ def parse_record(line: str) -> dict[str, Any] | None:
     return None
 
 
+def record_owner_error(record: dict[str, Any], run_id: str, host: str) -> str | None:
+    """Why a record is not this run's and host's, or None. Every record carries `run_id` and
+    `host` (smoke/protocol.py make_event): another run's log copied into this folder must
+    never be read as this run's result."""
+    from ddtree_ops.ids import shown
+
+    for name, expected, owner in (("run_id", run_id, "run"), ("host", host, "host")):
+        if name not in record:
+            return f"no {name} (expected {shown(expected)}): not a record of this {owner}"
+        if record[name] != expected:
+            return f"{name} {shown(record[name])} is not this {owner}'s {shown(expected)}: a record of another {owner}"
+    return None
+
+
+def check_record_owner(record: dict[str, Any], run_id: str, host: str, where: str) -> None:
+    """ConfigError naming `where` (file and line) for a record of another run or host."""
+    why = record_owner_error(record, run_id, host)
+    if why is not None:
+        raise ConfigError(f"{where}: {why}")
+
+
 # ----------------------------------------------------------------------------- writing
 
 class HostRecorder:
     """Writes one host's records as they arrive (thread-confined: one per host thread)."""
 
-    def __init__(self, host_dir: Path, host: str, meta: dict[str, Any]):
-        self.host_dir, self.host = host_dir, host
+    def __init__(self, host_dir: Path, host: str, meta: dict[str, Any], run_id: str):
+        self.host_dir, self.host, self.run_id = host_dir, host, run_id
         (host_dir / "stages").mkdir(parents=True, exist_ok=True)
         self._events = open(host_dir / "events.jsonl", "a", encoding="utf-8")
         self._stray = host_dir / "output.log"
@@ -134,6 +155,8 @@ class HostRecorder:
         record = parse_record(line)
         if self._events.closed:  # a line after the run was settled (Ctrl-C): the host has it
             return record
+        if record is not None and record_owner_error(record, self.run_id, self.host) is not None:
+            record = None  # another run's or host's record: kept as stray output, never as ours
         if record is None:
             if line.strip():
                 with self._stray.open("a", encoding="utf-8") as out:
@@ -197,7 +220,7 @@ class RunStore:
         write_json_atomic(path, data)
 
     def host_recorder(self, run_id: str, host: str, meta: dict[str, Any]) -> HostRecorder:
-        return HostRecorder(self.run_dir(run_id) / host, host, meta)
+        return HostRecorder(self.run_dir(run_id) / host, host, meta, run_id)
 
     def list_runs(self) -> list[str]:
         if not self.root.is_dir():
@@ -224,7 +247,7 @@ class RunStore:
             raise ConfigError(f"{path / 'run.json'}: hosts: expected a list, got {type(hosts).__name__}")
         hosts = [check_host_dir_name(path / "run.json", h) for h in hosts]
         return RunRecord(run_id=run_id, path=path, meta=meta,
-                         hosts={h: load_host(path / h, h) for h in hosts})
+                         hosts={h: load_host(path / h, h, run_id) for h in hosts})
 
 
 # ----------------------------------------------------------------------------- reading
@@ -306,11 +329,28 @@ class RunRecord:
         return names
 
 
-def read_events(path: Path) -> list[dict[str, Any]]:
+def read_events(path: Path, run_id: str | None = None, host: str | None = None) -> list[dict[str, Any]]:
+    """The smoke records of an event log; with run_id and host, ConfigError naming the file and
+    line for a record of another run or host (nothing of a mixed log is used)."""
     if not path.is_file():
         return []
+    records = []
     with path.open(encoding="utf-8", errors="replace") as handle:
-        return [r for r in (parse_record(line) for line in handle) if r is not None]
+        for number, line in enumerate(handle, 1):
+            record = parse_record(line)
+            if record is None:
+                continue
+            if run_id is not None and host is not None:
+                check_record_owner(record, run_id, host, f"{path}: line {number}")
+            records.append(record)
+    return records
+
+
+def read_stage_copy(path: Path, run_id: str, host: str) -> dict[str, Any]:
+    """A `stages/<stage>.json` copy (a stage_end record), refused if another run's or host's."""
+    record = read_json(path)
+    check_record_owner(record, run_id, host, str(path))
+    return record
 
 
 def _stage_record(record: dict[str, Any], where: Path) -> StageRecord:
@@ -320,11 +360,12 @@ def _stage_record(record: dict[str, Any], where: Path) -> StageRecord:
         raise ConfigError(f"{where}: stage {str(record.get('stage'))!r:.60}: {err}") from None
 
 
-def load_host(host_dir: Path, host: str) -> HostRecord:
+def load_host(host_dir: Path, host: str, run_id: str) -> HostRecord:
     """A host's results from its folder; the event log is the truth, `collect` may have
-    replaced it with the host's own (more complete) copy."""
+    replaced it with the host's own (more complete) copy. A record of another run or host
+    (a log copied by hand) is a ConfigError naming the file: never shown as this run's."""
     meta = read_json(host_dir / "run.json")
-    events = read_events(host_dir / "events.jsonl")
+    events = read_events(host_dir / "events.jsonl", run_id, host)
     planned: list[str] = []
     started: set[str] = set()
     ended: dict[str, StageRecord] = {}
@@ -343,7 +384,7 @@ def load_host(host_dir: Path, host: str) -> HostRecord:
     for stage_file in sorted((host_dir / "stages").glob("*.json")):  # e.g. events lost
         if stage_file.stem in ended:
             continue  # the event log has it: the copy is only a fallback
-        stage_record = _stage_record(read_json(stage_file), stage_file)
+        stage_record = _stage_record(read_stage_copy(stage_file, run_id, host), stage_file)
         ended.setdefault(stage_record.stage, stage_record)
     outcome_note = meta.get("outcome")
     error = meta.get("error")
@@ -407,23 +448,30 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def adopt_remote_records(host_dir: Path) -> bool:
-    """Use the host's own event log when it holds more records than the streamed one."""
-    import shutil
+def adopt_remote_records(host_dir: Path, run_id: str, host: str) -> bool:
+    """Use the host's own event log when it holds more records than the streamed one.
 
-    remote_events = host_dir / "remote" / "events.jsonl"
+    Everything is read and checked first: a record of another run or host in the host's log or
+    stage copies (e.g. another run's files copied there) is a ConfigError naming the file, and
+    the local records stay as they were."""
+    remote = host_dir / "remote"
+    remote_events = remote / "events.jsonl"
     if not remote_events.is_file():
         return False
-    theirs, ours = read_events(remote_events), read_events(host_dir / "events.jsonl")
+    theirs = read_events(remote_events, run_id, host)
+    ours = read_events(host_dir / "events.jsonl")
     if len(theirs) <= len(ours):
         return False
+    stage_copies = {stage_file.name: read_stage_copy(stage_file, run_id, host)
+                    for stage_file in sorted((remote / "stages").glob("*.json"))
+                    if _STAGE_RE.fullmatch(stage_file.stem)}
+    import shutil
+
     tmp = host_dir / ".events.jsonl.tmp"
     shutil.copyfile(remote_events, tmp)
     os.replace(tmp, host_dir / "events.jsonl")
-    (host_dir / "stages").mkdir(exist_ok=True)
-    for stage_file in sorted((host_dir / "remote" / "stages").glob("*.json")):
-        if _STAGE_RE.fullmatch(stage_file.stem):
-            write_json_atomic(host_dir / "stages" / stage_file.name, read_json(stage_file))
+    for name, record in stage_copies.items():
+        write_json_atomic(host_dir / "stages" / name, record)
     meta = read_json(host_dir / "run.json")
     meta["collected"] = time.time()
     if any(r.get("event") == "run_end" for r in theirs):

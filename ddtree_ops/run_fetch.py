@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ddtree_ops.errors import RemoteStepError
+from ddtree_ops.errors import ConfigError, RemoteStepError
 from ddtree_ops.inventory import Host
 from ddtree_ops.remote_layout import agent_argv, agent_preamble, parse_agent_reply
 from ddtree_ops.results import adopt_remote_records, sha256_file
@@ -200,7 +200,8 @@ def collect_host_files(transport: Transport, host: Host, workdir: str, run_id: s
                        timeout: float, max_bytes: int = DEFAULT_MAX_BYTES) -> CollectSummary:
     """Fetch the files the host kept for run_id into `<host_dir>/remote/` that we do not hold
     yet (one agent process, one stream), then adopt the host's event log and stage records
-    when they are more complete than what streamed back."""
+    when they are more complete than what streamed back and every record is this run's and
+    this host's (else RemoteStepError naming the file; the local records stay as they were)."""
     from ddtree_ops.ids import IdKind, check_cli_id
 
     check_cli_id(IdKind.RUN, run_id)
@@ -237,5 +238,8 @@ def collect_host_files(transport: Transport, host: Host, workdir: str, run_id: s
             f"{outcome.changed[0]}); {len(outcome.fetched)} landed; run collect again")
     summary = CollectSummary(host.name, fetched=outcome.fetched, unchanged=int(reply.get("kept", 0)),
                              skipped=[str(s) for s in reply.get("skipped", [])])
-    summary.merged_events = adopt_remote_records(host_dir)
+    try:
+        summary.merged_events = adopt_remote_records(host_dir, run_id, host.name)
+    except ConfigError as err:  # e.g. another run's log on the host: the files stay in remote/
+        raise RemoteStepError(f"{host.name}: collect: not adopted, local records kept: {err}") from None
     return summary

@@ -60,10 +60,14 @@ def _compile_release_from_source(release_root: str) -> None:
 if __package__ in (None, ""):
     # Run as a script: import `smoke` and `ddtree` from the release this file belongs to,
     # ahead of anything else on the host's sys.path (the script's own folder is dropped so
-    # `smoke/*.py` never shadows a top-level module), compiled from their sources.
-    _script_dir = os.path.dirname(os.path.abspath(__file__))
+    # `smoke/*.py` never shadows a top-level module), compiled from their sources. The path is
+    # resolved once, here: `current` may be switched by a push during the run, and every stage
+    # must still come from the release the run started with.
+    _script_dir = os.path.dirname(os.path.realpath(__file__))
     _release_root = os.path.dirname(_script_dir)
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _script_dir]
+    _own_dirs = {_script_dir, os.path.dirname(os.path.abspath(__file__))}
+    sys.path[:] = [p for p in sys.path
+                   if os.path.abspath(p or ".") not in _own_dirs and os.path.realpath(p or ".") not in _own_dirs]
     sys.path[:0] = [_release_root, os.path.join(_release_root, "src")]
     _compile_release_from_source(_release_root)
 
@@ -84,6 +88,10 @@ from smoke.protocol import (  # noqa: E402
     make_event,
     stage_module_name,
 )
+
+# The release this runner belongs to, `current` resolved as the run starts (a push may switch
+# `current` while the run goes on).
+OWN_RELEASE_ROOT = Path(os.path.realpath(__file__)).parent.parent
 
 DEFAULT_STAGE_TIMEOUT_S = 600.0
 HEARTBEAT_S = 5.0
@@ -335,6 +343,32 @@ def _mp_context() -> Any:
     return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
 
 
+class _Keepalive:
+    """A blank stdout line every HEARTBEAT_S while the runner has no event to send (importing
+    torch can take a minute on a GPU host): the operator side treats a silent host as frozen.
+    Blank lines are not records; nothing else writes stdout meanwhile."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+
+    def _beat(self) -> None:
+        while not self._done.wait(HEARTBEAT_S):
+            try:
+                sys.stdout.write("\n")
+                sys.stdout.flush()
+            except (BrokenPipeError, OSError):
+                return
+
+    def __enter__(self) -> "_Keepalive":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._done.set()
+        self._thread.join()
+
+
 def _preload() -> dict[str, Any]:
     """Import torch and ddtree once in the parent, so forked workers share them."""
     info: dict[str, Any] = {"python": sys.version.split()[0], "executable": sys.executable}
@@ -361,11 +395,10 @@ def release_problem(release_root: Path, workdir: Path, default_root: bool) -> st
     and the `import` stage says it is not a pushed release."""
     from smoke.release_check import check_release, has_manifest, summary
 
-    if default_root:
+    if default_root:  # the runner's own release, reached through `current`
         releases = os.path.realpath(workdir / "releases")
-        target = os.path.realpath(release_root)
-        if os.path.dirname(target) != releases:
-            return f"{release_root} points to {target}, not to a release in {releases}"
+        if os.path.dirname(os.path.realpath(release_root)) != releases:
+            return f"{workdir / 'current'} leads to {release_root}, not to a release in {releases}"
     if not has_manifest(release_root):
         return None
     release_id, problems = check_release(release_root)
@@ -507,7 +540,7 @@ def command_run(args: argparse.Namespace) -> int:
     workdir = Path(os.path.expanduser(args.workdir))
     run_dir = workdir / "runs" / args.run_id
     release_root = Path(os.path.expanduser(args.release_root)) if args.release_root \
-        else workdir / "current"
+        else OWN_RELEASE_ROOT
     sink = EventSink(run_dir, args.run_id, args.host)
     (run_dir / PID_FILE).write_text(f"{os.getpid()}\n", encoding="utf-8")
     signal.signal(signal.SIGTERM, _raise_interrupted)
@@ -534,7 +567,8 @@ def command_run(args: argparse.Namespace) -> int:
             print(f"runner: {refusal}", file=sys.stderr)
         else:
             try:
-                preload = _preload()
+                with _Keepalive():
+                    preload = _preload()
             except Interrupted as why:  # stopped while torch was importing (seconds on a GPU host)
                 preload = {"python": sys.version.split()[0], "interrupted": str(why)}
                 interrupted = str(why)

@@ -10,12 +10,29 @@ import os
 import sys
 import traceback
 from pathlib import Path
+from typing import Any, Optional
 
 import typer
+from typer.core import TyperGroup
 
 from ddtree_ops.errors import DdtreeOpsError, ExitCode
 
+
+class CommandInterrupted(Exception):
+    """A KeyboardInterrupt (Ctrl-C, or SIGTERM turned into one) that left a command. Typer
+    would turn it into a silent `Exit(130)`; carried this way it reaches the boundary."""
+
+
+class _InterruptCarryingGroup(TyperGroup):
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as err:
+            raise CommandInterrupted() from err
+
+
 app = typer.Typer(
+    cls=_InterruptCarryingGroup,
     name="ddtree-ops",
     help="Push the DDTree core to GPU hosts, smoke-test it there, and deploy the SGLang plugin.",
     no_args_is_help=True,
@@ -89,37 +106,108 @@ def _say(message: str) -> None:
     sys.stderr.write(f"ddtree-ops: {message}\n")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; return (and exit with) the process exit code."""
-    prepare()
-    _route_library_logs()
+def _run_command(args: list[str]) -> tuple[int, Optional[str]]:
+    """Run the command; report a failure on stderr (one line, or Click's usage text). Returns
+    the exit code and that failure as one line for a JSON document (None: nothing failed here)."""
     try:
-        result = app(args=argv, standalone_mode=False, prog_name="ddtree-ops")
-        code = int(result) if isinstance(result, int) else ExitCode.OK
+        result = app(args=args, standalone_mode=False, prog_name="ddtree-ops")
+        return (int(result) if isinstance(result, int) else ExitCode.OK), None
     except DdtreeOpsError as err:
         _say(f"error: {err}")
-        code = err.exit_code
+        return err.exit_code, str(err)
     except typer.Exit as exit_:
-        code = exit_.exit_code
-    except typer.Abort:
+        return exit_.exit_code, None
+    except (CommandInterrupted, KeyboardInterrupt, typer.Abort):
         _say("interrupted")
-        code = ExitCode.INTERRUPTED
+        return ExitCode.INTERRUPTED, "interrupted"
     except typer.TyperException as err:
         # Typer 0.29 vendors click: its usage errors derive from TyperException, not click's.
+        message = err.format_message() if hasattr(err, "format_message") else str(err)
         show = getattr(err, "show", None)
         if callable(show):
             show()
         else:
-            _say(f"error: {err.format_message()}")
-        code = ExitCode.USAGE
-    except KeyboardInterrupt:
-        _say("interrupted")
-        code = ExitCode.INTERRUPTED
+            _say(f"error: {message}")
+        return ExitCode.USAGE, message
     except Exception as err:  # noqa: BLE001 - the boundary: a bug, reported in one line
         log = _record_traceback()
         where = f" (traceback in {log})" if log else ""
-        _say(f"unexpected error: {type(err).__name__}: {err}{where}")
-        code = ExitCode.UNEXPECTED
+        message = f"unexpected error: {type(err).__name__}: {err}{where}"
+        _say(message)
+        return ExitCode.UNEXPECTED, message
+
+
+def _flag_scan(args: list[str]) -> bool:
+    """`--json` among the options (not after `--`): the fallback when Click cannot parse."""
+    options = args[: args.index("--")] if "--" in args else args
+    return "--json" in options
+
+
+def json_request(args: list[str]) -> tuple[Optional[str], bool]:
+    """The command path (`push`, `hosts check`; None when no command was named) and whether it
+    was given `--json`, read the way Click reads it (resilient parsing, past unknown options:
+    a bad value elsewhere does not hide `--json`; `--set --json` is a --set value); by
+    scanning the words when no command was resolved or even that parsing fails."""
+    command: Any = typer.main.get_command(app)
+    path: list[str] = []
+    rest = list(args)
+    while hasattr(command, "commands") and rest and not rest[0].startswith("-"):
+        sub = command.commands.get(rest[0])
+        if sub is None:
+            break
+        path.append(rest.pop(0))
+        command = sub
+    name = " ".join(path) or None
+    if not path or hasattr(command, "commands"):
+        return name, _flag_scan(rest)
+    json_param = next((p for p in command.params if "--json" in getattr(p, "opts", ())), None)
+    if json_param is None:
+        return name, False
+    try:
+        ctx = command.make_context(f"ddtree-ops {name}", rest, resilient_parsing=True,
+                                   ignore_unknown_options=True)
+    except Exception:  # noqa: BLE001 - whatever Click cannot read even so
+        return name, _flag_scan(rest)
+    return name, bool(ctx.params.get(json_param.name))
+
+
+def _emit_error_document(args: list[str], code: int, error: Optional[str]) -> None:
+    """Under `--json`, a failure that produced no document still gets one, so a script piping
+    into `jq` reads the exit code and the reason instead of nothing."""
+    from ddtree_ops.cli.console import emit_json
+
+    try:
+        command, wanted = json_request(args)
+    except Exception:  # noqa: BLE001 - reading argv again must never cost the report
+        command, wanted = None, _flag_scan(args)
+    if not wanted:
+        return
+    if error is None:
+        error = "interrupted" if code == ExitCode.INTERRUPTED else f"failed with exit code {code}"
+    try:
+        emit_json({"command": command, "exit_code": int(code), "error": error})
+    except (OSError, ValueError):  # the reader went away: the exit code still says it
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; return (and exit with) the process exit code.
+
+    The one error boundary: every failure ends here as its exit code and one stderr line;
+    under `--json` exactly one JSON document is on stdout whatever happened (the command's,
+    or `{"command", "exit_code", "error"}` written here when it wrote none)."""
+    from ddtree_ops.cli.console import documents_emitted
+    from ddtree_ops.cli.interrupts import signals_interrupt
+
+    prepare()
+    _route_library_logs()
+    args = list(sys.argv[1:] if argv is None else argv)
+    documents_before = documents_emitted()
+    with signals_interrupt() as settle:
+        code, error = _run_command(args)
+        settle()
+        if code != ExitCode.OK and documents_emitted() == documents_before:
+            _emit_error_document(args, code, error)
     if argv is None:
         sys.exit(int(code))
     return int(code)

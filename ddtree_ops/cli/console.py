@@ -41,10 +41,11 @@ _STATE_STYLE = {
     "unreachable": "red",
     "timed out": "red",
     "skipped": "dim",
+    "interrupted": "magenta",
 }
 
 
-_FINAL_STATES = {"ok", "failed", "unreachable", "timed out", "skipped"}
+_FINAL_STATES = {"ok", "failed", "unreachable", "timed out", "skipped", "interrupted"}
 
 
 def stderr_console() -> Console:
@@ -61,9 +62,20 @@ def stdout_console() -> Console:
     return probe if probe.is_terminal else Console(highlight=False, width=200, soft_wrap=False)
 
 
+_documents_emitted = 0  # how many JSON documents this process began to write on stdout
+
+
 def emit_json(document: Any) -> None:
+    """Write the command's one JSON document on stdout (the CLI boundary writes one for an
+    error only when none was begun here, so a script never reads two)."""
+    global _documents_emitted
+    _documents_emitted += 1  # counted first: a document cut short by a closed pipe still counts
     sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
     sys.stdout.flush()
+
+
+def documents_emitted() -> int:
+    return _documents_emitted
 
 
 def say(message: str) -> None:

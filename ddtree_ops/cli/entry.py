@@ -8,7 +8,8 @@ pydantic, rich and paramiko. Two things cost it more than they are worth here:
   stderr are flushed, the process ends with `os._exit`. Every file the commands write is
   closed or flushed by then (results are written atomically as they arrive), so nothing is lost.
 
-`main()` itself stays a plain function: the tests call it many times in one process.
+`main()` itself stays a plain function: the tests call it many times in one process (it turns
+SIGTERM into an interrupt only while a command runs, see `ddtree_ops.cli.interrupts`).
 """
 from __future__ import annotations
 
@@ -26,6 +27,11 @@ def run() -> None:
     finally:
         gc.freeze()
         gc.enable()
+    from ddtree_ops.cli.interrupts import keep_settled_after_command
+
+    # Once the command has reported, a late signal (a second CI cancel) neither kills the
+    # process before its output is flushed nor raises: the exit status is already decided.
+    keep_settled_after_command()
     code = main(sys.argv[1:])
     _flush_or_drop(sys.stdout)
     _flush_or_drop(sys.stderr)

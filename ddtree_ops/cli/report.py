@@ -124,7 +124,8 @@ def render_decode_comparison(comparison: "DecodeComparison", console: "Console")
                          else "right")
     for row in comparison.rows:
         same = row.get("identical_to_ar")
-        verdict = {True: "[green]ok[/]", False: "[bold red]REGRESSION[/]", None: "[dim]-[/]"}[row["ok"]]
+        verdict = {"ok": "[green]ok[/]", "regression": "[bold red]REGRESSION[/]", None: "[dim]-[/]",
+                   "outside tolerance": "[bold red]OUTSIDE TOLERANCE[/]"}[row.get("verdict")]
         table.add_row(escape(str(row["host"])), escape(str(row["method"])),
                       "-" if row.get("budget") is None else str(row["budget"]),
                       _ms(row.get("tau")), _ms(row.get("baseline_tau")), _ms(row.get("speedup")),
@@ -132,9 +133,10 @@ def render_decode_comparison(comparison: "DecodeComparison", console: "Console")
                       f"{same:.0%}" if isinstance(same, (int, float)) else "-",
                       escape(row.get("baseline_cell") or "no cell"), verdict)
     console.print(table)
+    marks = {"ok": "[green]ok[/]        ", "regression": "[bold red]REGRESSION[/]",
+             "outside tolerance": "[bold red]OUTSIDE TOLERANCE[/]"}
     for item in comparison.checks:
-        mark = "[green]ok[/]        " if item.ok else "[bold red]REGRESSION[/]"
-        console.print(f"{mark} {escape(item.line())}", highlight=False)
+        console.print(f"{marks[item.verdict]} {escape(item.line())}", highlight=False)
     for note in comparison.notes:
         console.print(f"[yellow]note[/] {escape(note)}", highlight=False)
 
@@ -232,8 +234,8 @@ def report(
             say(f"wrote {path}")
         if plot is not None and not plots:
             say("no tree-bench or decode-bench results in this run: nothing to plot")
-    for item in regressions:
-        say(f"regression: {item.line()}")
+    for item in regressions:  # a tau far above the baseline is no loss: said as it is (still exit 5)
+        say(f"{getattr(item, 'verdict', 'regression')}: {item.line()}")
     if unchecked:
         hosts = sorted({item.host for item in unchecked})
         say(f"{len(unchecked)} baseline check(s) not made: host(s) {', '.join(hosts)} not in this run")

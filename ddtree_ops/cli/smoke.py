@@ -144,7 +144,7 @@ class SmokeView:
     def phase(self, host: str, phase: str, detail: str = "") -> None:
         with self.lock:
             self.hosts[host].phase, self.hosts[host].detail = phase, detail
-        if self.live is None and not self.quiet and phase in ("failed",):
+        if self.live is None and not self.quiet and phase in ("failed", "unreachable", "timed out"):
             self._line(f"{host}: {phase}: {detail}")
 
     def record(self, host: str, record: dict[str, Any]) -> None:
@@ -229,9 +229,14 @@ def runner_argv(host: "Host", workdir: str, plan: SmokePlan, subcommand: str = "
 
 
 def run_timeout(plan: SmokePlan, host: "Host") -> float:
-    """The runner enforces per-stage timeouts; this only bounds a runner gone silent."""
+    """The runner enforces per-stage timeouts; this only bounds the whole run."""
     stages = max(len(plan.stages), 9)
     return max(host.command_timeout, stages * (plan.stage_timeout_s + 10) + 60)
+
+
+# The runner sends a heartbeat every 5 s (smoke/runner.py HEARTBEAT_S), even while it imports
+# torch: a host silent this long froze (or its network did), and is lost, not waited for.
+SILENCE_LIMIT_S = 60.0
 
 
 def run_smoke(
@@ -291,6 +296,8 @@ def run_smoke(
     runner_started: dict[str, str] = {}  # host -> workdir, once its runner is launched
     view = SmokeView(command, [h.name for h in selected], quiet=False)
 
+    stopping = threading.Event()  # set on Ctrl-C: runners ending without a result are expected
+
     def task(ctx: Any) -> int:
         host = ctx.host
         recorder = store.host_recorder(plan.run_id, host.name, {
@@ -315,15 +322,18 @@ def run_smoke(
                 view.record(host.name, record)
 
         result = ctx.transport.run(runner_argv(host, workdir, plan), on_stdout_line=on_line,
-                                   timeout=run_timeout(plan, host))
+                                   timeout=run_timeout(plan, host), idle_timeout=SILENCE_LIMIT_S)
         recorder.note(runner_exit_status=result.exit_status, finished=time.time())
         if result.stderr.strip():
             (recorder.host_dir / "runner.stderr").write_text(result.stderr, encoding="utf-8")
         if result.exit_status in (126, 127):
             raise RemoteStepError(f"{host.name}: cannot run {host.python!r}: {result.tail()}")
         if recorder.run_end is None:
+            if stopping.is_set():  # Ctrl-C: the runner was stopped; settle_hosts records it
+                return result.exit_status
+            why = result.stderr.strip()[-400:].replace("\n", " | ") or "no output on stderr"
             raise RemoteStepError(f"{host.name}: the runner ended without a result "
-                                  f"(exit {result.exit_status}): {result.tail()}")
+                                  f"(exit {result.exit_status}): {why}")
         view.phase(host.name, "done")
         return result.exit_status
 
@@ -331,7 +341,7 @@ def run_smoke(
         if state is HostState.CONNECTING:
             view.phase(name, "connecting", detail)
         elif state.terminal and state is not HostState.OK:
-            view.phase(name, "failed", detail)
+            view.phase(name, state.value, detail)  # unreachable / timed out / failed, as the JSON says
 
     interrupted = False
     fanout = None
@@ -340,6 +350,7 @@ def run_smoke(
             fanout = run_fanout(selected, task, parallel=parallel, on_progress=on_progress,
                                 accept_new_host_keys=accept_new_host_keys)
         except KeyboardInterrupt:
+            stopping.set()
             interrupted = True
     if interrupted:
         say("interrupted: stopping the remote runners, keeping what arrived")

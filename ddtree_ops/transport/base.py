@@ -87,9 +87,13 @@ class Transport(ABC):
         timeout: float | None = None,
         on_stdout_line: LineHandler | None = None,
         on_stderr_line: LineHandler | None = None,
+        idle_timeout: float | None = None,
     ) -> CommandResult:
         """Run argv on the host and wait for it. With `on_stdout_line`, each complete stdout
-        line is handed over as it arrives (and still collected in the result)."""
+        line is handed over as it arrives (and still collected in the result). With
+        `idle_timeout`, a command that sends nothing (stdout or stderr) for that long is
+        stopped and ConnectionLost raised: the host or the connection froze (a command that
+        keeps a heartbeat, like the smoke runner, is never silent that long)."""
 
     @abstractmethod
     def run_streaming(

@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import BinaryIO
 
-from ddtree_ops.errors import CommandTimeout, HostUnreachable, RemoteStepError
+from ddtree_ops.errors import CommandTimeout, ConnectionLost, HostUnreachable, RemoteStepError
 from ddtree_ops.transport.base import (
     ChunkHandler,
     CommandResult,
@@ -38,6 +38,7 @@ class LocalTransport(Transport):
         timeout: float | None = None,
         on_stdout_line: LineHandler | None = None,
         on_stderr_line: LineHandler | None = None,
+        idle_timeout: float | None = None,
         _stdout_chunks: ChunkHandler | None = None,
     ) -> CommandResult:
         argv = tuple(argv)
@@ -66,23 +67,21 @@ class LocalTransport(Transport):
 
         out_chunks: list[bytes] = []
         err_chunks: list[bytes] = []
+        heard = [started]  # when the command last wrote anything (pump threads update it)
         out_pump = (threading.Thread(target=_pump_chunks, args=(proc.stdout, _stdout_chunks), daemon=True)
                     if _stdout_chunks is not None else
-                    threading.Thread(target=_pump_lines, args=(proc.stdout, out_chunks, on_stdout_line), daemon=True))
+                    threading.Thread(target=_pump_lines, args=(proc.stdout, out_chunks, on_stdout_line, heard),
+                                     daemon=True))
         threads = [
             out_pump,
-            threading.Thread(target=_pump_lines, args=(proc.stderr, err_chunks, on_stderr_line), daemon=True),
+            threading.Thread(target=_pump_lines, args=(proc.stderr, err_chunks, on_stderr_line, heard), daemon=True),
         ]
         for thread in threads:
             thread.start()
         if stdin is not None:
             # Not joined: a stdin source may block until the command's output decides (push).
             threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
-        try:
-            status = proc.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            raise CommandTimeout(self.host_name, f"{argv[0]} ran longer than {limit:g}s; killed") from None
+        status = self._wait(proc, argv, started, limit, idle_timeout, heard)
         for thread in threads:
             # A chunk consumer (an unpacker) may lag behind the exited process: let it finish
             # within the command's deadline so no chunk arrives after we return.
@@ -96,6 +95,23 @@ class LocalTransport(Transport):
             stderr=b"".join(err_chunks).decode("utf-8", "replace"),
             duration_s=time.monotonic() - started,
         )
+
+    def _wait(self, proc: subprocess.Popen, argv: tuple[str, ...], started: float, limit: float,
+              idle_timeout: float | None, heard: list[float]) -> int:
+        deadline = started + limit
+        while True:
+            now = time.monotonic()
+            if idle_timeout is not None and now - heard[0] > idle_timeout:
+                _kill_group(proc)
+                raise ConnectionLost(self.host_name, f"{argv[0]} sent nothing for {idle_timeout:g}s "
+                                                     "(it froze); killed")
+            step = deadline - now if idle_timeout is None else min(deadline - now, 0.5)
+            try:
+                return proc.wait(timeout=max(step, 0))
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    _kill_group(proc)
+                    raise CommandTimeout(self.host_name, f"{argv[0]} ran longer than {limit:g}s; killed") from None
 
     def run_streaming(
         self,
@@ -125,8 +141,11 @@ class LocalTransport(Transport):
         return None
 
 
-def _pump_lines(stream: BinaryIO, sink: list[bytes], handler: LineHandler | None) -> None:
+def _pump_lines(stream: BinaryIO, sink: list[bytes], handler: LineHandler | None,
+                heard: list[float] | None = None) -> None:
     for line in iter(stream.readline, b""):
+        if heard is not None:
+            heard[0] = time.monotonic()
         sink.append(line)
         if handler is not None:
             handler(line.decode("utf-8", "replace").rstrip("\n"))

@@ -356,6 +356,7 @@ class SshTransport(Transport):
         timeout: float | None = None,
         on_stdout_line: LineHandler | None = None,
         on_stderr_line: LineHandler | None = None,
+        idle_timeout: float | None = None,
     ) -> CommandResult:
         argv = tuple(argv)
         limit = timeout if timeout is not None else self.command_timeout
@@ -363,7 +364,7 @@ class SshTransport(Transport):
         channel, _ = self._open_channel(argv, env, cwd)
         out = _LineCollector(on_stdout_line)
         err = _LineCollector(on_stderr_line)
-        status = self._pump(channel, stdin, limit, argv, started, out.feed, err.feed)
+        status = self._pump(channel, stdin, limit, argv, started, out.feed, err.feed, idle_timeout)
         return CommandResult(
             host=self.host_name,
             argv=argv,
@@ -374,9 +375,11 @@ class SshTransport(Transport):
         )
 
     def _pump(self, channel: paramiko.Channel, stdin: StdinSource, limit: float, argv, started: float,
-              on_out, on_err) -> int:
-        """Feed stdin, drain stdout/stderr, and wait for the exit status, all before the deadline."""
+              on_out, on_err, idle_limit: float | None = None) -> int:
+        """Feed stdin, drain stdout/stderr, and wait for the exit status, all before the deadline
+        (and, with `idle_limit`, never longer than that without a byte from the command)."""
         deadline = started + limit
+        last_heard = started
         channel.settimeout(limit)
         writer = None
         if stdin is not None:
@@ -389,6 +392,9 @@ class SshTransport(Transport):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise CommandTimeout(self.host_name, f"{argv[0]} ran longer than {limit:g}s; channel closed")
+                if idle_limit is not None and time.monotonic() - last_heard > idle_limit:
+                    raise ConnectionLost(self.host_name, f"{argv[0]} sent nothing for {idle_limit:g}s (the host "
+                                                         "or the connection froze); channel closed")
                 if channel.eof_received and not (channel.recv_ready() or channel.recv_stderr_ready()):
                     # After EOF the channel's pipe stays readable forever, so select() would
                     # return at once and this loop would spin (holding the GIL) until the exit
@@ -404,13 +410,14 @@ class SshTransport(Transport):
                     on_err(channel.recv_stderr(_CHUNK))
                     drained = True
                 if drained:
+                    last_heard = time.monotonic()
                     continue
                 if channel.closed or (channel.exit_status_ready() and channel.eof_received):
                     break
                 transport = channel.get_transport()
                 if transport is None or not transport.is_active():
                     break
-        except CommandTimeout:
+        except (CommandTimeout, ConnectionLost):
             channel.close()
             raise
         except (OSError, EOFError, paramiko.SSHException) as err:

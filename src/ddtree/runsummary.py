@@ -86,6 +86,11 @@ class MethodSummary:
         data["histogram"] = {str(k): v for k, v in self.histogram.items()}
         return data
 
+    def check(self) -> None:
+        """ValueError naming the field for a value a baseline file or decode-bench record must
+        not hold (NaN, inf, a negative count): what `from_dict` would refuse on reading it."""
+        MethodSummary.from_dict(self.to_dict())
+
     @classmethod
     def from_dict(cls, data: Any) -> "MethodSummary":
         """A summary from plain JSON (a baseline file, a decode-bench record). Raises

@@ -100,3 +100,32 @@ def test_an_output_that_is_a_folder_is_one_line_naming_it(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"ddtree-ops: error: {folder}: is a folder; name the baseline file to write (e.g. {folder / 'baseline.json'})"]
     assert list(folder.iterdir()) == []  # no temporary file left behind
+
+
+def test_a_non_finite_or_wrongly_shaped_run_exits_3_with_one_line_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "baseline.json"
+    nan = run_file(tmp_path / "nan.pt")
+    data = torch.load(nan, weights_only=False)
+    data["responses"][0]["baseline"].time_per_output_token = float("nan")
+    torch.save(data, nan)
+    shaped = run_file(tmp_path / "shaped.pt")
+    data = torch.load(shaped, weights_only=False)
+    data["responses"][0]["dflash"].acceptance_lengths = None
+    torch.save(data, shaped)
+    for path, message in [(nan, "responses[0]['baseline'].time_per_output_token: expected a finite number >= 0, got nan"),
+                          (shaped, "responses[0]['dflash'].acceptance_lengths: expected a list of whole numbers >= 1, "
+                                   "got None")]:
+        assert main(["baseline", "import", str(path), "-o", str(out)]) == 3
+        assert capsys.readouterr().err.splitlines() == [f"ddtree-ops: error: {path}: {message}"]
+        assert not out.exists()
+
+
+def test_a_raw_pickle_is_refused_with_our_own_line(tmp_path, capsys):
+    import pickle
+
+    raw = tmp_path / "raw.pkl"
+    raw.write_bytes(pickle.dumps(types.SimpleNamespace(a=1)))
+    assert main(["baseline", "import", str(raw)]) == 3
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"ddtree-ops: error: {raw}: not a reference run file we can read safely "
+                                "(a raw pickle, not torch.save's archive; nothing from the file was run)"]

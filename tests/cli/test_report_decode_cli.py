@@ -90,10 +90,10 @@ def test_a_tau_regression_exits_5_naming_metric_host_expected_and_measured(decod
     baseline = imported(tmp_path, "better", {"baseline": 1, "dflash": 1, "ddtree_tb16": 3}, capsys)
     code, out, err = report(decode_run, capsys, "--baseline", str(baseline), "--tau-tolerance", "0.25")
     assert code == 5
-    measured = round(decode_run["rows"]["ddtree_tb16"]["tau"], 4)
+    tau = decode_run["rows"]["ddtree_tb16"]["tau"]
     assert err.splitlines() == [
-        f"ddtree-ops: regression: decode-bench.tau.ddtree_tb16 on local: expected 3.0 ± 0.25, measured {measured!r} "
-        "(outside tolerance; baseline mini · tiny-target · T=0)"]
+        f"ddtree-ops: regression: decode-bench.tau.ddtree_tb16 on local: expected 3.0 ± 0.25, measured {round(tau, 4)!r} "
+        f"({tau - 3.0:+.3f}, outside tolerance; baseline mini · tiny-target · T=0)"]
     assert "REGRESSION" in out
 
 

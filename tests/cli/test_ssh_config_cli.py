@@ -4,6 +4,7 @@ names the file and the host, before any host is contacted (not exit 4, "unreacha
 chmod 000 would not stop root, so each case is something that truly fails to read."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -50,11 +51,13 @@ def test_an_unreadable_ssh_config_is_a_config_error(tmp_path, capsys, monkeypatc
     for command in (["hosts", "check"], ["push"], ["smoke", "--stages", "env"]):
         assert main([*command, "-i", str(inventory), "--json"]) == 3, command
         captured = capsys.readouterr()
-        assert captured.out == ""  # nothing ran, so no per-host document
         line = captured.err.strip()
         assert "\n" not in line
         assert line.startswith(f"ddtree-ops: error: {config}: ssh_config of host {host}: cannot read it: ")
         assert reason in line
+        # nothing ran: the one document is the error, with no per-host results
+        assert json.loads(captured.out) == {"command": command[0] if command[0] != "hosts" else "hosts check",
+                                            "exit_code": 3, "error": line.removeprefix("ddtree-ops: error: ")}
     assert not (tmp_path / "runs").exists()  # smoke recorded no run
     assert not (tmp_path / "wd").exists()
 
@@ -85,7 +88,7 @@ def test_a_malformed_proxyjump_port_is_a_config_error_before_any_host_is_contact
     for command in (["hosts", "check"], ["push"], ["smoke", "--stages", "env"]):
         assert main([*command, "-i", str(inventory), "--json"]) == 3, command
         captured = capsys.readouterr()
-        assert captured.out == ""
-        assert captured.err.strip() == (f"ddtree-ops: error: {config}: ssh_config of host gpu-b: "
-                                        "ProxyJump 'root@127.0.0.1:abc': port 'abc' is not a number")
+        message = f"{config}: ssh_config of host gpu-b: ProxyJump 'root@127.0.0.1:abc': port 'abc' is not a number"
+        assert captured.err.strip() == f"ddtree-ops: error: {message}"
+        assert json.loads(captured.out)["error"] == message and "hosts" not in json.loads(captured.out)
     assert not (tmp_path / "runs").exists()

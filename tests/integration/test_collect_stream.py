@@ -18,22 +18,23 @@ import yaml
 from ddtree_ops.cli.app import main
 
 RUN_ID = "20261130-200000-abc123"
+HOST = "@HOST@"  # replaced by each host's name: a host's records name it (and the run)
 RUN_FILES = {
-    "events.jsonl": '{"v": 1, "event": "run_start", "stages": ["env"], "time": 1}\n',
+    "events.jsonl": '{"v": 1, "event": "run_start", "run_id": "%s", "host": "@HOST@", "stages": ["env"], "time": 1}\n' % RUN_ID,
     "run.json": '{"status": "pass"}\n',
-    "stages/env.json": '{"stage": "env", "status": "pass"}\n',
+    "stages/env.json": '{"run_id": "%s", "host": "@HOST@", "stage": "env", "status": "pass"}\n' % RUN_ID,
     "logs/env.log": "env ok\n" * 50,
     "artifacts/deep/nested/table.csv": "a,b\n1,2\n",
     "artifacts/blob.bin": os.urandom(300_000).hex(),  # several chunks and tar records
 }
 
 
-def make_host_run(workdir: Path) -> Path:
+def make_host_run(workdir: Path, host: str = "local") -> Path:
     """What a host keeps for a run: files in nested folders, plus what collect must skip."""
     run_dir = workdir / "runs" / RUN_ID
     for rel, text in RUN_FILES.items():
         (run_dir / rel).parent.mkdir(parents=True, exist_ok=True)
-        (run_dir / rel).write_text(text)
+        (run_dir / rel).write_text(text.replace(HOST, host))
     (run_dir / "runner.pid").write_text("12345\n")  # live state, never collected
     (run_dir / ".hidden.tmp").write_text("partial\n")
     (run_dir / "link-out").symlink_to("/etc/hostname")  # never followed
@@ -91,7 +92,7 @@ def test_collect_over_ssh_one_start_per_host_rerun_fetches_nothing(sshd_fleet, r
     python = counting_python(tmp_path / "python", log)
     fleet = sshd_fleet(2, python=str(python))
     inventory = str(fleet.write_inventory())
-    host_runs = {h.name: make_host_run(h.workdir) for h in fleet.hosts}
+    host_runs = {h.name: make_host_run(h.workdir, h.name) for h in fleet.hosts}
     run = make_local_run(runs, {h.name: h.workdir for h in fleet.hosts})
 
     code, doc = collect_json(capsys, "-i", inventory)
@@ -244,7 +245,7 @@ def test_a_hostile_archive_over_ssh_fails_that_host_only(sshd_fleet, runs, tmp_p
     fleet = sshd_fleet(2)
     bad = forger(tmp_path / "forger", [("../../escaped.txt", "file")], outside)
     inventory = str(fleet.write_inventory(host_overrides={"h1": {"python": str(bad)}}))
-    host_runs = {h.name: make_host_run(h.workdir) for h in fleet.hosts}
+    host_runs = {h.name: make_host_run(h.workdir, h.name) for h in fleet.hosts}
     run = make_local_run(runs, {h.name: h.workdir for h in fleet.hosts})
     code, doc = collect_json(capsys, "-i", inventory)
     assert code == 6  # partial: h0 collected, h1 refused

@@ -279,3 +279,20 @@ def test_fail_fast_and_parallel_through_the_cli(sshd_fleet, capsys):
     code, out = push_json(["-i", str(inventory), "--parallel", "1"], capsys)
     assert code == 6
     assert [out["hosts"][n]["state"] for n in ("dead", "h0", "h1")] == ["unreachable", "ok", "ok"]
+
+
+def test_a_held_lock_is_reported_as_held_even_past_the_command_timeout(sshd_fleet, tmp_path):
+    """The lock wait fits inside the command's own time: with a 1 s command timeout a 3 s
+    lock wait is cut to 0.5 s, and the push says who holds the lock rather than 'timed out'."""
+    from ddtree_ops.errors import HostLocked
+    from ddtree_ops.remote_layout import host_lock
+
+    fleet = sshd_fleet(1)
+    host = fleet.inventory().hosts["h0"]
+    bundle = build_bundle(make_checkout(tmp_path / "c1"))
+    with open_transport(host) as holder, open_transport(host) as other:
+        with host_lock(holder, host, owner="long-deploy"):
+            started = time.monotonic()
+            with pytest.raises(HostLocked, match=r"lock is held by long-deploy pid=\d+ .*\(waited 0.5s\)"):
+                ensure_release(other, host, bundle, lock_wait_s=3, timeout=1)
+            assert time.monotonic() - started < 5

@@ -110,22 +110,28 @@ def test_failing_and_hanging_stages_over_ssh(sshd_fleet, runs, capsys, checkout)
             (runs / doc["run_id"] / name / "stages" / "broken.json").read_text())["traceback"]
 
 
+def when_slow_starts(victim, action) -> threading.Thread:
+    """A started thread that runs `action` once the victim host is inside the `slow` stage."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if list((victim.workdir / "runs").glob("*/logs/slow.log")):
+                action()
+                return
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
 def test_a_host_killed_mid_run_gives_exit_6_and_keeps_the_others(sshd_fleet, runs, capsys,
                                                                   checkout):
     fleet = sshd_fleet(3, command_timeout=60)
     inventory = str(fleet.write_inventory())
     victim = fleet.hosts[1]
-
-    def kill_when_slow_starts() -> None:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            if list((victim.workdir / "runs").glob("*/logs/slow.log")):
-                victim.kill()
-                return
-            time.sleep(0.1)
-
-    killer = threading.Thread(target=kill_when_slow_starts, daemon=True)
-    killer.start()
+    killer = when_slow_starts(victim, victim.kill)
     code, doc = smoke_json(["-i", inventory, "--source", str(checkout), "--stages",
                             "env,slow,golden"], capsys)
     killer.join(5)
@@ -145,16 +151,45 @@ def test_a_host_killed_mid_run_gives_exit_6_and_keeps_the_others(sshd_fleet, run
         assert (runs / doc["run_id"] / name / "stages" / "golden.json").is_file()
 
 
+def test_a_host_frozen_mid_run_is_lost_after_the_silence_limit_not_the_run_bound(
+        sshd_fleet, runs, capsys, checkout, monkeypatch):
+    """SIGSTOP: TCP stays open and nothing arrives, so only the missing heartbeats tell."""
+    import ddtree_ops.cli.smoke as smoke_cli
+
+    monkeypatch.setattr(smoke_cli, "SILENCE_LIMIT_S", 12.0)  # > the runner's 5 s heartbeat
+    fleet = sshd_fleet(2, command_timeout=600)
+    inventory = str(fleet.write_inventory())
+    victim = fleet.hosts[1]
+    freezer = when_slow_starts(victim, victim.freeze)
+    started = time.monotonic()
+    try:
+        code, doc = smoke_json(["-i", inventory, "--source", str(checkout), "--stages", "env,slow,golden"],
+                               capsys)
+    finally:
+        freezer.join(5)
+        victim.thaw()
+    assert time.monotonic() - started < 60  # the run bound here is over an hour
+    assert code == 6
+    assert doc["hosts"]["h0"]["outcome"] == "pass"
+    lost = doc["hosts"]["h1"]
+    assert lost["outcome"] == "lost" and lost["stages"]["env"]["status"] == "pass"
+    [failure] = [f for f in doc["failures"] if f["host"] == "h1" and f["stage"] == "-"]
+    assert "sent nothing for 12s (the host or the connection froze)" in failure["reason"]
+
+
 def test_an_unreachable_host_is_partial_and_alone_is_exit_4(sshd_fleet, runs, capsys):
     from sshd_fleet import free_port
 
     fleet = sshd_fleet(1)
     dead = {"dead": {"hostname": "127.0.0.1", "port": free_port()}}
     inventory = str(fleet.write_inventory(extra_hosts=dead))
-    code, doc = smoke_json(["-i", inventory, "--stages", "env"], capsys)
+    code = main(["smoke", "-i", inventory, "--stages", "env", "--json"])
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
     assert code == 6
     assert doc["hosts"]["h0"]["outcome"] == "pass"
     assert doc["hosts"]["dead"]["outcome"] == "unreachable"
+    assert "dead: unreachable: " in captured.err and "dead: failed" not in captured.err  # as the JSON says
     assert doc["hosts"]["dead"]["stages"] == {}
     [failure] = doc["failures"]
     assert failure["host"] == "dead" and "refused" in failure["reason"]
@@ -187,6 +222,7 @@ def test_ctrl_c_stops_the_remote_runners_over_ssh(sshd_fleet, runs, checkout):
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=90)
     assert proc.returncode == 130, err
+    assert "ended without a result" not in err and "failed" not in err, err  # stopped, not failed
     doc = json.loads(out)
     for host in fleet.hosts:
         stages = doc["hosts"][host.name]["stages"]

@@ -175,3 +175,34 @@ def test_live_table_reports_hosts_that_finished_before_its_display_started(capsy
     lines = capsys.readouterr().err.splitlines()
     assert [line.split(" (")[0] for line in lines] == ["ddtree-ops: push: h0: ok", "ddtree-ops: push: h1: failed"]
     assert lines[1].endswith(": boom")
+
+
+def test_an_interrupt_marks_hosts_under_way_interrupted_not_failed():
+    """Ctrl-C closes the connections to unblock the workers; the errors that follow are the
+    interrupt's doing, not the hosts' failures."""
+    import _thread
+
+    from ddtree_ops.errors import ConnectionLost
+    from ddtree_ops.fanout import INTERRUPTED_DETAIL
+
+    connect = connect_except()
+    seen: dict[str, list] = {}
+    settled = threading.Event()
+
+    def task(ctx):
+        if ctx.host.name == "h0":
+            return "done before the interrupt"
+        ctx.transport.closed.wait(10)  # only the interrupt's close ends it
+        raise ConnectionLost(ctx.host.name, "channel closed")
+
+    def on_progress(name, state, detail):
+        seen.setdefault(name, []).append((state, detail))
+        if name == "h1" and state.terminal:
+            settled.set()
+
+    threading.Timer(0.5, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt):
+        run_fanout(hosts(2), task, connect=connect, on_progress=on_progress)
+    assert settled.wait(5)
+    assert seen["h0"][-1][0] is HostState.OK
+    assert seen["h1"][-1] == (HostState.INTERRUPTED, INTERRUPTED_DETAIL)

@@ -24,8 +24,8 @@ from ddtree_ops.results import RunStore  # noqa: E402
 from smoke.protocol import EventKind, encode_event, make_event  # noqa: E402
 
 
-def stage_end(host, stage, index, status, reason="", metrics=None, tables=None, tb=None):
-    return encode_event(make_event(EventKind.STAGE_END, "r1", host, stage=stage, index=index,
+def stage_end(host, stage, index, status, reason="", metrics=None, tables=None, tb=None, run_id="r1"):
+    return encode_event(make_event(EventKind.STAGE_END, run_id, host, stage=stage, index=index,
                                    status=status, reason=reason, duration_s=1.25,
                                    metrics=metrics or {}, tables=tables or {}, traceback=tb,
                                    output_tail=None))
@@ -127,9 +127,34 @@ def test_rendering_shows_statuses_failures_and_sweep(run):
     (MetricCheck("s.flag", True), 1, False),
     (MetricCheck("s.m", 1.0), None, False),
     (MetricCheck("s.m", 1.0), "nan", False),
+    # non-finite measurements (the runner writes them as strings) are never within tolerance
+    (MetricCheck("s.speedup", 2.0, tolerance=0.1, better=Better.HIGHER), "inf", False),
+    (MetricCheck("s.speedup", 2.0, tolerance=0.1, better=Better.HIGHER), float("inf"), False),
+    (MetricCheck("s.build_ms", 1.5, tolerance=0.25, better=Better.LOWER), "-inf", False),
+    (MetricCheck("s.build_ms", 1.5, tolerance=0.25, better=Better.LOWER), float("-inf"), False),
+    (MetricCheck("s.m", 1.0, abs_tolerance=0.5), "Infinity", False),
+    # an expected value that is not finite (a check built in code) passes nothing
+    (MetricCheck("s.m", float("inf"), tolerance=0.1, better=Better.LOWER), 1.0, False),
+    (MetricCheck("s.m", "inf", tolerance=0.1, better=Better.LOWER), 1.0, False),
 ])
 def test_judge(check, measured, ok):
     assert judge(check, measured)[0] is ok
+
+
+def test_infinite_measurements_from_the_runner_are_regressions_not_a_number(tmp_path):
+    store = RunStore(tmp_path)
+    store.create_run("r4", {"hosts": ["gpu-a"], "stages": ["tree-bench"]})
+    recorder = store.host_recorder("r4", "gpu-a", {})
+    recorder.feed_line(stage_end("gpu-a", "tree-bench", 0, "pass", run_id="r4", metrics={
+        "speedup.public.bs1.b64": float("inf"), "build_ms.public.bs1.b64": float("-inf"),
+        "build_ms.public.bs1.b16": float("nan")}))  # encoded as "inf", "-inf", "nan" on the wire
+    recorder.close()
+    checks = [MetricCheck("tree-bench.speedup.public.bs1.b64", 2.0, tolerance=0.1, better=Better.HIGHER),
+              MetricCheck("tree-bench.build_ms.public.bs1.b64", 1.5, tolerance=0.25, better=Better.LOWER),
+              MetricCheck("tree-bench.build_ms.public.bs1.b16", 1.5, tolerance=0.25, better=Better.LOWER)]
+    results = compare_with_baseline(store.load("r4"), checks)
+    assert [(c.measured, c.ok, c.why) for c in results] == [
+        ("inf", False, "not a number"), ("-inf", False, "not a number"), ("nan", False, "not a number")]
 
 
 def test_comparisons_name_metric_host_expected_and_measured(run):
@@ -168,6 +193,13 @@ def test_a_check_of_a_host_the_run_did_not_select_is_not_made(run):
     ('{"metrics": [{"metric": "a.b", "expected": 1, "abs_tolerance": Infinity}]}',
      "metrics[0].abs_tolerance: expected a finite number >= 0, got inf"),
     ('{"metrics": [{"metric": "a.b", "expected": NaN}]}', "metrics[0].expected: expected a finite value, got nan"),
+    # the runner's string form of a non-finite value is no expected value either
+    ('{"metrics": [{"metric": "a.b", "expected": "inf", "tolerance": 0.1, "better": "lower"}]}',
+     "metrics[0].expected: expected a finite value, got 'inf'"),
+    ('{"metrics": [{"metric": "a.b", "expected": "-inf", "better": "higher"}]}',
+     "metrics[0].expected: expected a finite value, got '-inf'"),
+    ('{"metrics": [{"metric": "a.b", "expected": "nan"}]}', "metrics[0].expected: expected a finite value, got 'nan'"),
+    ('{"metrics": [{"metric": "a.b", "expected": Infinity}]}', "metrics[0].expected: expected a finite value, got inf"),
     ('{"metrics": [{"metric": "a.b", "expected": 1, "hosts": [1]}]}',
      "metrics[0].hosts: expected a list of host names, got [1]"),
     ("{not json", "not valid json"),
@@ -194,7 +226,7 @@ def test_rendering_does_not_interpret_reasons_as_markup(tmp_path):
     store = RunStore(tmp_path)
     store.create_run("r2", {"hosts": ["h"], "stages": ["golden"]})
     recorder = store.host_recorder("r2", "h", {})
-    recorder.feed_line(stage_end("h", "golden", 0, "fail", reason="got [bold]x[/bold] [-1, 0]"))
+    recorder.feed_line(stage_end("h", "golden", 0, "fail", reason="got [bold]x[/bold] [-1, 0]", run_id="r2"))
     recorder.close()
     buffer = io.StringIO()
     render_report(build_report(store.load("r2")), Console(file=buffer, width=200,
@@ -219,7 +251,7 @@ def test_decode_rows_are_reported_rendered_and_plotted(tmp_path):
     store = RunStore(tmp_path / "runs")
     store.create_run("r3", {"hosts": ["gpu-a"], "stages": ["decode-bench"]})
     recorder = store.host_recorder("r3", "gpu-a", {})
-    recorder.feed_line(stage_end("gpu-a", "decode-bench", 0, "pass",
+    recorder.feed_line(stage_end("gpu-a", "decode-bench", 0, "pass", run_id="r3",
                                  metrics={"tau.ddtree_tb64": 4.2}, tables={"methods": rows}))
     recorder.close()
     report = build_report(store.load("r3"))
@@ -250,7 +282,7 @@ def test_a_plan_the_host_runner_refused_reports_exit_2_as_smoke_did(tmp_path, ca
     refused.close()
     fine = store.host_recorder("r3", "ok", {})
     for text in [encode_event(make_event(EventKind.RUN_START, "r3", "ok", stages=["golden"])),
-                 stage_end("ok", "golden", 0, "pass"),
+                 stage_end("ok", "golden", 0, "pass", run_id="r3"),
                  encode_event(make_event(EventKind.RUN_END, "r3", "ok", status="pass"))]:
         fine.feed_line(text)
     fine.close()

@@ -140,7 +140,8 @@ def test_a_tau_outside_the_tolerance_is_a_regression_naming_metric_host_expected
     assert [c.metric for c in result.regressions] == ["decode-bench.tau.ddtree_tb16"]
     assert result.regressions[0].line() == (
         f"decode-bench.tau.ddtree_tb16 on gpu-a: expected 4.0 ± 0.25, measured {round(measured, 4)!r} "
-        "(outside tolerance; baseline prompts · tiny-target · T=0)")
+        f"({measured - 4.0:+.3f}, outside tolerance; baseline prompts · tiny-target · T=0)")
+    assert result.regressions[0].verdict == "regression"  # below the baseline: a loss
     assert compare_decode(report, baseline, tau_tolerance=4.0).regressions == []
 
 

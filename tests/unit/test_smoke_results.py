@@ -139,8 +139,8 @@ def test_adopting_the_hosts_more_complete_log(tmp_path):
         record = json.loads(text)
         if record["event"] == "stage_end":
             (host_dir / "remote" / "stages" / f"{record['stage']}.json").write_text(text)
-    assert adopt_remote_records(host_dir) is True
-    assert adopt_remote_records(host_dir) is False  # idempotent: nothing more to take
+    assert adopt_remote_records(host_dir, "run-1", "h1") is True
+    assert adopt_remote_records(host_dir, "run-1", "h1") is False  # idempotent: nothing more to take
     host = store.load("run-1").hosts["h1"]
     assert host.outcome is HostOutcome.PASS
     assert host.stages["golden"].status is StageStatus.PASS
@@ -204,3 +204,95 @@ def test_a_truncated_stage_copy_is_not_needed_when_the_event_log_has_the_stage(t
     copy = tmp_path / "run-1" / "h1" / "stages" / "golden.json"
     copy.write_text(copy.read_text()[:20])
     assert store.load("run-1").hosts["h1"].stages["golden"].status is StageStatus.PASS
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def lost_run_with_remote_copy(root: Path, remote_lines: list[str]) -> tuple[RunStore, Path]:
+    """run-1 on h1: two records streamed, then lost; the host's copy (remote/) is given."""
+    store = RunStore(root)
+    store.create_run("run-1", {"hosts": ["h1"]})
+    recorder = store.host_recorder("run-1", "h1", {})
+    for text in full_run(fail=True)[:4]:
+        recorder.feed_line(text)
+    recorder.note(outcome="lost", error="connection lost")
+    recorder.close()
+    host_dir = root / "run-1" / "h1"
+    (host_dir / "remote" / "stages").mkdir(parents=True)
+    (host_dir / "remote" / "events.jsonl").write_text("\n".join(remote_lines) + "\n")
+    for text in remote_lines:
+        record = json.loads(text)
+        if record["event"] == "stage_end":
+            (host_dir / "remote" / "stages" / f"{record['stage']}.json").write_text(text)
+    return store, host_dir
+
+
+def other_run(host: str = "h1") -> list[str]:
+    """A passing run of another run id (what `cp runs/<PASS>/* runs/<FAIL>/` leaves on a host)."""
+    return [text.replace('"run_id":"run-1"', '"run_id":"run-0"') for text in full_run(host)]
+
+
+ANOTHER_RUN = "run_id 'run-0' is not this run's 'run-1': a record of another run"
+
+
+@pytest.mark.parametrize("remote_lines, where, message", [
+    (other_run(), "line 1", ANOTHER_RUN),
+    (full_run("h2"), "line 1", "host 'h2' is not this host's 'h1': a record of another host"),
+    (full_run()[:5] + other_run()[5:], "line 6", ANOTHER_RUN),  # a log spliced from two runs
+    ([text.replace('"run_id":"run-1",', "") for text in full_run()], "line 1",
+     "no run_id (expected 'run-1'): not a record of this run"),
+])
+def test_the_hosts_log_of_another_run_or_host_is_refused_and_ours_is_kept(tmp_path, remote_lines, where, message):
+    store, host_dir = lost_run_with_remote_copy(tmp_path, remote_lines)
+    local = {k: v for k, v in snapshot(host_dir).items() if not k.startswith("remote/")}
+    with pytest.raises(ConfigError) as caught:
+        adopt_remote_records(host_dir, "run-1", "h1")
+    assert str(caught.value) == f"{host_dir / 'remote' / 'events.jsonl'}: {where}: {message}"
+    assert caught.value.exit_code == ExitCode.CONFIG
+    assert {k: v for k, v in snapshot(host_dir).items() if not k.startswith("remote/")} == local  # nothing lost
+    host = store.load("run-1").hosts["h1"]
+    assert host.outcome is HostOutcome.LOST and host.stages["golden"].status is StageStatus.FAIL
+
+
+def test_a_stage_copy_of_another_run_is_refused_before_anything_is_adopted(tmp_path):
+    store, host_dir = lost_run_with_remote_copy(tmp_path, full_run())
+    stage_copy = host_dir / "remote" / "stages" / "golden.json"
+    stage_copy.write_text(other_run()[4])  # golden's stage_end, from run-0
+    local = {k: v for k, v in snapshot(host_dir).items() if not k.startswith("remote/")}
+    with pytest.raises(ConfigError, match=rf"^{stage_copy}: run_id 'run-0' is not this run's 'run-1'"):
+        adopt_remote_records(host_dir, "run-1", "h1")
+    assert {k: v for k, v in snapshot(host_dir).items() if not k.startswith("remote/")} == local
+
+
+def test_a_local_log_holding_another_runs_records_is_refused_by_name(tmp_path):
+    store = recorded_full_run(tmp_path)
+    events = tmp_path / "run-1" / "h1" / "events.jsonl"
+    events.write_text("\n".join(other_run()) + "\n")  # copied by hand from run-0
+    with pytest.raises(ConfigError) as caught:
+        store.load("run-1")
+    assert str(caught.value) == f"{events}: line 1: run_id 'run-0' is not this run's 'run-1': a record of another run"
+    assert caught.value.exit_code == ExitCode.CONFIG
+
+
+def test_a_local_stage_copy_of_another_host_is_refused_by_name(tmp_path):
+    store = recorded_full_run(tmp_path)
+    host_dir = tmp_path / "run-1" / "h1"
+    (host_dir / "stages" / "extra.json").write_text(full_run("h2")[2].replace('"stage":"env"', '"stage":"extra"'))
+    with pytest.raises(ConfigError, match=rf"^{host_dir / 'stages' / 'extra.json'}: host 'h2' is not this host's 'h1'"):
+        store.load("run-1")
+
+
+def test_a_streamed_record_of_another_run_is_stray_output_not_ours(tmp_path):
+    store = RunStore(tmp_path)
+    store.create_run("run-1", {"hosts": ["h1"]})
+    recorder = store.host_recorder("run-1", "h1", {})
+    theirs, ours = other_run()[:3], full_run()[:3]
+    for text in theirs + ours:
+        recorder.feed_line(text)
+    recorder.close()
+    host_dir = tmp_path / "run-1" / "h1"
+    assert (host_dir / "events.jsonl").read_text().splitlines() == ours
+    assert (host_dir / "output.log").read_text().splitlines() == theirs
+    assert json.loads((host_dir / "stages" / "env.json").read_text())["run_id"] == "run-1"

@@ -367,3 +367,20 @@ def test_a_stop_while_torch_imports_runs_nothing(release, tmp_path):
     assert proc.returncode == 130
     assert [ends(records)[s]["status"] for s in ("ok", "skipme")] == ["not_run", "not_run"]
     assert records[-1]["event"] == "run_end" and records[-1]["status"] == "interrupted"
+
+
+def test_the_runner_keeps_talking_while_a_slow_torch_imports(release, tmp_path):
+    """Importing torch can take a minute on a GPU host; the operator side counts a silent
+    host as frozen (smoke's SILENCE_LIMIT_S), so the runner sends blank keepalive lines."""
+    slow = tmp_path / "slow-release"
+    shutil.copytree(release, slow, symlinks=True)
+    (slow / "torch").mkdir()
+    (slow / "torch" / "__init__.py").write_text("import time\ntime.sleep(6.5)\n__version__ = '0.fake'\n")
+    argv = [sys.executable, str(slow / "smoke" / "runner.py"), "run", "--run-id", "r2", "--workdir",
+            str(tmp_path), "--release-root", str(slow), "--host", "h1", "--stages", "skipme"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    lines = proc.stdout.split("\n")
+    first_record = next(i for i, line in enumerate(lines) if line.strip())
+    assert first_record >= 1 and all(line == "" for line in lines[:first_record])  # keepalives first
+    assert json.loads(lines[first_record])["event"] == "run_start"
+    assert json.loads(lines[first_record])["torch"] == "0.fake"

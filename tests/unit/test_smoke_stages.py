@@ -109,7 +109,7 @@ def test_a_tampered_release_is_refused_before_any_of_it_runs(workdir, tmp_path_f
     code, records, stderr = run_runner(copy, "import,golden", "--expected-release", release_id)
     assert code == 5 and not marker.exists()
     start, end = records[0], records[-1]
-    assert start["error"].startswith(f"release {release_id} at {copy / 'current'} is not intact: "
+    assert start["error"].startswith(f"release {release_id} at {release} is not intact: "
                                      "src/ddtree/metrics.py: sha256 ")
     assert end["status"] == "fail" and end["exit_code"] == 5
     stages = {r["stage"]: r for r in records if r["event"] == "stage_end"}
@@ -140,7 +140,7 @@ def test_current_pointing_outside_the_workdirs_releases_is_refused(workdir, tmp_
     (copy / "current").symlink_to(elsewhere / release.name)
     code, records, _ = run_runner(copy, "import")
     assert code == 5
-    assert records[0]["error"] == (f"{copy / 'current'} points to {elsewhere / release.name}, not to a "
+    assert records[0]["error"] == (f"{copy / 'current'} leads to {elsewhere / release.name}, not to a "
                                    f"release in {copy / 'releases'}")
 
 
@@ -278,3 +278,47 @@ def test_tree_bench_small_sweep_has_every_point(tmp_path):
     assert nodes == {0: 0, 8: 8}
     assert result.metrics["build_ms.batched.bs3.b8"] > 0
     assert "speedup.public_vs_heap.b8" in result.metrics
+
+
+def install_release(workdir: Path, checkout: Path) -> Path:
+    bundle = build_bundle(checkout)
+    target = workdir / "releases" / bundle.release_id
+    target.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(bundle.archive()), mode="r:gz") as tar:
+        tar.extractall(target)
+    return target
+
+
+SWITCH_STAGE = """
+import os
+from pathlib import Path
+NAME = "switch"
+DESCRIPTION = "re-points current, as a push during the run would"
+def run(ctx):
+    from smoke.protocol import StageResult
+    current = Path(ctx.run_dir).parents[1] / "current"
+    os.unlink(current)
+    os.symlink(ctx.options.extra["to"], current)
+    return StageResult.passed("switched")
+"""
+
+
+def test_a_push_during_a_run_does_not_change_the_release_the_run_executes(tmp_path):
+    from fixtures.checkout import copy_release_files
+
+    whoami = 'NAME = "whoami"\nDESCRIPTION = "says which release"\n' \
+             'def run(ctx):\n    from smoke.protocol import StageResult\n    return StageResult.passed({!r})\n'
+    first = install_release(tmp_path, copy_release_files(tmp_path / "a", {"switch": SWITCH_STAGE,
+                                                                           "whoami": whoami.format("first")}))
+    second = install_release(tmp_path, copy_release_files(tmp_path / "b", {"switch": SWITCH_STAGE,
+                                                                            "whoami": whoami.format("second")}))
+    (tmp_path / "current").symlink_to(f"releases/{first.name}")
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "current" / "smoke" / "runner.py"), "run", "--run-id", "t",
+         "--workdir", str(tmp_path), "--stages", "switch,whoami,import",
+         "--options", json.dumps({"extra": {"to": f"releases/{second.name}"}})],
+        capture_output=True, text=True, timeout=120)
+    stages = {r["stage"]: r for r in map(json.loads, proc.stdout.splitlines()) if r["event"] == "stage_end"}
+    assert os.readlink(tmp_path / "current") == f"releases/{second.name}"  # switched mid-run
+    assert stages["whoami"]["reason"] == "first"
+    assert stages["import"]["status"] == "pass" and first.name in stages["import"]["reason"]

@@ -1,0 +1,77 @@
+"""SIGTERM interrupts a command the way Ctrl-C does.
+
+A CI job cancel (and `kill`) sends SIGTERM, whose default action ends the process at once:
+no remote runner stopped, no record finished, nothing on stdout. While a command runs, the
+first SIGINT or SIGTERM raises KeyboardInterrupt instead, so every Ctrl-C path applies
+(`smoke` stops its runners and keeps what arrived; the CLI boundary exits 130 with one line,
+and one JSON document under `--json`).
+
+A repeated SIGTERM during that cleanup is only noted: the cleanup is bounded and finishes
+the records. A repeated Ctrl-C is an operator who will not wait: it raises again, and the
+boundary still ends quietly. Handlers are installed only in the main thread and restored on
+exit, so `main()` called in-process (tests) leaves the caller's handlers as they were.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_keep_settled = False
+
+
+def keep_settled_after_command() -> None:
+    """For the console script, which ends the process right after `main()`: the handlers are
+    not restored once the command is over, so signals stay ignored until the process exits."""
+    global _keep_settled
+    _keep_settled = True
+
+
+@contextmanager
+def signals_interrupt() -> Iterator[Callable[[], None]]:
+    """Within the block, SIGINT/SIGTERM raise KeyboardInterrupt (see the module doc). Yields
+    `settle()`: call it once the command is over, so that a late signal cannot cut the final
+    report (one line, one JSON document) short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: None  # signal handlers can only be set from the main thread
+        return
+    interrupted = False
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        nonlocal interrupted
+        interrupted = True
+        raise KeyboardInterrupt
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        nonlocal interrupted
+        if interrupted:
+            sys.stderr.write("ddtree-ops: terminated again: still stopping (Ctrl-C to stop at once)\n")
+            return
+        interrupted = True
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+    # An inherited SIG_IGN (a background job, `nohup`) stays ignored; SIGINT is taken over only
+    # from Python's own handler, so an embedding program's handler is left alone.
+    if previous[signal.SIGINT] is signal.default_int_handler:
+        signal.signal(signal.SIGINT, on_sigint)
+    if previous[signal.SIGTERM] is not signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+    def settle() -> None:
+        for sig in _SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+
+    try:
+        yield settle
+    finally:
+        if _keep_settled:
+            settle()
+        else:
+            for sig, handler in previous.items():
+                if handler is not None:  # None: set outside Python, cannot be restored from here
+                    signal.signal(sig, handler)

@@ -1,0 +1,193 @@
+"""SIGTERM (a CI job cancel) and Ctrl-C end a command the same way: exit 130, `ddtree-ops:
+interrupted` on stderr, one JSON document under `--json`, and `smoke` stops its remote runner
+and finishes its records. Real processes of the console script on the `local` host; a host
+`python:` that sleeps holds push/deploy/collect/hosts check in their remote step."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ddtree_ops.cli.app import main
+from ddtree_ops.cli.interrupts import signals_interrupt
+from fixtures.checkout import copy_release_files
+
+SCRIPT = Path(sys.executable).with_name("ddtree-ops")
+CLI = [str(SCRIPT)] if SCRIPT.is_file() else [sys.executable, "-m", "ddtree_ops"]
+
+HANG = ('NAME = "hang"\nDESCRIPTION = "hangs"\nimport time\n'
+        'def run(ctx):\n    print("hanging now", flush=True)\n    time.sleep(3600)\n')
+
+
+def wait_for(predicate, what: str, proc: subprocess.Popen | None = None, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the CLI ended (exit {proc.returncode}) before {what}: {proc.communicate()}")
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def default_sigint() -> None:
+    """The child gets Ctrl-C's default action even if this test run was started with SIGINT
+    ignored (a background job)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.fixture
+def slow_host(tmp_path, monkeypatch):
+    """An inventory whose `local` host's python records its pid and sleeps."""
+    pids = tmp_path / "slow.pids"
+    slowpy = tmp_path / "slowpy"
+    slowpy.write_text(f'#!/bin/sh\necho $$ >> "{pids}"\nexec sleep 60\n')
+    slowpy.chmod(0o755)
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(yaml.safe_dump({"hosts": {"local": {
+        "transport": "local", "workdir": str(tmp_path / "wd"), "python": str(slowpy)}}}))
+    monkeypatch.setenv("DDTREE_OPS_INVENTORY", str(inventory))
+    monkeypatch.setenv("DDTREE_OPS_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("DDTREE_OPS_DEBUG_LOG", str(tmp_path / "debug.log"))
+    yield pids
+    if pids.exists():  # the local transport leaves the sleeping "python" behind
+        for pid in pids.read_text().split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def recorded_run(runs: Path) -> str:
+    """A run of the `local` host in the local store, for `collect` to complete."""
+    from ddtree_ops.results import RunStore, new_run_id
+
+    store, run_id = RunStore(runs), new_run_id()
+    store.create_run(run_id, {"hosts": ["local"]})
+    store.host_recorder(run_id, "local", {}).close()
+    return run_id
+
+
+COMMANDS = [["push"], ["deploy"], ["collect", "RUN"], ["hosts", "check", "--deep"]]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("command", COMMANDS, ids=[c[0] for c in COMMANDS])
+def test_a_signal_mid_command_exits_130_with_one_json_document(slow_host, tmp_path, command, sig):
+    if "RUN" in command:
+        command = [recorded_run(tmp_path / "runs") if w == "RUN" else w for w in command]
+    proc = subprocess.Popen([*CLI, *command, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path, preexec_fn=default_sigint)
+    try:
+        wait_for(slow_host.exists, "the host's python started", proc)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, (out, err)
+    name = "hosts check" if command[0] == "hosts" else command[0]
+    assert json.loads(out) == {"command": name, "exit_code": 130, "error": "interrupted"}
+    assert err.strip().splitlines()[-1] == "ddtree-ops: interrupted" and "Traceback" not in err
+
+
+def test_ctrl_c_in_process_reports_and_restores_the_handlers(slow_host, capsys):
+    """`main()` called in-process: the interrupt is reported like in the console script, and
+    the caller's signal handlers are as they were afterwards."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("this test process does not handle SIGINT (started with it ignored)")
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def interrupt_once_started() -> None:
+        wait_for(slow_host.exists, "the host's python started", timeout=30)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_once_started, daemon=True).start()
+    code = main(["hosts", "check", "--deep", "--json"])
+    captured = capsys.readouterr()
+    assert code == 130
+    assert json.loads(captured.out) == {"command": "hosts check", "exit_code": 130, "error": "interrupted"}
+    assert captured.err.strip().splitlines()[-1] == "ddtree-ops: interrupted"
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_a_repeated_sigterm_does_not_cut_the_cleanup_short(capsys):
+    before = signal.getsignal(signal.SIGTERM)
+    with signals_interrupt():
+        assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler runs at the next bytecode: never reached
+        os.kill(os.getpid(), signal.SIGTERM)  # during cleanup: noted, nothing raised
+        time.sleep(0.05)
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert "terminated again: still stopping" in capsys.readouterr().err
+
+
+def runner_pids(run_id: str) -> list[int]:
+    """Processes of `runner.py run` for this run id (what SIGTERM must not leave behind)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"runner.py") for a in argv) and b"run" in argv and run_id.encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+def test_sigterm_stops_a_smoke_run_like_ctrl_c(tmp_path):
+    """A CI cancel mid-stage: the runner is stopped, what arrived is kept, run.json is finished,
+    and `--json` gets the run's own report (one document) with exit 130. A second SIGTERM
+    during that cleanup is only noted."""
+    checkout = copy_release_files(tmp_path / "checkout", {"hang": HANG})
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(yaml.safe_dump(
+        {"hosts": {"local": {"transport": "local", "workdir": str(tmp_path / "wd")}}}))
+    env = {**os.environ, "DDTREE_OPS_INVENTORY": str(inventory), "DDTREE_OPS_RUNS_DIR": str(tmp_path / "runs")}
+    stderr_path = tmp_path / "stderr.txt"
+    run_id = None
+    try:
+        with stderr_path.open("w") as stderr:
+            proc = subprocess.Popen([*CLI, "smoke", "--source", str(checkout), "--stages", "env,hang,golden",
+                                     "--json"], stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=tmp_path,
+                                    env=env)
+            try:
+                hang_log = wait_for(lambda: next((p for p in (tmp_path / "wd" / "runs").glob("*/logs/hang.log")
+                                                  if "hanging now" in p.read_text()), None),
+                                    "the host inside the hanging stage", proc)
+                run_id = hang_log.parent.parent.name
+                assert runner_pids(run_id), "the runner should be running now"
+                proc.send_signal(signal.SIGTERM)
+                wait_for(lambda: "interrupted: stopping the remote runners" in stderr_path.read_text(),
+                         "the cleanup to begin", proc, timeout=30)
+                proc.send_signal(signal.SIGTERM)
+                out, _ = proc.communicate(timeout=90)
+            finally:
+                proc.kill()
+        err = stderr_path.read_text()
+        assert proc.returncode == 130, err
+        assert "Traceback" not in err
+        doc = json.loads(out)  # exactly one document: the run's report, not a second one
+        assert doc["command"] == "smoke" and doc["exit_code"] == 130 and doc["run_id"] == run_id
+        assert doc["hosts"]["local"]["outcome"] == "interrupted"
+        stages = doc["hosts"]["local"]["stages"]
+        assert stages["env"]["status"] == "pass" and stages["hang"]["status"] == "fail"
+        # `runner.py stop` returns once the runner wrote its last records; it then exits
+        wait_for(lambda: not runner_pids(run_id), "the runner to exit", timeout=15)
+        meta = json.loads((tmp_path / "runs" / run_id / "run.json").read_text())
+        assert meta["exit_code"] == 130 and meta["interrupted"] is True and "finished" in meta
+    finally:
+        for pid in runner_pids(run_id) if run_id else []:  # a runner left behind hangs for an hour
+            os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,87 @@
+"""`--json` means one JSON document on stdout, whatever happened: a failure before any host was
+contacted (bad option, bad inventory, unknown run or stage) gets `{"command", "exit_code",
+"error"}` from the CLI boundary, with the same reason as the one stderr line. Through the real
+CLI (`main([...])`) on the `local` host."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from ddtree_ops.cli.app import json_request, main
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(yaml.safe_dump(
+        {"hosts": {"local": {"transport": "local", "workdir": str(tmp_path / "wd")}}}))
+    monkeypatch.setenv("DDTREE_OPS_INVENTORY", str(inventory))
+    monkeypatch.setenv("DDTREE_OPS_RUNS_DIR", str(tmp_path / "runs"))
+    (tmp_path / "bad.yaml").write_text("hosts: [\n")
+    return tmp_path
+
+
+def one_document(out: str) -> dict:
+    """stdout is exactly one JSON document (json.loads refuses a second one after the first)."""
+    assert out.strip(), "nothing on stdout"
+    return json.loads(out)
+
+
+# Failures the commands raise (DdtreeOpsError): the document's error is the stderr line's reason.
+RAISED = [
+    (["push", "--json", "-H", "nosuch"], "push", 2),
+    (["push", "--json", "-H", ""], "push", 2),
+    (["push", "--json", "-i", "/nonexist.yaml"], "push", 3),
+    (["push", "--json", "-i", "{tmp}/bad.yaml"], "push", 3),
+    (["hosts", "check", "--json", "-i", "{tmp}/bad.yaml"], "hosts check", 3),
+    (["report", "--json", "nosuchrun"], "report", 2),
+    (["smoke", "--json", "--stages", "nosuchstage"], "smoke", 2),
+]
+
+
+@pytest.mark.parametrize("args,command,code", RAISED, ids=[" ".join(a[:4]) for a, _, _ in RAISED])
+def test_a_raised_error_gets_one_json_document(env, capsys, args, command, code):
+    args = [a.replace("{tmp}", str(env)) for a in args]
+    assert main(args) == code
+    captured = capsys.readouterr()
+    [line] = captured.err.strip().splitlines()  # stderr keeps its one line
+    assert line.startswith("ddtree-ops: error: ")
+    assert one_document(captured.out) == {
+        "command": command, "exit_code": code, "error": line[len("ddtree-ops: error: "):]}
+    # without --json: the same line, and stdout stays empty
+    assert main([a for a in args if a != "--json"]) == code
+    assert capsys.readouterr() == ("", captured.err)
+
+
+# Usage errors that Click raises while parsing: the document carries Click's one-line reason.
+PARSED = [
+    (["push", "--json", "--parallel", "0"], "push", "--parallel"),
+    (["collect", "--json"], "collect", "Missing argument 'run_id'"),
+    (["push", "--json", "--bogus"], "push", "No such option: --bogus"),
+    (["hosts", "check", "--parallel", "x", "--json"], "hosts check", "--parallel"),
+    (["nosuchcommand", "--json"], None, "No such command 'nosuchcommand'"),
+]
+
+
+@pytest.mark.parametrize("args,command,reason", PARSED, ids=[" ".join(a[:3]) for a, _, _ in PARSED])
+def test_a_usage_error_from_click_gets_one_json_document(env, capsys, args, command, reason):
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    doc = one_document(captured.out)
+    assert doc["command"] == command and doc["exit_code"] == 2 and reason in doc["error"]
+    assert f"Error: {doc['error']}" in captured.err  # Click's usage text stays on stderr
+    assert main([a for a in args if a != "--json"]) == 2
+    assert capsys.readouterr().out == ""  # without --json: no document
+
+
+def test_json_is_read_the_way_click_reads_it():
+    # a bad value elsewhere does not hide --json; a --set value spelled --json is no request
+    assert json_request(["push", "--parallel", "0", "--json"]) == ("push", True)
+    assert json_request(["hosts", "check", "--json"]) == ("hosts check", True)
+    assert json_request(["smoke", "--set", "--json"]) == ("smoke", False)
+    assert json_request(["push", "--", "--json"]) == ("push", False)
+    assert json_request(["push", "--bogus", "--json"]) == ("push", True)  # Click cannot parse
+    assert json_request(["hosts", "list"]) == ("hosts list", False)
+    assert json_request(["baseline", "paper"]) == ("baseline paper", False)  # no --json there
