@@ -104,8 +104,14 @@ def check_row(facts: dict[str, Any]) -> list[str]:
         cuda_text,
         sglang_text,
         _gib(facts.get("disk", {}).get("free_gib")),
-        facts.get("active_release") or "none",
+        _release_text(facts),
     ]
+
+
+def _release_text(facts: dict[str, Any]) -> str:
+    problem = facts.get("release_problem")
+    release = facts.get("active_release") or "none"
+    return f"{release} (damaged: {problem}; the next push replaces it)" if problem else release
 
 
 CHECK_COLUMNS = ["os / kernel", "python", "torch", "gpus", "sglang", "free disk", "release"]

@@ -571,7 +571,26 @@ def op_probe(workdir, deep="0"):
         "disk": free_disk(workdir),
         "workdir": workdir,
         "active_release": active_release(workdir),
+        "release_problem": release_problem(workdir),
     }
+
+
+def release_problem(workdir):
+    """Why the active release cannot be trusted (the same check push makes), or None; also
+    None when there is no `current` at all."""
+    current = os.path.join(workdir, "current")
+    release_id = active_release(workdir)
+    if release_id is None:
+        if not os.path.lexists(current):
+            return None
+        try:
+            return "current -> %s: not a release push made here" % os.readlink(current)
+        except OSError:
+            return "current is not a link push made"
+    directory = os.path.join(releases_dir(workdir), release_id)
+    if not is_real_dir(directory):
+        return "releases/%s is missing" % release_id
+    return verify_release(directory, release_id)
 
 
 # ---------------------------------------------------------------- deploy / rollback (SGLang plugin)

@@ -68,7 +68,7 @@ def test_check_local_reports_facts(tmp_path, capsys):
     assert facts["torch"]["cuda_available"] == torch.cuda.is_available()
     assert facts["kernel"] == platform.release()
     assert facts["disk"]["free_gib"] > 0
-    assert facts["active_release"] is None
+    assert facts["active_release"] is None and facts["release_problem"] is None
     assert "sglang" in facts and "installed" in facts["sglang"]
     assert "local: ok" in captured.err  # progress goes to stderr, never into the JSON
     assert facts["torch"]["imported"] is False  # the default probe finds torch without importing it
@@ -107,3 +107,28 @@ def test_check_table(tmp_path, capsys):
     import torch
 
     assert torch.__version__ in out and "GiB" in out and "│ ok " in out
+
+
+def test_check_says_when_the_active_release_is_damaged(tmp_path, capsys):
+    path = inventory(tmp_path, {"local": {"transport": "local", "workdir": str(tmp_path / "w")}})
+    assert main(["push", "-i", str(path), "--json"]) == 0
+    release = json.loads(capsys.readouterr().out)["release"]
+    assert main(["hosts", "check", "-i", str(path), "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)["hosts"]["local"]["result"]
+    assert (facts["active_release"], facts["release_problem"]) == (release, None)
+    (tmp_path / "w" / "releases" / release / "src" / "ddtree" / "tree.py").write_text("edited")
+    assert main(["hosts", "check", "-i", str(path), "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)["hosts"]["local"]["result"]
+    assert facts["release_problem"] == "hash mismatch in src/ddtree/tree.py"
+    from ddtree_ops.cli.hosts import check_row
+
+    assert check_row(facts)[-1] == f"{release} (damaged: hash mismatch in src/ddtree/tree.py; the next push replaces it)"
+    assert main(["hosts", "check", "-i", str(path)]) == 0
+    assert "damaged" in capsys.readouterr().out
+    current = tmp_path / "w" / "current"
+    current.unlink()
+    current.symlink_to(tmp_path / "elsewhere")
+    assert main(["hosts", "check", "-i", str(path), "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)["hosts"]["local"]["result"]
+    assert facts["active_release"] is None
+    assert facts["release_problem"] == f"current -> {tmp_path / 'elsewhere'}: not a release push made here"
