@@ -142,7 +142,7 @@ def _first_child_and_next_sibling(parents: torch.Tensor) -> tuple[torch.Tensor, 
     # Non-start entries write into the spare column `width`, dropped below.
     target = torch.where(starts, sorted_group, width)
     first_child.scatter_(1, target, torch.where(starts, order, -1))
-    return first_child[:, :width], next_sibling
+    return first_child[:, :width].contiguous(), next_sibling  # SGLang's kernels take contiguous rows only
 
 
 def _check_per_request(name: str, value: torch.Tensor, bs: int) -> None:
