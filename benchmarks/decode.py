@@ -1,6 +1,6 @@
 """Per-round overhead of the DDTree decode loop outside the target and drafter forwards.
 
-    .venv/bin/python benchmarks/decode.py [--budgets 16,32,64,128,256] [--vocab 4096] [--tokens 64]
+    .venv/bin/python benchmarks/decode.py [--budgets 16,32,64,128,256] [--vocab 96] [--tokens 64]
 
 A tiny random Llama target (2 layers, hidden 64) and a tiny random DFlash drafter (one forward
 per round, block 16) decode a few prompts with `generate_ddtree` at each budget. From the
@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
+from bench_args import budget_list, positive_int  # noqa: E402  (benchmarks/, the script's folder)
 from ddtree.build import BuildMethod  # noqa: E402
 from ddtree.decode import DecodeConfig, generate_autoregressive, generate_ddtree  # noqa: E402
 from ddtree.dflash_drafter import load_dflash_drafter  # noqa: E402
@@ -79,14 +80,14 @@ def print_table(rows: list[dict], vocab: int, tokens: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budgets", default="16,32,64,128,256")
-    parser.add_argument("--vocab", type=int, default=96, help="96: the test suite's tiny model")
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--prompts", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads (1: steady on a shared machine)")
+    parser.add_argument("--budgets", type=budget_list, default="16,32,64,128,256")
+    parser.add_argument("--vocab", type=positive_int, default=96, help="96: the test suite's tiny model")
+    parser.add_argument("--tokens", type=positive_int, default=64)
+    parser.add_argument("--prompts", type=positive_int, default=3)
+    parser.add_argument("--threads", type=positive_int, default=1, help="CPU threads (1: steady on a shared machine)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    budgets = [int(b) for b in args.budgets.split(",")]
+    budgets = args.budgets
     rows = measure("cpu", budgets, args.vocab, args.tokens, args.prompts, torch.float32)
     if torch.cuda.is_available():
         rows += measure("cuda", budgets, args.vocab, args.tokens, args.prompts, torch.float32)

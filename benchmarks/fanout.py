@@ -1,6 +1,6 @@
 """Fan-out speed on a loopback fleet of real sshd processes, measured in one run.
 
-    .venv/bin/python benchmarks/fanout.py [--hosts 8] [--repeat 3]
+    .venv/bin/python benchmarks/fanout.py [--hosts 8] [--repeat 5]
     .venv/bin/python benchmarks/fanout.py --login-user ddtree-bench --host-python /opt/bench-venv/bin/python
 
 The second form logs in as an existing account whose login shell runs no rc files, so the
@@ -28,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
+from bench_args import positive_int  # noqa: E402  (benchmarks/, the script's folder)
 from sshd_fleet import SshdFleet, sshd_available  # noqa: E402
 
 CLI = str(Path(sys.executable).with_name("ddtree-ops"))
@@ -99,6 +100,9 @@ def rsync_all(fleet: SshdFleet, source: Path, tag: str) -> float:
     return time.perf_counter() - started
 
 
+HELP_CALLS = 5  # `--help` is timed on its own, median of this many calls
+
+
 def help_facts() -> tuple[float, list[str]]:
     code = (
         "import contextlib, io, sys\nfrom ddtree_ops.cli.app import main\n"
@@ -106,23 +110,31 @@ def help_facts() -> tuple[float, list[str]]:
         "print(','.join(m for m in ('torch', 'fabric', 'paramiko') if m in sys.modules))"
     )
     heavy = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-    return median_of(5, lambda i: timed([CLI, "--help"])), [m for m in heavy.split(",") if m]
+    return median_of(HELP_CALLS, lambda i: timed([CLI, "--help"])), [m for m in heavy.split(",") if m]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hosts", type=int, default=8)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--hosts", type=positive_int, default=8)
+    parser.add_argument("--repeat", type=positive_int, default=5)
     parser.add_argument("--login-user", help="log in to the loopback hosts as this existing account (root only)")
     parser.add_argument("--host-python", default=sys.executable, help="the hosts' `python:` (readable by that account)")
     args = parser.parse_args()
+    if args.login_user:
+        import pwd
+
+        try:
+            pwd.getpwnam(args.login_user)
+        except KeyError:
+            parser.error(f"--login-user: no account named {args.login_user!r} on this machine")
     if not sshd_available() or not shutil.which("rsync"):
         raise SystemExit("needs sshd, ssh-keygen and rsync (scripts/bootstrap.sh installs them)")
     n, repeat = args.hosts, args.repeat
     load_before = os.getloadavg()[0]
     base = Path(tempfile.mkdtemp(prefix="ddtree-fanout-bench-"))
-    fleet = SshdFleet(base, command_timeout=120, python=args.host_python, login_user=args.login_user).start(n)
-    try:
+    fleet = None
+    try:  # the fleet's folder holds a client private key: removed however the run ends
+        fleet = SshdFleet(base, command_timeout=120, python=args.host_python, login_user=args.login_user).start(n)
         staged = base / "staged"
         files = stage_bundle_files(staged)
         # Interleaved rounds: load from other work on the machine hits every row alike.
@@ -150,7 +162,8 @@ def main() -> None:
         )
         help_s, heavy = help_facts()
     finally:
-        fleet.stop()
+        if fleet is not None:
+            fleet.stop()
         shutil.rmtree(base, ignore_errors=True)
 
     def verdict(ok: bool) -> str:
@@ -168,7 +181,7 @@ def main() -> None:
         ("floor: OpenSSH `ssh host true`, 1 host", true_one, "-", "reference (connection + login shell)"),
         (f"floor: OpenSSH `ssh host true`, {n} hosts in parallel", true_many, f"{true_many / true_one:.2f}x of 1 host",
          "reference"),
-        ("ddtree-ops --help", help_s, f"heavy imports: {', '.join(heavy) or 'none'}", verdict(help_s < 0.3 and not heavy) + " (< 0.3 s, no torch/fabric/paramiko)"),
+        (f"ddtree-ops --help (median of {HELP_CALLS})", help_s, f"heavy imports: {', '.join(heavy) or 'none'}", verdict(help_s < 0.3 and not heavy) + " (< 0.3 s, no torch/fabric/paramiko)"),
     ]
     print(f"fan-out on a loopback fleet: {n} sshd, {files} release files, median of {repeat}, "
           f"login user {fleet.login_user}, host python {args.host_python}, "

@@ -36,6 +36,7 @@ from sshd_fleet import SshdFleet, sshd_available  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import cpu_groups  # noqa: E402
+from bench_args import positive_int  # noqa: E402
 
 from ddtree_ops.cli.app import main  # noqa: E402
 
@@ -113,7 +114,7 @@ def measure(sets, repeat: int, ports: set[int], starts_log: Path) -> list[tuple]
 
 def main_bench() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=positive_int, default=3)
     parser.add_argument("--host-cores", type=float, default=0.45,
                         help="CPU cap per host for the capped rows (4 hosts x 0.45 leave the CLI "
                              "a share of 2 cores); 0 skips them")

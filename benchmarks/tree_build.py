@@ -115,7 +115,8 @@ def cpu_table(calls: int, budgets, vocabs, draws: int) -> None:
     generator = torch.Generator().manual_seed(0)
     print(f"CPU: {machine()}")
     print(
-        f"medians over {calls} interleaved calls (random order each round; the batch timed apart), on each of {draws} "
+        f"medians over {calls} interleaved calls (random order each round; the batch timed apart, over "
+        f"{batch_calls(calls)} calls), on each of {draws} "
         f"requests drawn per case; ms: the median request; a/b: the geometric mean of the requests' ratios and "
         f"the worst one; D = {DEPTH}, float32 logits\n"
     )
@@ -131,7 +132,8 @@ def cpu_table(calls: int, budgets, vocabs, draws: int) -> None:
                 ms = {name: statistics.median(t[name] for t in per_request) * 1e3 for name in per_request[0]}
                 ratios = [t["heap"] / t["public"] for t in per_request]
                 # the batch (8x the data) would evict the rows the others share, so it is timed apart
-                ms["batch"] = interleaved_medians({"batch": lambda: build_ddtree_trees(batch, budget)}, max(5, calls // 4))["batch"] * 1e3
+                ms["batch"] = interleaved_medians({"batch": lambda: build_ddtree_trees(batch, budget)},
+                                                  batch_calls(calls))["batch"] * 1e3
                 depths = sorted({build_ddtree_tree_from_logits(one, budget).max_depth for one in requests})
                 print(
                     f"| {vocab} | {kind} | {budget} | {ms['heap']:.2f} | {ms['public']:.2f} | {ms['floor']:.2f} "
@@ -141,6 +143,11 @@ def cpu_table(calls: int, budgets, vocabs, draws: int) -> None:
                 )
 
 
+def batch_calls(calls: int) -> int:
+    """The batch holds 8 requests' data: fewer calls keep the run short (said in the header)."""
+    return max(5, calls // 4)
+
+
 def single_request_medians(one: torch.Tensor, budget: int, calls: int) -> dict[str, float]:
     """(a)-(c) on one [D, V] request: they read the same rows, so each finds them in the caches
     the others left (interleaved, so none is favoured)."""
@@ -148,7 +155,7 @@ def single_request_medians(one: torch.Tensor, budget: int, calls: int) -> dict[s
         {
             "heap": lambda: build_ddtree_tree_from_logits(one, budget, method=BuildMethod.HEAP),
             "public": lambda: build_ddtree_tree_from_logits(one, budget),
-            "floor": lambda: (torch.topk(one, budget, dim=-1), torch.logsumexp(one, dim=-1)),
+            "floor": lambda: (torch.topk(one, min(budget, one.shape[-1]), dim=-1), torch.logsumexp(one, dim=-1)),
         },
         calls,
     )
@@ -223,6 +230,15 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, action="append", help="vocabulary size (repeatable; default 151936 and 32000)")
     parser.add_argument("--default-malloc", action="store_true", help="leave glibc's adaptive malloc thresholds on (noisy)")
     args = parser.parse_args()
+    if args.calls < 1:
+        parser.error(f"--calls must be >= 1, got {args.calls}")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
+    if args.draws < 1:
+        parser.error(f"--draws must be >= 1, got {args.draws}")
+    bad_vocab = [v for v in args.vocab or () if v < 1]
+    if bad_vocab:
+        parser.error(f"--vocab must be >= 1, got {bad_vocab[0]}")
     print("malloc left as is (--default-malloc)" if args.default_malloc else steady_malloc())
     if args.threads:
         torch.set_num_threads(args.threads)

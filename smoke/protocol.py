@@ -129,8 +129,50 @@ class SmokeOptions:
         if "repeat" in data:
             opts.repeat = _positive_int("repeat", data["repeat"])
         if "extra" in data:
-            opts.extra = dict(data["extra"])
+            opts.extra = check_knobs(dict(data["extra"]))
         return opts
+
+
+# The knobs the shipped stages read from options.extra (`--set KEY=VALUE`): kind and least
+# value. The runner checks them as it reads its plan, so a bad value is refused (exit 2) before
+# any stage runs, naming the knob. Other keys pass through: a stage of the operator's own may
+# read them.
+KNOBS: dict[str, tuple[str, float | None]] = {
+    "vocab": ("int", 1), "depth": ("int", 1),  # tree-bench
+    "max_new_tokens": ("int", 1), "temperature": ("float", 0.0), "max_prompts": ("int", 1),
+    "strict": ("bool", None),  # decode-bench
+    "lossless_full": ("bool", None), "lossless_tokens": ("int", 1), "lossless_samples": ("int", 1),
+    "sglang_budgets": ("int_list", 1), "sglang_port": ("int", 1), "sglang_max_new_tokens": ("int", 1),
+    "sglang_start_timeout_s": ("float", 1.0), "sglang_attention_backend": ("str", None),
+    "sglang_extra_args": ("str_list", None), "near_tie_gap": ("float", 0.0),  # sglang-e2e
+}
+
+
+def check_knobs(extra: dict[str, Any]) -> dict[str, Any]:
+    for name, value in extra.items():
+        rule = KNOBS.get(name)
+        if rule is not None and not _knob_ok(value, *rule):
+            kind, least = rule
+            want = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
+                    "int_list": "a list of integers", "str_list": "a list of strings"}[kind]
+            bound = f" >= {least:g}" if least is not None else ""
+            raise ValueError(f"--set {name}: expected {want}{bound}, got {value!r}")
+    return extra
+
+
+def _knob_ok(value: Any, kind: str, least: float | None) -> bool:
+    def number(v: Any, integral: bool) -> bool:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (integral and not isinstance(v, int)):
+            return False
+        return math.isfinite(v) and (least is None or v >= least)
+
+    if kind in ("int", "float"):
+        return number(value, kind == "int")
+    if kind == "int_list":
+        return isinstance(value, list) and bool(value) and all(number(v, True) for v in value)
+    if kind == "str_list":
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    return isinstance(value, {"bool": bool, "str": str}[kind])
 
 
 def _non_negative_int(name: str, value: Any) -> int:

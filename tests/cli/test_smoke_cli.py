@@ -320,3 +320,12 @@ def test_a_fleet_baseline_on_a_run_of_some_hosts_checks_only_those(env, capsys, 
     assert main(["report", "--baseline", str(baseline)]) == 0
     captured = capsys.readouterr()
     assert "not checked" in captured.out and "host(s) gpu-elsewhere not in this run" in captured.err
+
+
+def test_a_bad_stage_knob_is_refused_before_any_stage_runs(env, capsys):
+    code, doc = run_json(["smoke", "--stages", "env,tree-bench", "--set", "vocab=abc"], capsys)
+    assert code == 2 and doc["exit_code"] == 2
+    assert doc["hosts"]["local"]["outcome"] == "refused"
+    assert doc["failures"] == [{"host": "local", "stage": "-", "detail": None,
+                                "reason": "--set vocab: expected an integer >= 1, got 'abc'"}]
+    assert doc["hosts"]["local"]["stages"] == {}  # nothing ran

@@ -117,3 +117,25 @@ def test_command_help_imports_no_torch_or_ssh_libraries():
                          cwd=REPO, check=True)
     loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
     assert not loaded & {"torch", "paramiko", "fabric", "matplotlib"}, loaded
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"vocab": "abc"}, "--set vocab: expected an integer >= 1, got 'abc'"),
+    ({"depth": 0}, "--set depth: expected an integer >= 1, got 0"),
+    ({"vocab": 5.0}, "--set vocab: expected an integer >= 1, got 5.0"),
+    ({"temperature": -0.5}, "--set temperature: expected a number >= 0, got -0.5"),
+    ({"strict": "yes"}, "--set strict: expected true or false, got 'yes'"),
+    ({"sglang_budgets": [16, 0]}, "--set sglang_budgets: expected a list of integers >= 1, got [16, 0]"),
+    ({"sglang_extra_args": "--tp 2"}, "--set sglang_extra_args: expected a list of strings, got '--tp 2'"),
+    ({"max_prompts": True}, "--set max_prompts: expected an integer >= 1, got True"),
+])
+def test_a_bad_knob_is_refused_naming_it(extra, message):
+    with pytest.raises(ValueError) as caught:
+        SmokeOptions.from_dict({"extra": extra})
+    assert str(caught.value) == message
+
+
+def test_good_and_unknown_knobs_pass():
+    extra = {"vocab": 1000, "temperature": 0, "strict": True, "sglang_budgets": [16, 64],
+             "sglang_extra_args": ["--tp", "2"], "my_own_stage_knob": "anything"}
+    assert SmokeOptions.from_dict({"extra": extra}).extra == extra
