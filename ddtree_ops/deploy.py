@@ -75,7 +75,9 @@ def call_installer(
 @dataclass(frozen=True)
 class DeployOutcome:
     release: str
-    action: str  # installed | replaced | unchanged | would install | would replace ... | would stay unchanged
+    # installed | replaced | repaired | unchanged; a dry run: would install | would replace <release> |
+    # would repair | would stay unchanged, each after "would recover, then " if a deploy died half-way
+    action: str
     python: str
     sglang: str  # "<version> at <dir>"
     verdict: str  # the probe's verdict ("-" for a dry run)
@@ -124,7 +126,10 @@ def deploy_host(
 
 
 def _would(action: str) -> str:
-    return "would stay unchanged" if action == "unchanged" else f"would {action}"
+    """The plan's action as a prediction: "recover, then unchanged" -> "would recover, then stay unchanged"."""
+    if action.endswith("unchanged"):
+        action = action[: -len("unchanged")] + "stay unchanged"
+    return f"would {action}"
 
 
 def _outcome(bundle: ReleaseBundle, plan: dict[str, Any], **fields: Any) -> DeployOutcome:

@@ -631,10 +631,32 @@ def op_deploy(workdir, release_id, keep, lock_wait, force):
     enable_site_packages()
     installer, sources = load_installer(sys.stdin.buffer)
     ensure_layout(workdir)
+    started = time.monotonic()
     with Lock(workdir, "deploy", lock_wait):
+        # The installer also locks the environment (other workdirs may deploy into it): it
+        # waits what this lock's wait left over.
+        env_wait = remaining_wait(lock_wait, started)
         pushed = push_locked(workdir, release_id, keep)
-        installed = call_installer(installer, installer.op_install, workdir, release_id, force, sources)
+        installed = call_installer(installer, installer.op_install,
+                                   *with_env_wait(installer.op_install, (workdir, release_id, force, sources), env_wait))
     return {"push": pushed, "install": installed}
+
+
+def remaining_wait(lock_wait, started):
+    return max(1.0, float(lock_wait) - (time.monotonic() - started))
+
+
+def with_env_wait(operation, args, wait):
+    """args plus the environment lock's wait, for an installer that takes it: the installer
+    comes from the release being deployed, which may predate that lock (an older checkout
+    deployed to go back to it)."""
+    import inspect
+
+    try:
+        takes_wait = len(inspect.signature(operation).parameters) > len(args)
+    except (TypeError, ValueError):
+        takes_wait = False
+    return tuple(args) + (wait,) if takes_wait else tuple(args)
 
 
 def op_rollback(workdir, lock_wait):
@@ -642,8 +664,10 @@ def op_rollback(workdir, lock_wait):
     enable_site_packages()
     installer, _ = load_installer(sys.stdin.buffer)
     ensure_layout(workdir)
+    started = time.monotonic()
     with Lock(workdir, "rollback", lock_wait):
-        return {"rollback": call_installer(installer, installer.op_rollback, workdir)}
+        args = with_env_wait(installer.op_rollback, (workdir,), remaining_wait(lock_wait, started))
+        return {"rollback": call_installer(installer, installer.op_rollback, *args)}
 
 
 # ---------------------------------------------------------------- collect (a run's files)

@@ -5,7 +5,8 @@ Stdlib only, no ddtree import at module level. It runs in the environment's own 
 inventory's `python:`), sent on stdin behind ddtree_ops.remote_layout.BOOTSTRAP; the rest of
 stdin is one JSON line {"modules": {dotted name: source}, "packages": [names]} carrying the gate's modules from
 the release being deployed, which are loaded in memory (nothing written for a dry run).
-The caller holds the host lock (WORKDIR/lock) around every operation.
+The caller holds the host lock (WORKDIR/lock) around every operation; install and rollback
+also flock the site-packages directory, so workdirs sharing one environment take turns.
 
     python -c BOOTSTRAP plan     WORKDIR RELEASE_ID FORCE
     python -c BOOTSTRAP install  WORKDIR RELEASE_ID FORCE
@@ -16,9 +17,15 @@ What deploy adds to the environment's site-packages (nothing else is touched):
     ddtree_sglang_plugin-0.1.0+<release>.dist-info/ METADATA, entry_points.txt
                                                    (sglang.srt.plugins: ddtree), INSTALLER, RECORD
 and under WORKDIR/deployments/<env-key>/: payload-<release>/ddtree (a copy of the release's
-package), record.json (what was added, with sha256), journal.json while installing.
-A journal found by the next deploy or rollback means an install died half-way: its files are
-removed before anything else happens.
+package; payload-<release>-b when repairing that release in place), record.json (what was added, with sha256), journal.json while installing.
+An install is a transaction: the new payload is written next to the live one, the old site
+files make way only once it is complete, and the old payload is removed only after the new
+deployment passed its check and its record is written. Any failure removes what was added and
+rewrites the previous deployment's site files, pointing at its own payload (so pruned
+releases do not matter). The journal lists what the install adds and the record it replaces:
+the next deploy or rollback that finds it undoes (or, if the record was written, finishes) it.
+record.json also holds the payload's sha256 per file: a redeploy of the same release repairs
+a damaged payload or site file instead of calling it `unchanged`.
 """
 import base64
 import hashlib
@@ -36,6 +43,7 @@ DIST_VERSION = "0.1.0"
 PTH_NAME = DIST_NAME + ".pth"
 ENTRY_POINTS = "[sglang.srt.plugins]\nddtree = ddtree.sglang.plugin:register\n"
 FAULT_ENV = "DDTREE_DEPLOY_FAULT"  # tests: "after-pth" exits hard mid-install
+INSTALLER_TAG = b"ddtree-ops\n"  # dist-info INSTALLER: how a deployment is recognised without its record
 
 
 class InstallError(Exception):
@@ -56,12 +64,21 @@ def sha256_file(path):
 
 
 def write_atomic(path, data):
+    """Replace `path` whole. On failure (a full disk) the temporary file is removed and the
+    OSError names `path`, never the temporary."""
     tmp = "%s.tmp-%d" % (path, os.getpid())
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise OSError(err.errno, err.strerror, path)
 
 
 def write_json(path, document):
@@ -76,6 +93,20 @@ def read_json(path):
         return None
 
 
+def read_text(path):
+    try:
+        with open(path, "rb") as handle:
+            return handle.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def os_error_line(err):
+    """One line naming the file an OSError is about (the destination, for a copy)."""
+    path = getattr(err, "filename2", None) or err.filename
+    return "%s: %s" % (path, err.strerror or err) if path else str(err)
+
+
 def site_dir():
     return sysconfig.get_paths()["purelib"]
 
@@ -86,6 +117,41 @@ def env_key(site):
 
 def deployment_dir(workdir, site):
     return os.path.join(workdir, "deployments", env_key(site))
+
+
+DEFAULT_ENV_LOCK_WAIT_S = 60.0
+
+
+class EnvironmentLock(object):
+    """flock() on the site-packages directory itself: deploys and rollbacks from different
+    workdirs into one environment take turns (WORKDIR/lock only serialises one workdir).
+    A directory fd can be flocked, so the environment gains no lock file."""
+
+    def __init__(self, site, wait_s):
+        self.site, self.wait_s, self.fd = site, float(wait_s), None
+
+    def __enter__(self):
+        import errno
+        import fcntl
+
+        self.fd = os.open(self.site, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except OSError as err:
+                if err.errno not in (errno.EAGAIN, errno.EACCES):
+                    os.close(self.fd)
+                    raise
+                if time.monotonic() >= deadline:
+                    os.close(self.fd)
+                    raise InstallError("locked", "%s: another deploy or rollback is changing this environment"
+                                                 " (waited %gs)" % (self.site, self.wait_s))
+                time.sleep(0.1)
+
+    def __exit__(self, *exc):
+        os.close(self.fd)  # closing drops the flock
 
 
 class SourceFinder(object):
@@ -182,10 +248,12 @@ def record_line(site, path):
     return "%s,sha256=%s,%d" % (os.path.relpath(path, site), digest, len(data))
 
 
-def write_site_files(site, release_id, payload_dir, plan):
-    os.makedirs(plan["dist_info"])
+def write_site_files(site, release_id, payload_dir, plan, fault_point=True):
+    """The .pth and dist-info of a deployment. Deterministic in (site, release, payload dir),
+    which is what lets a failed upgrade put the previous deployment back byte for byte."""
+    os.makedirs(plan["dist_info"], exist_ok=True)
     write_atomic(plan["pth"], (payload_dir + "\n").encode("utf-8"))
-    if os.environ.get(FAULT_ENV) == "after-pth":
+    if fault_point and os.environ.get(FAULT_ENV) == "after-pth":
         os._exit(137)  # a deploy killed half-way (tests)
     metadata = (
         "Metadata-Version: 2.1\nName: %s\nVersion: %s+%s\n"
@@ -194,10 +262,66 @@ def write_site_files(site, release_id, payload_dir, plan):
     )
     write_atomic(os.path.join(plan["dist_info"], "METADATA"), metadata.encode())
     write_atomic(os.path.join(plan["dist_info"], "entry_points.txt"), ENTRY_POINTS.encode())
-    write_atomic(os.path.join(plan["dist_info"], "INSTALLER"), b"ddtree-ops\n")
+    write_atomic(os.path.join(plan["dist_info"], "INSTALLER"), INSTALLER_TAG)
     lines = [record_line(site, p) for p in plan["files"][:-1]]
     lines.append("%s,," % os.path.relpath(os.path.join(plan["dist_info"], "RECORD"), site))
     write_atomic(os.path.join(plan["dist_info"], "RECORD"), ("\n".join(lines) + "\n").encode())
+
+
+def next_payload_dir(directory, release_id, record):
+    """Where a new payload goes: never the directory the live deployment runs from (a repair
+    of the same release included), so the old one stays usable until the new one passed."""
+    for suffix in ("", "-b"):
+        candidate = os.path.join(directory, "payload-%s%s" % (release_id, suffix))
+        if not record or candidate != record.get("payload_dir"):
+            return candidate
+    raise AssertionError("unreachable")
+
+
+def copy_payload(release_src, payload_dir):
+    """Copy the release's `ddtree` package; returns {path relative to payload_dir: sha256}.
+    An error names the file being written."""
+    hashes = {}
+    for root, dirs, files in os.walk(release_src):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        target_root = os.path.join(payload_dir, "ddtree", os.path.relpath(root, release_src))
+        os.makedirs(target_root, exist_ok=True)
+        for name in sorted(files):
+            if name.endswith(".pyc"):
+                continue
+            with open(os.path.join(root, name), "rb") as handle:
+                data = handle.read()
+            target = os.path.normpath(os.path.join(target_root, name))
+            try:
+                with open(target, "wb") as handle:
+                    handle.write(data)
+            except OSError as err:
+                raise OSError(err.errno, err.strerror, target)
+            hashes[os.path.relpath(target, payload_dir).replace(os.sep, "/")] = hashlib.sha256(data).hexdigest()
+    return hashes
+
+
+def payload_hashes(payload_dir):
+    """{relative path: sha256} of a payload as it is now (bytecode SGLang may write is not part of it)."""
+    found = {}
+    for root, dirs, files in os.walk(payload_dir):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in files:
+            if not name.endswith(".pyc"):
+                path = os.path.join(root, name)
+                found[os.path.relpath(path, payload_dir).replace(os.sep, "/")] = sha256_file(path)
+    return found
+
+
+def site_files_intact(record):
+    return all(os.path.isfile(p) and sha256_file(p) == h for p, h in record["files"].items())
+
+
+def payload_intact(record):
+    """The payload matches the hashes recorded at install (a record without them cannot be trusted)."""
+    expected = record.get("payload_files")
+    return expected is not None and os.path.isdir(record["payload_dir"]) \
+        and payload_hashes(record["payload_dir"]) == expected
 
 
 def remove_recorded(document):
@@ -219,14 +343,67 @@ def remove_recorded(document):
     return {"removed": removed, "modified_since_deploy": modified, "already_missing": missing}
 
 
+def site_part(record):
+    """A record's files and dirs in site-packages, without its payload."""
+    return {"files": record["files"], "dirs": [d for d in record["dirs"] if d != record["payload_dir"]]}
+
+
+def restore_previous(site, previous):
+    """Put the previous deployment's site files back, pointing at its own payload (which an
+    install never touches; pruned releases do not matter). Returns a clause for the message;
+    raises OSError if the files cannot be written."""
+    if not previous:
+        return ""
+    if not os.path.isdir(previous["payload_dir"]):
+        return "; the previous release %s cannot be put back: %s is gone" % (
+            previous["release"], previous["payload_dir"])
+    write_site_files(site, previous["release"], previous["payload_dir"],
+                     planned_files(site, previous["release"]), fault_point=False)
+    return "; previous release %s restored" % previous["release"]
+
+
+def undo_install(site, journal, journal_path):
+    """Remove what an unfinished install added and restore the deployment it was replacing.
+    The journal stays if that fails, so the next deploy or rollback tries again."""
+    outcome = remove_recorded({"files": {p: "" for p in journal["files"]}, "dirs": journal["dirs"]})
+    try:
+        clause = restore_previous(site, journal.get("previous"))
+    except OSError as err:
+        return outcome, "; the previous release %s could not be put back (%s); the next deploy or rollback" \
+                        " retries" % (journal["previous"]["release"], os_error_line(err))
+    os.unlink(journal_path)
+    outcome["restored"] = (journal.get("previous") or {}).get("release") if clause.startswith("; previous") else None
+    return outcome, clause
+
+
+def finish_commit(directory, record, previous):
+    """After the new record is written: the replaced payload is no longer needed."""
+    if previous and previous["payload_dir"] != record["payload_dir"] and os.path.isdir(previous["payload_dir"]):
+        shutil.rmtree(previous["payload_dir"])
+    os.unlink(os.path.join(directory, "journal.json"))
+
+
 def recover(workdir, site):
-    """Undo an install that died half-way (journal present). Returns what was removed, or None."""
-    journal_path = os.path.join(deployment_dir(workdir, site), "journal.json")
+    """Finish or undo an install that died half-way (journal present): if its record was
+    written it only finishes the cleanup, else it removes what the install added and puts
+    the previous deployment back. Also removes a .pth temporary a crash left. Returns what
+    was removed, or None."""
+    directory = deployment_dir(workdir, site)
+    journal_path = os.path.join(directory, "journal.json")
+    strays = [os.path.join(site, n) for n in sorted(os.listdir(site)) if n.startswith(PTH_NAME + ".tmp-")]
+    for path in strays:
+        os.unlink(path)
     journal = read_json(journal_path)
     if journal is None:
-        return None
-    outcome = remove_recorded({"files": {p: "" for p in journal["files"]}, "dirs": journal["dirs"]})
-    os.unlink(journal_path)
+        return {"removed": strays, "modified_since_deploy": [], "already_missing": []} if strays else None
+    record = read_json(os.path.join(directory, "record.json"))
+    if record and record["release"] == journal["release"] and record["payload_dir"] in journal["dirs"]:
+        finish_commit(directory, record, journal.get("previous"))
+        return {"removed": strays, "modified_since_deploy": [], "already_missing": [], "completed": True}
+    outcome, clause = undo_install(site, journal, journal_path)
+    if os.path.exists(journal_path):
+        raise InstallError("recover", "%s: an interrupted install could not be undone%s" % (journal_path, clause))
+    outcome["removed"] = strays + outcome["removed"]
     return outcome
 
 
@@ -244,6 +421,61 @@ def verify_in_fresh_interpreter(force):
     return result
 
 
+# ---------------------------------------------------------------- who owns what is there
+
+
+def owning_workdir(payload_dir):
+    """WORKDIR of a payload path WORKDIR/deployments/<env-key>/payload-<release>, else None."""
+    deployments = os.path.dirname(os.path.dirname(payload_dir))
+    if os.path.basename(payload_dir).startswith("payload-") and os.path.basename(deployments) == "deployments":
+        return os.path.dirname(deployments)
+    return None
+
+
+def unlisted_deployment(site, listed_files, listed_dirs):
+    """The plugin's files in site-packages that this workdir's record and journal do not list:
+    {"pth", "dist_infos", "installers", "payload_dir", "workdir", "release"} or None."""
+    import glob
+
+    dist_infos = [d for d in sorted(glob.glob(os.path.join(site, DIST_NAME + "-*.dist-info")))
+                  if d not in listed_dirs]
+    pth = os.path.join(site, PTH_NAME)
+    pth = pth if os.path.lexists(pth) and pth not in listed_files else None
+    if not dist_infos and not pth:
+        return None
+    payload_dir = ((read_text(pth) or "").strip().splitlines() or [""])[0] if pth else ""
+    installers = sorted(set((read_text(os.path.join(d, "INSTALLER")) or "?").strip() for d in dist_infos))
+    release = None
+    if dist_infos:
+        release = os.path.basename(dist_infos[0])[len(DIST_NAME) + 1:-len(".dist-info")].split("+")[-1]
+    return {"pth": pth, "dist_infos": dist_infos, "installers": installers, "payload_dir": payload_dir,
+            "workdir": owning_workdir(payload_dir) if payload_dir else None, "release": release}
+
+
+def ours_elsewhere(found):
+    """True when what is there was written by ddtree-ops (INSTALLER, or the .pth's payload path)."""
+    if found["dist_infos"]:
+        return found["installers"] == [INSTALLER_TAG.decode().strip()]
+    return found["workdir"] is not None
+
+
+def ownership_refusal(found, workdir, site):
+    """One line: whose deployment is in the way, and the way out."""
+    what = "release %s" % found["release"] if found["release"] else "the plugin"
+    uninstall = "`pip uninstall %s` with %s" % (DIST_NAME, sys.executable)
+    owner = found["workdir"]
+    if owner is None:
+        return "%s: %s was added by ddtree-ops from an unknown workdir (%s); remove it with %s" % (
+            site, what, found["pth"] or found["dist_infos"][0], uninstall)
+    record = os.path.join(deployment_dir(owner, site), "record.json")
+    if owner == workdir:
+        return ("%s: %s was deployed here from this workdir but its record %s is gone; `ddtree-ops rollback`"
+                " removes it (or %s)" % (site, what, record, uninstall))
+    gone = "" if os.path.isfile(record) else " (its record %s is gone)" % record
+    return ("%s: %s is deployed here by ddtree-ops from workdir %s%s; roll it back from there (`ddtree-ops"
+            " rollback` with that workdir) or %s, then deploy again" % (site, what, owner, gone, uninstall))
+
+
 # ---------------------------------------------------------------- operations
 
 
@@ -253,37 +485,51 @@ def make_plan(workdir, release_id, force, sources):
     if not facts["sglang_dir"]:
         raise InstallError("no-sglang", "%s: sglang is not installed in this environment" % sys.executable)
     gate = run_gate(sources, facts["sglang_dir"])
-    record = read_json(os.path.join(deployment_dir(workdir, site), "record.json"))
-    journal = read_json(os.path.join(deployment_dir(workdir, site), "journal.json"))
+    directory = deployment_dir(workdir, site)
+    record = read_json(os.path.join(directory, "record.json"))
+    journal = read_json(os.path.join(directory, "journal.json"))
     plan = planned_files(site, release_id)
+    # What this workdir added: its record, and what an interrupted install's journal lists
+    # (a deploy removes that first, so a dry run must not call it someone else's).
+    listed_files = set((record or {}).get("files", {})) | set((journal or {}).get("files", []))
+    listed_dirs = set((record or {}).get("dirs", [])) | set((journal or {}).get("dirs", []))
     refusals = []
     if not gate["ok"] and not force:
         refusals.append(gate_refusal(gate))
     if not facts["site_writable"]:
         refusals.append("%s: not writable" % site)
-    ours = record["payload_dir"] if record else None
-    if facts["ddtree_dir"] and (ours is None or not facts["ddtree_dir"].startswith(ours)):
-        refusals.append("%s: another `ddtree` package is importable here (%s)" % (sys.executable, facts["ddtree_dir"]))
+    found = unlisted_deployment(site, listed_files, listed_dirs)
+    ddtree_dir = facts["ddtree_dir"]
+    ours = [d for d in listed_dirs if os.path.basename(d).startswith("payload-")]
+    if found and found["payload_dir"]:
+        ours.append(found["payload_dir"])  # reported below as the deployment in the way
+    if ddtree_dir and not any(ddtree_dir.startswith(d + os.sep) for d in ours):
+        refusals.append("%s: another `ddtree` package is importable here (%s)" % (sys.executable, ddtree_dir))
     foreign = foreign_entry_points()
     if foreign:
         refusals.append(entry_point_refusal(foreign))
-    recorded_files = set((record or {}).get("files", {}))
-    for path in plan["files"]:
-        if os.path.lexists(path) and path not in recorded_files:
-            refusals.append("%s: exists and was not added by ddtree-ops" % path)
-    if record and record["release"] == release_id and intact(record):
-        action = "unchanged"
+    if found and ours_elsewhere(found):
+        refusals.append(ownership_refusal(found, workdir, site))
+    elif found:
+        installers = " (INSTALLER: %s)" % ", ".join(found["installers"]) if found["installers"] else ""
+        for path in ([found["pth"]] if found["pth"] else []) + found["dist_infos"]:
+            refusals.append("%s: exists and was not added by ddtree-ops%s" % (path, installers))
+    if record and record["release"] == release_id:
+        healthy = payload_intact(record) and (journal is not None or site_files_intact(record))
+        action = "unchanged" if healthy else "repair"
     elif record:
         action = "replace %s" % record["release"]
     else:
         action = "install"
+    if journal is not None:
+        action = "recover, then " + action
     return {
         "environment": facts,
         "gate": gate,
         "forced": bool(force and not gate["ok"]),
         "action": action,
         "adds": plan["files"],
-        "payload_dir": os.path.join(deployment_dir(workdir, site), "payload-%s" % release_id),
+        "payload_dir": next_payload_dir(directory, release_id, record),
         "interrupted_install": journal is not None,
         "refusals": refusals,
     }
@@ -310,101 +556,141 @@ def gate_refusal(gate):
     return "; ".join(parts) + "; --force deploys anyway (recorded)"
 
 
-def intact(record):
-    return all(os.path.isfile(p) and sha256_file(p) == h for p, h in record["files"].items()) and os.path.isdir(
-        record["payload_dir"]
-    )
-
-
 def op_plan(workdir, release_id, force, sources):
     return {"ok": True, "plan": make_plan(workdir, release_id, force == "1", sources)}
 
 
-def op_install(workdir, release_id, force, sources):
-    force = force == "1"
+def with_environment_lock(lock_wait, operation, *args):
+    """Run an operation under the environment lock; an OSError becomes one line naming its file."""
     site = site_dir()
+    with EnvironmentLock(site, DEFAULT_ENV_LOCK_WAIT_S if lock_wait is None else lock_wait):
+        try:
+            return operation(site, *args)
+        except OSError as err:
+            raise InstallError("os-error", os_error_line(err))
+
+
+def op_install(workdir, release_id, force, sources, lock_wait=None):
+    return with_environment_lock(lock_wait, install_locked, workdir, release_id, force == "1", sources)
+
+
+def install_locked(site, workdir, release_id, force, sources):
     recovered = recover(workdir, site)
     plan = make_plan(workdir, release_id, force, sources)
     if plan["refusals"]:
         raise InstallError("refused", "refused: " + "; ".join(plan["refusals"]))
     directory = deployment_dir(workdir, site)
     record_path = os.path.join(directory, "record.json")
+    old = read_json(record_path)
     if plan["action"] == "unchanged":
-        probe = verify_in_fresh_interpreter(force)
-        return {"ok": True, "action": "unchanged", "plan": plan, "probe": probe, "recovered": recovered}
+        return verify_unchanged(record_path, old, plan, force, recovered)
     release_src = os.path.join(workdir, "releases", release_id, "src", "ddtree")
     if not os.path.isfile(os.path.join(release_src, "__init__.py")):
         raise InstallError("no-release", "%s: release %s is not on this host" % (workdir, release_id))
-    old = read_json(record_path)
-    replaced = remove_recorded(old) if old else None
-    if old:
-        os.unlink(record_path)
     files = planned_files(site, release_id)
     payload_dir = plan["payload_dir"]
+    journal_path = os.path.join(directory, "journal.json")
+    journal = {"release": release_id, "started": time.time(), "files": files["files"],
+               "dirs": [files["dist_info"], payload_dir], "previous": old}
     os.makedirs(directory, exist_ok=True)
-    write_json(os.path.join(directory, "journal.json"), {
-        "release": release_id, "started": time.time(), "files": files["files"],
-        "dirs": [files["dist_info"], payload_dir],
-    })
-    if os.path.isdir(payload_dir):
-        shutil.rmtree(payload_dir)
-    shutil.copytree(release_src, os.path.join(payload_dir, "ddtree"),
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    write_site_files(site, release_id, payload_dir, files)
-    probe = verify_in_fresh_interpreter(force)
-    if probe.get("verdict") == "failed":
-        remove_recorded({"files": {p: "" for p in files["files"]}, "dirs": [files["dist_info"], payload_dir]})
-        os.unlink(os.path.join(directory, "journal.json"))
-        restored = restore_previous(workdir, old, sources)
-        raise InstallError("verify", "installed plugin failed its check, removed again%s: %s" % (
-            restored, "; ".join(probe.get("reasons", []))))
-    record = {
-        "release": release_id,
-        "python": sys.executable,
-        "site_dir": site,
-        "payload_dir": payload_dir,
-        "files": {p: sha256_file(p) for p in files["files"]},
-        "dirs": [files["dist_info"], payload_dir],
-        "forced": plan["forced"],
-        "gate": plan["gate"],
-        "probe": {"verdict": probe.get("verdict"), "reasons": probe.get("reasons")},
-        "deployed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    write_json(record_path, record)
-    os.unlink(os.path.join(directory, "journal.json"))
-    return {"ok": True, "action": "replaced" if old else "installed", "plan": plan, "probe": probe,
+    write_json(journal_path, journal)
+    replaced = None
+    try:
+        # The new payload goes next to the old one; the old site files make way only once
+        # it is complete, and the old payload stays until the new deployment passed its check.
+        if os.path.isdir(payload_dir):
+            shutil.rmtree(payload_dir)  # a leftover that no record names
+        payload_files = copy_payload(release_src, payload_dir)
+        if old:
+            replaced = remove_recorded(site_part(old))
+        write_site_files(site, release_id, payload_dir, files)
+        probe = verify_in_fresh_interpreter(force)
+        if probe.get("verdict") == "failed":
+            raise InstallError("verify", "installed plugin failed its check: %s" % "; ".join(probe.get("reasons", [])))
+        record = {
+            "release": release_id,
+            "python": sys.executable,
+            "site_dir": site,
+            "payload_dir": payload_dir,
+            "payload_files": payload_files,
+            "files": {p: sha256_file(p) for p in files["files"]},
+            "dirs": [files["dist_info"], payload_dir],
+            "forced": plan["forced"],
+            "gate": plan["gate"],
+            "probe": {"verdict": probe.get("verdict"), "reasons": probe.get("reasons")},
+            "deployed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        write_json(record_path, record)
+    except Exception as err:  # noqa: BLE001 - whatever failed, the previous deployment goes back
+        if isinstance(err, InstallError):
+            kind, message = err.kind, str(err)
+        elif isinstance(err, OSError):
+            kind, message = "os-error", os_error_line(err)
+        else:
+            kind, message = "internal", "%s: %s" % (type(err).__name__, err)
+        _, clause = undo_install(site, journal, journal_path)
+        raise InstallError(kind, "%s; removed again%s" % (message, clause))
+    finish_commit(directory, record, old)
+    action = "installed" if not old else "repaired" if old["release"] == release_id else "replaced"
+    return {"ok": True, "action": action, "plan": plan, "probe": probe,
             "record": record_path, "recovered": recovered, "replaced": replaced}
 
 
-def restore_previous(workdir, old, sources):
-    """A replacement that failed its check must not leave the environment without the plugin
-    it had: reinstall the previous release when its files are still on the host."""
-    if not old:
-        return ""
-    try:
-        op_install(workdir, old["release"], "1" if old.get("forced") else "0", sources)
-    except InstallError as err:
-        return "; the previous release %s could not be restored (%s)" % (old["release"], err)
-    return "; previous release %s restored" % old["release"]
+def verify_unchanged(record_path, record, plan, force, recovered):
+    """The same release, intact: check it again, and record this deploy's gate and --force."""
+    probe = verify_in_fresh_interpreter(force)
+    if probe.get("verdict") == "failed":
+        raise InstallError("verify", "release %s is deployed and intact but fails its check: %s" % (
+            record["release"], "; ".join(probe.get("reasons", []))))
+    record.update(forced=plan["forced"], gate=plan["gate"],
+                  probe={"verdict": probe.get("verdict"), "reasons": probe.get("reasons")},
+                  verified_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    write_json(record_path, record)
+    return {"ok": True, "action": "unchanged", "plan": plan, "probe": probe, "record": record_path,
+            "recovered": recovered}
 
 
-def op_rollback(workdir):
-    site = site_dir()
+def op_rollback(workdir, lock_wait=None):
+    return with_environment_lock(lock_wait, rollback_locked, workdir)
+
+
+def rollback_locked(site, workdir):
     recovered = recover(workdir, site)
     directory = deployment_dir(workdir, site)
     record_path = os.path.join(directory, "record.json")
     record = read_json(record_path)
     if record is None:
-        return {"ok": True, "action": "nothing-deployed" if recovered is None else "recovered",
-                "recovered": recovered, "site_dir": site}
+        record = unrecorded_deployment(workdir, site)
+        if record is None:
+            return {"ok": True, "action": "nothing-deployed" if recovered is None else "recovered",
+                    "recovered": recovered, "site_dir": site}
     removed = remove_recorded(record)
-    os.unlink(record_path)
+    if os.path.exists(record_path):
+        os.unlink(record_path)
     try:
         os.rmdir(directory)
     except OSError:
         pass
     return {"ok": True, "action": "rolled-back", "release": record["release"], "removed": removed,
             "recovered": recovered, "site_dir": site}
+
+
+def unrecorded_deployment(workdir, site):
+    """No record here: a deployment this workdir made whose record was deleted is rolled back
+    from its own dist-info RECORD; one from another workdir is refused with the way out."""
+    found = unlisted_deployment(site, set(), set())
+    if found is None or not ours_elsewhere(found):
+        return None
+    if found["workdir"] != workdir:
+        raise InstallError("refused", "nothing deployed from %s; %s" % (workdir, ownership_refusal(found, workdir, site)))
+    files = [found["pth"]] if found["pth"] else []
+    for dist_info in found["dist_infos"]:
+        for line in (read_text(os.path.join(dist_info, "RECORD")) or "").splitlines():
+            path = os.path.normpath(os.path.join(site, line.split(",")[0]))
+            if line.strip() and path.startswith(dist_info + os.sep):
+                files.append(path)
+    dirs = found["dist_infos"] + ([found["payload_dir"]] if found["payload_dir"] else [])
+    return {"release": found["release"], "files": {p: "" for p in files}, "dirs": dirs}
 
 
 def main(argv):
