@@ -244,7 +244,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     budgets = (16, 1024) if args.quick else BUDGETS
     vocabs = tuple(args.vocab) if args.vocab else (32000,) if args.quick else VOCABS
-    cpu_table(args.calls, budgets, vocabs, 2 if args.quick else max(1, args.draws))
+    cpu_table(args.calls, budgets, vocabs, 2 if args.quick else min(args.draws, BATCH))
     if torch.cuda.is_available():
         cuda_rows(args.calls)
     else:

@@ -30,7 +30,7 @@ def manifest_entries(manifest: bytes) -> tuple[dict[str, str], list[str]]:
         if not line:
             continue
         digest, sep, relpath = line.partition("  ")
-        if not sep or len(digest) != 64 or not relpath or relpath.startswith("/") \
+        if not sep or len(digest) != 64 or not relpath or relpath.startswith("/") or "\x00" in relpath \
                 or any(part in ("", ".", "..") for part in relpath.split("/")):
             problems.append(f"{MANIFEST_NAME}:{number}: malformed line {line!r:.80}")
             continue
@@ -52,8 +52,8 @@ def check_release(release_root: Path) -> tuple[str, list[str]]:
             continue
         try:
             actual = hashlib.sha256(path.read_bytes()).hexdigest()
-        except OSError as err:
-            problems.append(f"{relpath}: unreadable ({err.strerror or err})")
+        except (OSError, ValueError) as err:
+            problems.append(f"{relpath}: unreadable ({getattr(err, 'strerror', None) or err})")
             continue
         if actual != digest:
             problems.append(f"{relpath}: sha256 {actual[:12]}.. != manifest {digest[:12]}..")

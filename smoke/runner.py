@@ -560,7 +560,10 @@ def command_run(args: argparse.Namespace) -> int:
                       duration_s=0.0, exit_code=EXIT_USAGE, error=str(err))
             print(f"runner: {err}", file=sys.stderr)
             return EXIT_USAGE
-        refusal = release_problem(release_root, workdir, default_root=not args.release_root)
+        try:
+            refusal = release_problem(release_root, workdir, default_root=not args.release_root)
+        except Exception as err:  # noqa: BLE001 - a release we cannot even check is not run
+            refusal = f"release at {release_root} could not be checked: {type(err).__name__}: {err}"
         interrupted = None
         if refusal is not None:
             preload = {"python": sys.version.split()[0], "error": refusal}

@@ -243,17 +243,17 @@ def test_ssh_config_alias_identity_and_proxyjump(sshd_fleet, tmp_path):
         assert len(transport._clients) == 2
 
 
-BEATING = "import time\nfor i in range(6): print(i, flush=True); time.sleep(0.3)\n"
+BEATING = "import time\nfor i in range(12): print(i, flush=True); time.sleep(0.5)\n"
 FALLS_SILENT = "import time\nprint('started', flush=True)\ntime.sleep(30)\n"
 
 
 def test_idle_timeout_stops_a_silent_command_and_spares_a_talking_one(sshd_fleet):
     fleet = sshd_fleet(1)
     with open_transport(fleet.inventory().hosts["h0"]) as transport:
-        result = transport.run([sys.executable, "-c", BEATING], timeout=20, idle_timeout=1)
-        assert result.exit_status == 0 and result.stdout.split() == [str(i) for i in range(6)]
+        result = transport.run([sys.executable, "-c", BEATING], timeout=20, idle_timeout=3)
+        assert result.exit_status == 0 and result.stdout.split() == [str(i) for i in range(12)]  # 6 s: twice the idle limit
         started = time.monotonic()
-        with pytest.raises(ConnectionLost, match=r"h0: connection lost: .* sent nothing for 1s \(the host or "
+        with pytest.raises(ConnectionLost, match=r"h0: connection lost: .* sent nothing for 3s \(the host or "
                                                  r"the connection froze\); channel closed"):
-            transport.run([sys.executable, "-c", FALLS_SILENT], timeout=20, idle_timeout=1)
-        assert time.monotonic() - started < 5
+            transport.run([sys.executable, "-c", FALLS_SILENT], timeout=20, idle_timeout=3)
+        assert time.monotonic() - started < 12

@@ -104,11 +104,11 @@ def test_idle_timeout_kills_a_silent_command_and_spares_a_talking_one():
     from ddtree_ops.errors import ConnectionLost
 
     transport = LocalTransport("local")
-    beating = "import time\nfor i in range(6): print(i, flush=True); time.sleep(0.3)\n"
-    result = transport.run([sys.executable, "-c", beating], timeout=20, idle_timeout=1)
-    assert result.exit_status == 0 and result.stdout.split() == [str(i) for i in range(6)]
+    beating = "import time\nfor i in range(12): print(i, flush=True); time.sleep(0.5)\n"
+    result = transport.run([sys.executable, "-c", beating], timeout=20, idle_timeout=3)
+    assert result.exit_status == 0 and result.stdout.split() == [str(i) for i in range(12)]  # 6 s: twice the idle limit
     started = time.monotonic()
     silent = "import time\nprint('started', flush=True)\ntime.sleep(30)\n"
-    with pytest.raises(ConnectionLost, match=r"local: connection lost: .* sent nothing for 1s \(it froze\); killed"):
-        transport.run([sys.executable, "-c", silent], timeout=20, idle_timeout=1)
-    assert time.monotonic() - started < 5
+    with pytest.raises(ConnectionLost, match=r"local: connection lost: .* sent nothing for 3s \(it froze\); killed"):
+        transport.run([sys.executable, "-c", silent], timeout=20, idle_timeout=3)
+    assert time.monotonic() - started < 12

@@ -322,3 +322,13 @@ def test_a_push_during_a_run_does_not_change_the_release_the_run_executes(tmp_pa
     assert os.readlink(tmp_path / "current") == f"releases/{second.name}"  # switched mid-run
     assert stages["whoami"]["reason"] == "first"
     assert stages["import"]["status"] == "pass" and first.name in stages["import"]["reason"]
+
+
+def test_a_manifest_line_with_a_nul_byte_is_damage_not_a_crash(workdir, tmp_path_factory):
+    copy, release = release_copy(workdir, tmp_path_factory)
+    with open(release / "MANIFEST.sha256", "ab") as manifest:
+        manifest.write(b"0" * 64 + b"  src/a\x00b\n")
+    code, records, _ = run_runner(copy, "env")
+    assert code == 5
+    assert "is not intact: MANIFEST.sha256:" in records[0]["error"] and "malformed line" in records[0]["error"]
+    assert records[-1]["event"] == "run_end" and records[-1]["status"] == "fail"
