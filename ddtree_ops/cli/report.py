@@ -34,6 +34,12 @@ def _styled(text: str, styles: dict[str, str]) -> str:
     return f"[{style}]{text}[/]" if style else text
 
 
+def _ratio(slow: Any, fast: Any) -> str:
+    """slow / fast as `2.31x`, measured in the same run; `-` when either is missing."""
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (slow, fast))
+    return f"{slow / fast:.2f}x" if numbers and fast > 0 else "-"
+
+
 def _ms(value: Any) -> str:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return f"{value:.3f}" if value < 10 else f"{value:.1f}"
@@ -82,9 +88,15 @@ def render_report(report: "Report", console: "Console") -> None:
             sweep.add_column(column, justify="right" if column != "host" else "left")
         for builder in builders:
             sweep.add_column(escape(str(builder)), justify="right")
+        speedup = "heap" in builders and "public" in builders  # the public builder vs the oracle
+        if speedup:
+            sweep.add_column("heap/public", justify="right")
         for row in rows:
+            cells = [_ms(row.get(b)) for b in builders]
+            if speedup:
+                cells.append(_ratio(row.get("heap"), row.get("public")))
             sweep.add_row(escape(str(row["host"])), str(row["batch_size"]), str(row["budget"]),
-                          str(row.get("nodes", "-")), *[_ms(row.get(b)) for b in builders])
+                          str(row.get("nodes", "-")), *cells)
         console.print(sweep)
     if report.decode:
         decode = Table(title="decode-bench: per method", title_justify="left")

@@ -110,6 +110,8 @@ def test_rendering_shows_statuses_failures_and_sweep(run):
     assert "AssertionError: summary differs at key" in text
     assert "FAIL gpu-c: gpu-c: connection refused: port 22" in text
     assert "tree-bench: build time per request" in text and "9.0" in text
+    assert "heap/public" in text
+    assert "4.00x" in text  # budget 16: heap 2.0 ms / public 0.5 ms, the same run's figures
 
 
 @pytest.mark.parametrize("check,measured,ok", [
