@@ -88,7 +88,7 @@ class Report:
             "failures": [f.to_dict() for f in self.failures],
             "sweep": self.sweep,
             "decode": self.decode,
-            "exit_code": self.exit_code,
+            "run_exit_code": self.exit_code,  # the run's verdict; `exit_code` is the command's
         }
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 import threading
 import time
@@ -51,15 +52,36 @@ _FINAL_STATES = {"ok", "failed", "unreachable", "timed out", "skipped", "interru
 def stderr_console() -> Console:
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False)
+    probe = Console(stderr=True, highlight=False)
+    return probe if probe.is_terminal or _columns_given() else Console(stderr=True, highlight=False, width=200)
 
 
 def stdout_console() -> Console:
     from rich.console import Console
 
     probe = Console(highlight=False)
-    # Not a terminal (pipes, CI logs, tests): wide enough that rows never wrap mid-message.
-    return probe if probe.is_terminal else Console(highlight=False, width=200, soft_wrap=False)
+    # Not a terminal (pipes, CI logs, tests): wide enough that rows never wrap mid-message,
+    # unless COLUMNS says how wide (Rich reads it).
+    if probe.is_terminal or _columns_given():
+        return probe
+    return Console(highlight=False, width=200, soft_wrap=False)
+
+
+def _columns_given() -> bool:
+    return os.environ.get("COLUMNS", "").strip().isdigit()
+
+
+def live_display_possible(console: Console) -> bool:
+    """A redrawn live table needs a real terminal: a dumb one (TERM=dumb) gets lines instead."""
+    return console.is_terminal and not console.is_dumb_terminal
+
+
+def without_host(host: str, text: str) -> str:
+    """An error shown next to its host, without the `<host>: ` it starts with."""
+    prefix = f"{host}: "
+    while text.startswith(prefix):
+        text = text[len(prefix):]
+    return text
 
 
 _documents_emitted = 0  # how many JSON documents this process began to write on stdout
@@ -121,7 +143,7 @@ class LiveHostTable:
             if self.showing:
                 return
             self.showing = True
-            if console.is_terminal:
+            if live_display_possible(console):
                 self.live = Live(self._render(), console=console, refresh_per_second=8, transient=True)
                 self.live.__enter__()
                 return
@@ -144,7 +166,7 @@ class LiveHostTable:
 
     def _say_finished(self, host: str, state_text: str, detail: str, changed: float) -> None:
         elapsed = changed - self.started.get(host, changed)
-        tail = f": {detail}" if detail and state_text != "ok" else ""
+        tail = f": {without_host(host, detail)}" if detail and state_text != "ok" else ""
         say(f"{self.title}: {host}: {state_text} ({elapsed:.1f}s){tail}")
 
     def _render(self) -> Table:
@@ -194,10 +216,11 @@ def summary_table(
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
-    table.add_column("host")
+    # fold, never elide: a cut host name, release id or version could read as another one
+    table.add_column("host", overflow="fold")
     table.add_column("state")
     for column in columns:
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     table.add_column("time", justify="right")
     table.add_column("error", overflow="fold")
     for name, outcome in result.items():
@@ -210,7 +233,7 @@ def summary_table(
             f"[{style}]{outcome.state.value}[/]",
             *cells,
             f"{outcome.duration_s:.2f}s",
-            "" if outcome.ok else escape(outcome.message()),
+            "" if outcome.ok else escape(without_host(name, outcome.message())),
         )
     return table
 

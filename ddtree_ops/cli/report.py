@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
+from ddtree_ops.cli.console import without_host
 from ddtree_ops.tolerances import DEFAULT_TAU_TOLERANCE
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,8 +53,9 @@ def render_report(report: "Report", console: "Console") -> None:
 
     from ddtree_ops.report import sweep_pivot
 
-    table = Table(title=f"smoke run {report.run_id}", title_justify="left")
-    table.add_column("host")
+    command = report.meta.get("command") or "smoke"
+    table = Table(title=f"{command} run {report.run_id}", title_justify="left")
+    table.add_column("host", overflow="fold")
     table.add_column("outcome")
     for stage in report.stages:
         table.add_column(escape(stage))
@@ -71,15 +73,16 @@ def render_report(report: "Report", console: "Console") -> None:
     console.print(table)
     for failure in report.failures:
         where = f"{failure.host}" + (f" / {failure.stage}" if failure.stage != "-" else "")
-        console.print(f"[bold red]FAIL[/] {escape(where)}: {escape(failure.reason)}",
-                      markup=True, highlight=False)
+        reason = without_host(failure.host, failure.reason)
+        console.print(f"[bold red]FAIL[/] {escape(where)}: {escape(reason)}",
+                      markup=True, highlight=False, soft_wrap=True)  # one line, however long
         if failure.detail and failure.detail not in failure.reason:
-            console.print(f"      {failure.detail}", markup=False, highlight=False)
+            console.print(f"      {failure.detail}", markup=False, highlight=False, soft_wrap=True)
     skips = [(h, s, report.reasons[h][s]) for h in report.hosts for s in report.stages
              if report.statuses[h].get(s) == "skip"]
     for host, stage, reason in skips:
         console.print(f"[yellow]skip[/] {escape(host)} / {escape(stage)}: {escape(reason)}",
-                      highlight=False)
+                      highlight=False, soft_wrap=True)
     if report.sweep:
         builders, rows = sweep_pivot(report.sweep)
         sweep = Table(title="tree-bench: build time per request (ms, median)",
@@ -223,7 +226,7 @@ def report(
     code = ExitCode.REMOTE if regressions else ExitCode.OK
     if json_out:
         document = model.to_dict()
-        document["report_exit_code"] = int(code)
+        document["exit_code"] = int(code)  # this command's (0, or 5 on a regression)
         if kind is BaselineKind.METRICS:
             document["baseline"] = {"file": str(baseline), "kind": kind.value,
                                     "comparisons": [c.to_dict() for c in comparisons],

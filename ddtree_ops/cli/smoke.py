@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
+from ddtree_ops.cli.console import live_display_possible, without_host
 from ddtree_ops.cli.options import (
     DEFAULT_PARALLEL,
     AcceptNewHostKeysOpt,
@@ -129,7 +130,7 @@ class SmokeView:
         self.live: Any = None
 
     def __enter__(self) -> "SmokeView":
-        if self.console.is_terminal and not self.quiet:
+        if live_display_possible(self.console) and not self.quiet:
             from rich.live import Live
 
             self.live = Live(get_renderable=self._render, console=self.console,
@@ -145,7 +146,7 @@ class SmokeView:
         with self.lock:
             self.hosts[host].phase, self.hosts[host].detail = phase, detail
         if self.live is None and not self.quiet and phase in ("failed", "unreachable", "timed out"):
-            self._line(f"{host}: {phase}: {detail}")
+            self._line(f"{host}: {phase}: {without_host(host, detail)}")
 
     def record(self, host: str, record: dict[str, Any]) -> None:
         kind, stage = record.get("event"), record.get("stage")

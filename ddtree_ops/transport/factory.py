@@ -20,8 +20,9 @@ def open_transport(host: Host, *, accept_new_host_keys: bool = False) -> Transpo
 
 def check_connection_config(hosts: Sequence[Host]) -> None:
     """Read every SSH host's ssh_config (with its ProxyJump chain) and known_hosts before any
-    connection: one that cannot be read is a config error (ConfigError, exit 3) for the whole
-    command, not an unreachable host."""
+    connection: one that cannot be read, a bad Port or ProxyJump, an unsupported directive, or a
+    malformed known_hosts line is a config error (ConfigError, exit 3) for the whole command,
+    not an unreachable host."""
     ssh_hosts = [h for h in hosts if h.transport is not TransportKind.LOCAL]
     if not ssh_hosts:
         return

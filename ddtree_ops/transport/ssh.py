@@ -1,14 +1,17 @@
 """The SSH transport (Paramiko), built around the traps measured in ssh-facts.md.
 
-- Host keys: the inventory's `known_hosts` (default ~/.ssh/known_hosts) with a reject policy.
-  `accept_new_host_keys=True` trusts an *unknown* key once and appends it to that file; a
-  *changed* key is always refused.
+- Host keys: only the inventory's `known_hosts` (default ~/.ssh/known_hosts) with a reject
+  policy. `accept_new_host_keys=True` trusts an *unknown* key once and appends it to that file;
+  a *changed* or `@revoked` key is always refused; `@cert-authority` lines are skipped.
 - Every phase is bounded: TCP connect, banner + key exchange, auth and channel open by
   `connect_timeout`; each command and transfer by its own deadline.
 - The socket is connected by us with TCP_NODELAY (Paramiko never sets it).
 - A channel that ends without an exit status (Paramiko's `-1`) is a lost connection.
 - ssh_config (`Host` aliases, HostName, User, Port, IdentityFile, ProxyJump) is honoured;
-  values set in the inventory win over ssh_config. `Match exec` is not supported.
+  values set in the inventory win over ssh_config. Directives we would silently get wrong
+  (Include, ProxyCommand, UserKnownHostsFile, CanonicalizeHostname, `Match exec` and criteria
+  paramiko cannot evaluate) are a ConfigError instead; StrictHostKeyChecking is ignored
+  (host keys are always checked strictly; --accept-new-host-keys trusts new ones).
 - Paramiko's exception zoo is classified once here into `ddtree_ops.errors` transport errors.
 """
 from __future__ import annotations
@@ -97,18 +100,69 @@ def _default_path(configured: Optional[str], fallback: str) -> Optional[str]:
     return path if os.path.exists(path) else None
 
 
+def _config_name(host: Host) -> str:
+    return host.ssh_config or "~/.ssh/config"
+
+
+def _config_error(host: Host, message: str) -> ConfigError:
+    return ConfigError(f"{_config_name(host)}: ssh_config of host {host.name}: {message}")
+
+
+# Match criteria paramiko evaluates itself. Any other (`exec` runs a shell command through
+# `invoke`, which we hide; `localnetwork`, `tagged`, ... paramiko silently treats as matching).
+_MATCH_CRITERIA = frozenset({"all", "canonical", "final", "host", "originalhost", "user", "localuser"})
+# Directives that would change where or how OpenSSH connects but that we do not implement:
+# honouring them silently wrong is worse than refusing. value -> None means "any value".
+_REFUSED_DIRECTIVES: dict[str, tuple[str, Optional[frozenset[str]], str]] = {
+    # key: (spelling, values that are fine, what to do instead)
+    "include": ("Include", None, "copy the included settings into this file"),
+    "proxycommand": ("ProxyCommand", None, "use ProxyJump"),
+    "userknownhostsfile": ("UserKnownHostsFile", None,
+                           "host keys are checked only against the inventory's known_hosts; "
+                           "set `known_hosts:` in the inventory instead"),
+    # StrictHostKeyChecking is not here: ignoring it only ever keeps checks strict (`Host *`
+    # with `accept-new` is a common setup, and refusing it would refuse every host).
+    "x-ddtree-canonicalizehostname": ("CanonicalizeHostname", frozenset({"no"}),
+                                      "write the full name in HostName"),
+}
+# paramiko expands %r in IdentityFile to ssh_config's User (or the local user) while looking
+# up; the inventory's `user:` wins over both, so %r is parked here and filled in afterwards.
+_REMOTE_USER_TOKEN = "\x00ddtree-remote-user\x00"
+
+
+def _prepare_config(host: Host, config: "paramiko.SSHConfig") -> None:
+    """Refuse Match criteria we cannot evaluate, and park what paramiko would act on during
+    lookup (canonicalisation resolves names; %r expands to the wrong user). Uses paramiko's
+    parsed sections (`_config`, stable since paramiko 2.7) since there is no public view."""
+    for section in config._config:  # noqa: SLF001 - see docstring
+        for criterion in section.get("matches", []):
+            kind = criterion["type"]
+            if kind not in _MATCH_CRITERIA:
+                what = "runs a command" if kind == "exec" else "is a criterion paramiko cannot evaluate"
+                raise _config_error(host, f"`Match {kind}` is not supported (it {what}); "
+                                          f"use Host patterns instead")
+        options = section["config"]
+        if "canonicalizehostname" in options:
+            options["x-ddtree-canonicalizehostname"] = options.pop("canonicalizehostname")
+        if "identityfile" in options:
+            options["identityfile"] = [p.replace("%r", _REMOTE_USER_TOKEN) for p in options["identityfile"]]
+
+
 def load_ssh_config(host: Host) -> Optional["paramiko.SSHConfig"]:
     """The host's ssh_config (inventory `ssh_config`, else ~/.ssh/config), or None when there
     is no such file. One that exists but cannot be read or parsed (a folder, bad bytes, a
-    malformed line) is an inventory/config problem: ConfigError (exit 3), naming file and host."""
+    malformed line, an unsupported `Match`) is an inventory/config problem: ConfigError (exit 3),
+    naming file and host."""
     config_path = _default_path(host.ssh_config, "~/.ssh/config")
     if not config_path or not os.path.lexists(config_path):
         return None
     try:
-        return paramiko.SSHConfig.from_path(config_path)
+        config = paramiko.SSHConfig.from_path(config_path)
     except (OSError, paramiko.SSHException, ValueError) as err:
         reason = getattr(err, "strerror", None) or (str(err).splitlines() or [type(err).__name__])[0]
         raise ConfigError(f"{config_path}: ssh_config of host {host.name}: cannot read it: {reason}") from None
+    _prepare_config(host, config)
+    return config
 
 
 def known_hosts_path(host: Host) -> str:
@@ -117,54 +171,150 @@ def known_hosts_path(host: Host) -> str:
     return _default_path(host.known_hosts, "~/.ssh/known_hosts") or os.path.expanduser("~/.ssh/known_hosts")
 
 
-def check_known_hosts(host: Host) -> None:
-    """A known_hosts that exists but cannot be read as one (a folder, no read permission) is a
-    config problem of the whole command (ConfigError, exit 3), not of the host behind it."""
-    path = known_hosts_path(host)
+@dataclass(frozen=True)
+class KnownHosts:
+    """Plain host keys plus the keys marked `@revoked` (refused even when listed).
+    `@cert-authority` lines are skipped: Paramiko checks plain host keys only, so a CA key
+    can never vouch for a host here."""
+
+    entries: tuple[tuple[str, "paramiko.PKey"], ...]  # (host pattern or |1| hash, key)
+    revoked: frozenset[str]  # base64 key blobs
+
+
+def read_known_hosts(path: str, host_name: str) -> KnownHosts:
+    """Parse a known_hosts file; a line that is not one is a ConfigError naming file:line."""
+    from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
+
+    def bad(lineno: int, reason: str) -> ConfigError:
+        return ConfigError(f"{path}:{lineno}: known_hosts of host {host_name}: {reason}")
+
     if not os.path.lexists(path):
-        return
+        return KnownHosts((), frozenset())
     if not os.path.isfile(path):
-        raise ConfigError(f"{path}: known_hosts of host {host.name}: not a file")
+        raise ConfigError(f"{path}: known_hosts of host {host_name}: not a file")
     try:
-        paramiko.HostKeys(path)
-    except (OSError, paramiko.SSHException, ValueError) as err:
-        reason = getattr(err, "strerror", None) or (str(err).splitlines() or [type(err).__name__])[0]
-        raise ConfigError(f"{path}: known_hosts of host {host.name}: cannot read it: {reason}") from None
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except (OSError, ValueError) as err:
+        reason = getattr(err, "strerror", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{path}: known_hosts of host {host_name}: cannot read it: {reason}") from None
+    parsed: list[tuple[Optional[str], object]] = []
+    for lineno, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        marker = None
+        if line.startswith("@"):
+            marker, _, line = line.replace("\t", " ").partition(" ")
+            line = line.strip()
+            if marker not in ("@cert-authority", "@revoked"):
+                raise bad(lineno, f"unknown marker {marker!r} (only @cert-authority and @revoked exist)")
+        try:
+            entry = HostKeyEntry.from_line(line, lineno)
+        except (InvalidHostKey, paramiko.SSHException, ValueError) as err:
+            raise bad(lineno, f"not a known_hosts line ({type(err).__name__})") from None
+        if entry is not None:  # None: too few fields or a key type paramiko lacks, skipped as ssh does
+            parsed.append((marker, entry))
+    revoked = frozenset(e.key.get_base64() for m, e in parsed if m == "@revoked")
+    entries = tuple(
+        (name, e.key) for m, e in parsed if m is None and e.key.get_base64() not in revoked for name in e.hostnames
+    )
+    return KnownHosts(entries, revoked)
 
 
-def jump_targets(host: Host, target: SshTarget) -> list[SshTarget]:
-    """The ProxyJump hops before `target`, in order (none without ProxyJump)."""
+def check_known_hosts(host: Host) -> None:
+    """A known_hosts that exists but cannot be read as one (a folder, no read permission, a
+    malformed line) is a config problem of the whole command (ConfigError, exit 3), not of the
+    host behind it."""
+    read_known_hosts(known_hosts_path(host), host.name)
+
+
+def _valid_port(host: Host, value: str, what: str) -> int:
+    if not value.isdigit():
+        raise _config_error(host, f"{what}: port {value!r} is not a number")
+    if not 1 <= int(value) <= 65535:
+        raise _config_error(host, f"{what}: port {value!r} is out of range 1-65535")
+    return int(value)
+
+
+def parse_jump(host: Host, spec: str, whole: str) -> tuple[Optional[str], str, Optional[int]]:
+    """One ProxyJump hop as OpenSSH reads it: `[user@]host[:port]` or `ssh://[user@]host[:port]`,
+    host possibly `[v6-address]` -> (user, host, port)."""
+    what = f"ProxyJump {whole!r}"
+    text = spec.strip()
+    if text.startswith("ssh://"):
+        text = text[len("ssh://"):].rstrip("/")
+    user, at, rest = text.rpartition("@")
+    if at and not user:
+        raise _config_error(host, f"{what}: empty user in hop {spec!r}")
+    if rest.startswith("["):
+        name, bracket, tail = rest[1:].partition("]")
+        if not bracket or (tail and not tail.startswith(":")):
+            raise _config_error(host, f"{what}: malformed bracketed address in hop {spec!r}")
+        colon, port = bool(tail), tail[1:]
+    else:
+        name, colon_text, port = rest.partition(":")
+        colon = bool(colon_text)
+    if not name:
+        raise _config_error(host, f"{what}: hop {spec!r} names no host")
+    port_number = _valid_port(host, port, what) if colon else None
+    return user or None, name, port_number
+
+
+_MAX_JUMPS = 16
+
+
+def jump_targets(host: Host, target: SshTarget, _seen: tuple[str, ...] = ()) -> list[SshTarget]:
+    """The ProxyJump hops before `target`, in order (none without ProxyJump). Like OpenSSH, the
+    first hop's own ProxyJump is followed (recursively), so `gpu -> inner -> outer` goes through
+    outer first; a loop is a ConfigError."""
     if not target.proxy_jump:
         return []
+    specs = target.proxy_jump.split(",")
     hops = []
-    for spec in target.proxy_jump.split(","):
-        user, _, rest = spec.rpartition("@")
-        alias, _, port = rest.partition(":")
-        if port and not port.isdigit():
-            # A config problem, like an unreadable ssh_config: names the value and its source.
-            raise ConfigError(f"{host.ssh_config or '~/.ssh/config'}: ssh_config of host {host.name}: "
-                              f"ProxyJump {spec!r}: port {port!r} is not a number")
-        hops.append(resolve_target(host, alias, user=user or None, port=int(port) if port else None))
-    return hops
+    for spec in specs:
+        if not spec.strip():
+            raise _config_error(host, f"ProxyJump {target.proxy_jump!r}: empty hop")
+        user, alias, port = parse_jump(host, spec, target.proxy_jump)
+        hops.append(resolve_target(host, alias, user=user, port=port))
+    seen = (*_seen, target.alias)
+    first = hops[0]
+    if first.alias in seen or len(seen) > _MAX_JUMPS:
+        chain = " -> ".join([*seen, first.alias])
+        raise _config_error(host, f"ProxyJump loop through {first.alias!r} ({chain})")
+    return jump_targets(host, first, seen) + hops
 
 
 def resolve_target(host: Host, alias: Optional[str] = None, *, user: Optional[str] = None,
                    port: Optional[int] = None) -> SshTarget:
-    """Merge ssh_config's entry for the alias under the inventory's explicit values."""
+    """Merge ssh_config's entry for the alias under the inventory's explicit values; refuse
+    directives we would otherwise ignore or get wrong (ConfigError naming file, host, directive)."""
     alias = alias or host.hostname
     config = load_ssh_config(host)
-    entry: dict = config.lookup(alias) if config is not None else {}
+    try:
+        entry: dict = config.lookup(alias) if config is not None else {}
+    except Exception as err:  # noqa: BLE001 - paramiko's lookup raises anything; it is config
+        raise _config_error(host, f"cannot look up {alias!r}: {type(err).__name__}: {err}") from None
+    for key, (spelling, fine, instead) in _REFUSED_DIRECTIVES.items():
+        value = entry.get(key)
+        if value is not None and not (fine and str(value).lower() in fine):
+            raise _config_error(host, f"{spelling} {value} (for {alias!r}) is not supported: {instead}")
     is_main = alias == host.hostname
+    if port is None:
+        port = host.port if is_main and host.port else _valid_port(host, str(entry.get("port", 22)).strip(),
+                                                                  f"Port (for {alias!r})")
+    user = user or (host.user if is_main and host.user else entry.get("user") or getpass.getuser())
     identity = ([host.identity_file] if (is_main and host.identity_file) else []) or [
-        os.path.expanduser(p) for p in entry.get("identityfile", [])
+        os.path.expanduser(p.replace(_REMOTE_USER_TOKEN, user)) for p in entry.get("identityfile", [])
     ]
+    jump = entry.get("proxyjump")
     return SshTarget(
         alias=alias,
         hostname=entry.get("hostname", alias),
-        port=port or (host.port if is_main and host.port else int(entry.get("port", 22))),
-        user=user or (host.user if is_main and host.user else entry.get("user") or getpass.getuser()),
+        port=port,
+        user=user,
         identity_files=tuple(identity),
-        proxy_jump=entry.get("proxyjump") if entry.get("proxyjump", "none").lower() != "none" else None,
+        proxy_jump=jump if jump and jump.lower() != "none" else None,
     )
 
 
@@ -180,23 +330,41 @@ class _UnknownHostKey(Exception):
         self.key = key
 
 
+class _RevokedHostKey(_UnknownHostKey):
+    pass
+
+
 class _RejectUnknown(paramiko.MissingHostKeyPolicy):
+    def __init__(self, revoked: frozenset[str]):
+        self.revoked = revoked
+
     def missing_host_key(self, client, hostname, key):  # noqa: D401 - paramiko hook
-        raise _UnknownHostKey(hostname, key)
+        # Revoked keys were left out of the known ones, so they always arrive here.
+        raise (_RevokedHostKey if key.get_base64() in self.revoked else _UnknownHostKey)(hostname, key)
 
 
-class _TrustOnFirstUse(paramiko.MissingHostKeyPolicy):
-    """Accept an unknown key once and record it; changed keys never reach this hook."""
+class _TrustOnFirstUse(_RejectUnknown):
+    """Accept an unknown key once and record it; changed and revoked keys are still refused."""
 
-    def __init__(self, known_hosts: str):
+    def __init__(self, known_hosts: str, revoked: frozenset[str]):
+        super().__init__(revoked)
         self.known_hosts = known_hosts
 
     def missing_host_key(self, client, hostname, key):
+        if key.get_base64() in self.revoked:
+            raise _RevokedHostKey(hostname, key)
         client.get_host_keys().add(hostname, key.get_name(), key)
         with _KNOWN_HOSTS_WRITE:
             os.makedirs(os.path.dirname(self.known_hosts) or ".", exist_ok=True)
-            with open(self.known_hosts, "a", encoding="ascii") as handle:
-                handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+            with open(self.known_hosts, "a+b") as handle:
+                handle.seek(0, os.SEEK_END)
+                if handle.tell():
+                    handle.seek(-1, os.SEEK_END)
+                    glue = handle.read(1) != b"\n"  # else our line would join the last one
+                else:
+                    glue = False
+                line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
+                handle.write((("\n" if glue else "") + line).encode("ascii"))
 
 
 def _tcp_connect(host_name: str, hostname: str, port: int, timeout: float) -> socket.socket:
@@ -206,12 +374,36 @@ def _tcp_connect(host_name: str, hostname: str, port: int, timeout: float) -> so
         raise ConnectionRefused(host_name, f"nothing listens on {hostname}:{port}") from None
     except socket.gaierror as err:
         raise HostUnreachable(host_name, f"cannot resolve {hostname!r}: {err.strerror}") from None
+    except UnicodeError as err:  # the idna codec refuses `a..b` or a label over 63 characters
+        raise HostUnreachable(host_name, f"cannot resolve {hostname!r}: not a valid host name ({err})") from None
     except (socket.timeout, TimeoutError):
         raise ConnectTimeout(host_name, f"TCP connect to {hostname}:{port} took over {timeout:g}s") from None
     except OSError as err:
         raise HostUnreachable(host_name, f"{hostname}:{port}: {err.strerror or err}") from None
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
+
+
+def _looks_like_private_key(path: str) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(4096)
+    except OSError:
+        return False
+    return b"PRIVATE KEY-----" in head
+
+
+def usable_identity_files(host_name: str, paths: Sequence[str]) -> list[str]:
+    """Like OpenSSH, skip IdentityFile entries that are missing or are not private keys (a
+    `.pub`, some other file); only when none is left is it an authentication failure."""
+    usable = [p for p in paths if os.path.isfile(p) and _looks_like_private_key(p)]
+    if paths and not usable:
+        problems = [f"identity_file {p} does not exist" if not os.path.isfile(p) else
+                    f"identity_file {p} is not a private key"
+                    + (" (a public key: name the file without .pub)" if p.endswith(".pub") else "")
+                    for p in paths]
+        raise AuthenticationFailed(host_name, "no usable key: " + "; ".join(problems))
+    return usable
 
 
 def _classify_handshake(host_name: str, where: str, err: BaseException, timeout: float,
@@ -221,6 +413,12 @@ def _classify_handshake(host_name: str, where: str, err: BaseException, timeout:
     and a peer that hung up before sending one alike, so only the clock tells them apart."""
     if isinstance(err, TransportError):
         return err
+    if isinstance(err, _RevokedHostKey):
+        return HostKeyRejected(
+            host_name,
+            f"the host key of {err.name} ({err.key.get_name()} {fingerprint(err.key)}) is marked "
+            f"@revoked in {known_hosts}; refusing to connect",
+        )
     if isinstance(err, _UnknownHostKey):
         return HostKeyRejected(
             host_name,
@@ -237,6 +435,9 @@ def _classify_handshake(host_name: str, where: str, err: BaseException, timeout:
     if isinstance(err, paramiko.AuthenticationException):
         return AuthenticationFailed(host_name, f"{where}: {err}")
     text = str(err)
+    if "No authentication methods available" in text:
+        return AuthenticationFailed(host_name, f"{where}: no key and no agent: set identity_file (inventory) or "
+                                               f"IdentityFile (ssh_config), or start ssh-agent")
     if "banner" in text and elapsed is not None and elapsed < 0.9 * timeout:
         return ConnectionLost(
             host_name, f"{where}: closed the connection after {elapsed:.1f}s without an SSH banner (is it an SSH server?)"
@@ -257,6 +458,7 @@ class SshTransport(Transport):
         self.connect_timeout = host.connect_timeout
         self.command_timeout = host.command_timeout
         self.known_hosts = known_hosts_path(host)
+        self._known = read_known_hosts(self.known_hosts, host.name)
         self.accept_new_host_keys = accept_new_host_keys
         self._clients: list[paramiko.SSHClient] = []  # jump hosts first, the target last
         self.target = resolve_target(host)
@@ -270,13 +472,12 @@ class SshTransport(Transport):
 
     def _new_client(self) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
-        if os.path.isfile(self.known_hosts):
-            try:
-                client.load_host_keys(self.known_hosts)
-            except (OSError, paramiko.SSHException, ValueError) as err:
-                raise HostKeyRejected(self.host_name, f"cannot read known_hosts {self.known_hosts}: {err}") from None
+        host_keys = client.get_host_keys()
+        for name, key in self._known.entries:
+            host_keys.add(name, key.get_name(), key)
+        revoked = self._known.revoked
         client.set_missing_host_key_policy(
-            _TrustOnFirstUse(self.known_hosts) if self.accept_new_host_keys else _RejectUnknown()
+            _TrustOnFirstUse(self.known_hosts, revoked) if self.accept_new_host_keys else _RejectUnknown(revoked)
         )
         return client
 
@@ -291,15 +492,13 @@ class SshTransport(Transport):
             self._clients.append(client)
             started = time.monotonic()
             try:
-                for path in hop.identity_files:
-                    if not os.path.isfile(path):
-                        raise AuthenticationFailed(self.host_name, f"identity_file {path} does not exist")
+                keys = usable_identity_files(self.host_name, hop.identity_files)
                 client.connect(
                     hop.hostname,
                     port=hop.port,
                     username=hop.user,
-                    key_filename=list(hop.identity_files) or None,
-                    look_for_keys=not hop.identity_files,
+                    key_filename=keys or None,
+                    look_for_keys=not keys,
                     allow_agent=bool(os.environ.get("SSH_AUTH_SOCK")),
                     sock=sock,
                     timeout=self.connect_timeout,

@@ -74,7 +74,7 @@ def test_a_matching_decode_baseline_passes(decode_run, tmp_path, capsys):
     baseline = imported(tmp_path, "ones", {"baseline": 1, "dflash": 1, "ddtree_tb4": 1, "ddtree_tb16": 1}, capsys)
     code, out, _ = report(decode_run, capsys, "--baseline", str(baseline), "--tau-tolerance", "0.5", "--json")
     doc = json.loads(out)
-    assert code == 0 and doc["report_exit_code"] == 0
+    assert code == 0 and doc["exit_code"] == 0
     section = doc["baseline"]
     assert section["kind"] == "decode" and section["tau_tolerance"] == 0.5 and section["regressions"] == 0
     checks = {c["metric"]: c for c in section["comparisons"]}

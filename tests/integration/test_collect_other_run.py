@@ -74,7 +74,7 @@ def test_collect_refuses_another_runs_log_on_the_host_and_report_keeps_the_runs_
 
     assert main(["report", FAILED, "--json"]) == 0  # no baseline: the report itself succeeds
     report = json.loads(capsys.readouterr().out)
-    assert report["exit_code"] == 5  # the run's own verdict: a stage failed
+    assert report["run_exit_code"] == 5  # the run's own verdict: a stage failed
     host = report["hosts"]["local"]
     assert host["outcome"] == "fail" and list(host["stages"]) == ["golden"]
     assert host["stages"]["golden"]["status"] == "fail"

@@ -77,7 +77,7 @@ def test_full_smoke_on_three_hosts_then_collect_and_report(sshd_fleet, runs, cap
 
     assert main(["report", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["run_id"] == doc["run_id"] and report["exit_code"] == 0
+    assert report["run_id"] == doc["run_id"] and report["exit_code"] == report["run_exit_code"] == 0
     baseline = tmp_path / "baseline.yaml"
     baseline.write_text(yaml.safe_dump({"metrics": [
         {"metric": "golden.seed_output_matches", "expected": False},
@@ -110,16 +110,24 @@ def test_failing_and_hanging_stages_over_ssh(sshd_fleet, runs, capsys, checkout)
             (runs / doc["run_id"] / name / "stages" / "broken.json").read_text())["traceback"]
 
 
-def when_slow_starts(victim, action) -> threading.Thread:
-    """A started thread that runs `action` once the victim host is inside the `slow` stage."""
+def when_slow_starts(victim, action, runs: Path) -> threading.Thread:
+    """A started thread that runs `action` once the victim host is inside the `slow` stage and
+    the operator side has recorded that (its stage_start arrived), so the test knows what the
+    report must say."""
+
+    def started() -> bool:
+        for events in runs.glob(f"*/{victim.name}/events.jsonl"):
+            if '"event":"stage_start"' in (text := events.read_text()) and '"stage":"slow"' in text:
+                return True
+        return False
 
     def watch() -> None:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
-            if list((victim.workdir / "runs").glob("*/logs/slow.log")):
+            if started():
                 action()
                 return
-            time.sleep(0.1)
+            time.sleep(0.05)
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
@@ -131,7 +139,7 @@ def test_a_host_killed_mid_run_gives_exit_6_and_keeps_the_others(sshd_fleet, run
     fleet = sshd_fleet(3, command_timeout=60)
     inventory = str(fleet.write_inventory())
     victim = fleet.hosts[1]
-    killer = when_slow_starts(victim, victim.kill)
+    killer = when_slow_starts(victim, victim.kill, runs)
     code, doc = smoke_json(["-i", inventory, "--source", str(checkout), "--stages",
                             "env,slow,golden"], capsys)
     killer.join(5)
@@ -160,7 +168,7 @@ def test_a_host_frozen_mid_run_is_lost_after_the_silence_limit_not_the_run_bound
     fleet = sshd_fleet(2, command_timeout=600)
     inventory = str(fleet.write_inventory())
     victim = fleet.hosts[1]
-    freezer = when_slow_starts(victim, victim.freeze)
+    freezer = when_slow_starts(victim, victim.freeze, runs)
     started = time.monotonic()
     try:
         code, doc = smoke_json(["-i", inventory, "--source", str(checkout), "--stages", "env,slow,golden"],

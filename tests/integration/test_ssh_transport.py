@@ -257,3 +257,16 @@ def test_idle_timeout_stops_a_silent_command_and_spares_a_talking_one(sshd_fleet
                                                  r"the connection froze\); channel closed"):
             transport.run([sys.executable, "-c", FALLS_SILENT], timeout=20, idle_timeout=3)
         assert time.monotonic() - started < 12
+
+
+def test_ssh_config_cannot_loosen_host_key_checks(sshd_fleet, tmp_path):
+    """`StrictHostKeyChecking no` (or accept-new) in ssh_config is ignored: an unknown key is
+    still refused, and nothing is written to known_hosts."""
+    fleet = sshd_fleet(1)
+    config = tmp_path / "ssh_config"
+    config.write_text("Host *\n  StrictHostKeyChecking no\n")
+    fleet.known_hosts.write_text("")
+    host = fleet.inventory(host_overrides={"h0": {"ssh_config": str(config)}}).hosts["h0"]
+    with pytest.raises(HostKeyRejected, match=r"is not in .*known_hosts"):
+        open_transport(host)
+    assert fleet.known_hosts.read_text() == ""

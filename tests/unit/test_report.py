@@ -108,7 +108,7 @@ def test_rendering_shows_statuses_failures_and_sweep(run):
     assert "gpu-a" in text and "pass 1.2s" in text and "not_run" in text
     assert "FAIL gpu-b / golden: summary differs" in text
     assert "AssertionError: summary differs at key" in text
-    assert "FAIL gpu-c: gpu-c: connection refused: port 22" in text
+    assert "FAIL gpu-c: connection refused: port 22" in text  # the host once, not twice
     assert "tree-bench: build time per request" in text and "9.0" in text
     assert "heap/public" in text
     assert "4.00x" in text  # budget 16: heap 2.0 ms / public 0.5 ms, the same run's figures
@@ -292,4 +292,4 @@ def test_a_plan_the_host_runner_refused_reports_exit_2_as_smoke_did(tmp_path, ca
     assert report.outcomes["h"].value == "refused" and report.exit_code == 2
     assert [(f.host, f.reason) for f in report.failures] == [("h", refusal)]
     assert main(["report", "r3", "--json", "--runs-dir", str(tmp_path)]) == 0  # no baseline: nothing regressed
-    assert json.loads(capsys.readouterr().out)["exit_code"] == 2  # the run's own code, as `smoke` returned
+    assert json.loads(capsys.readouterr().out)["run_exit_code"] == 2  # the run's own code, as `smoke` returned
