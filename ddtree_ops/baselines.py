@@ -56,6 +56,8 @@ def load_reference_run(path: Path) -> dict[str, Any]:
 
     import torch
 
+    if path.is_dir():
+        raise BaselineFileError(f"{path}: a folder; give the reference run files in it (e.g. {path}/*.pt)")
     if not path.is_file():
         raise BaselineFileError(f"{path}: no such file")
     try:

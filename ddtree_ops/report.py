@@ -92,6 +92,19 @@ class Report:
         }
 
 
+def shown_value(value: Any) -> str:
+    """A value in a one-line verdict, as an operator reads it (no Python reprs, no `None`)."""
+    if value is None:
+        return "nothing"
+    if isinstance(value, float) and not isinstance(value, bool):
+        return f"{value:g}"
+    return str(value)
+
+
+def _on_host(host: Any) -> str:
+    return "" if host in (None, "", "-") else f" on {host}"
+
+
 def _last_line(text: str | None) -> str | None:
     if not text:
         return None
@@ -191,8 +204,8 @@ class Comparison:
                 "better": self.check.better.value, "ok": self.ok, "why": self.why, "checked": self.checked}
 
     def line(self) -> str:
-        return (f"{self.check.metric} on {self.host}: expected {self.check.expected!r}"
-                f"{self._bound()}, measured {self.measured!r} ({self.why})")
+        return (f"{self.check.metric}{_on_host(self.host)}: expected {shown_value(self.check.expected)}"
+                f"{self._bound()}, measured {shown_value(self.measured)} ({self.why})")
 
     def _bound(self) -> str:
         if not isinstance(self.check.expected, (int, float)) or isinstance(self.check.expected, bool):
@@ -399,8 +412,8 @@ class DecodeCheck:
 
     def line(self) -> str:
         bound = f" ± {self.tolerance:g}" if self.tolerance is not None else ""
-        return (f"{self.metric} on {self.host}: expected {self.expected!r}{bound}, "
-                f"measured {self.measured!r} ({self.why})")
+        return (f"{self.metric}{_on_host(self.host)}: expected {shown_value(self.expected)}{bound}, "
+                f"measured {shown_value(self.measured)} ({self.why})")
 
     def to_dict(self) -> dict[str, Any]:
         return {"metric": self.metric, "host": self.host, "expected": self.expected,

@@ -219,7 +219,17 @@ def _checked_result(stage: str, result: Any) -> tuple[Status, str, dict[str, Any
 
 
 def worker_main(conn: Any, plan: dict[str, Any], stages: list[str]) -> None:
-    """Run `stages` in order in this (forked) process; every event goes to `conn`."""
+    """Run `stages` in order in this (forked) process; every event goes to `conn`. Stopped by
+    the runner (SIGTERM), it unwinds the stage and exits quietly: the runner records why."""
+    try:
+        _run_stages(conn, plan, stages)
+    except _Terminated:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + signal.SIGTERM)  # no traceback into the stage's output tail
+
+
+def _run_stages(conn: Any, plan: dict[str, Any], stages: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt stops
     signal.signal(signal.SIGTERM, _raise_terminated)
     os.setpgid(0, 0)  # the stage's children share this group, which a stop kills last

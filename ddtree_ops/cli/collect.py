@@ -35,7 +35,7 @@ def collect(
 ) -> int:
     """Fetch a run's remaining files from its hosts into runs/<run-id>/<host>/remote/ (one
     stream per host; files already held, by size and sha256, are not sent again)."""
-    from ddtree_ops.cli.console import run_on_hosts
+    from ddtree_ops.cli.console import run_on_hosts, say
     from ddtree_ops.cli.options import select_hosts
     from ddtree_ops.errors import UsageError
     from ddtree_ops.results import RunStore, check_run_id, read_json, runs_root
@@ -44,10 +44,15 @@ def collect(
     check_run_id(run_id)  # a path part here and on the hosts: refused before anything else
     store = RunStore(runs_root(runs_dir))
     run = store.load(run_id)
-    _, selected = select_hosts(inventory, hosts)
+    loaded, selected = select_hosts(inventory, hosts)
     in_run = [h for h in selected if h.name in run.hosts]
     if not in_run:
-        raise UsageError(f"run {run_id} has hosts {', '.join(run.hosts)}; none selected by -H")
+        chosen = "by -H" if hosts else f"in {loaded.source}"
+        raise UsageError(f"run {run_id} has hosts {', '.join(run.hosts)}; none of them {chosen}")
+    unknown = [name for name in run.hosts if name not in loaded.hosts]
+    if unknown:  # said, not silently skipped: their files stay on those hosts
+        say(f"collect: {len(unknown)} host(s) of run {run_id} are not in {loaded.source}, not collected: "
+            f"{', '.join(unknown)}")
 
     def task(ctx: Any) -> Any:
         host_dir = run.path / ctx.host.name

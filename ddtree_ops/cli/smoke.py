@@ -332,6 +332,9 @@ def run_smoke(
         if recorder.run_end is None:
             if stopping.is_set():  # Ctrl-C: the runner was stopped; settle_hosts records it
                 return result.exit_status
+            if bundle is None and RUNNER_RELPATH in result.stderr and "No such file" in result.stderr:
+                raise RemoteStepError(f"{host.name}: no release is active in {workdir} "
+                                      "(run `ddtree-ops push`, or drop --no-push)")
             why = result.stderr.strip()[-400:].replace("\n", " | ") or "no output on stderr"
             raise RemoteStepError(f"{host.name}: the runner ended without a result "
                                   f"(exit {result.exit_status}): {why}")

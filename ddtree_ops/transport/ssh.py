@@ -445,7 +445,10 @@ def _classify_handshake(host_name: str, where: str, err: BaseException, timeout:
     if isinstance(err, (socket.timeout, TimeoutError)) or any(
         marker in text for marker in ("banner", "No existing session", "timed out", "Negotiation")
     ):
-        return ConnectTimeout(host_name, f"{where}: no SSH handshake within {timeout:g}s ({text or type(err).__name__})")
+        # Paramiko's wording ("No existing session", "Error reading SSH protocol banner") says
+        # nothing an operator can act on: the debug log keeps it.
+        return ConnectTimeout(host_name, f"{where}: no SSH handshake within {timeout:g}s (the host accepted the "
+                                         "connection but did not answer: frozen, overloaded or not an SSH server?)")
     return ConnectionLost(host_name, f"{where}: connection closed during handshake ({type(err).__name__}: {text})")
 
 

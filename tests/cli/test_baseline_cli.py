@@ -74,6 +74,8 @@ def test_not_a_reference_run_and_missing_file(tmp_path, capsys):
     assert "odd.pt: not a reference run: missing key 'responses'" in capsys.readouterr().err
     assert main(["baseline", "import", str(tmp_path / "none.pt")]) == 3
     assert "none.pt: no such file" in capsys.readouterr().err
+    assert main(["baseline", "import", str(tmp_path)]) == 3
+    assert f"{tmp_path}: a folder; give the reference run files in it" in capsys.readouterr().err
 
 
 def test_paper_baseline_command(tmp_path):

@@ -92,7 +92,7 @@ def test_a_tau_regression_exits_5_naming_metric_host_expected_and_measured(decod
     assert code == 5
     tau = decode_run["rows"]["ddtree_tb16"]["tau"]
     assert err.splitlines() == [
-        f"ddtree-ops: regression: decode-bench.tau.ddtree_tb16 on local: expected 3.0 ± 0.25, measured {round(tau, 4)!r} "
+        f"ddtree-ops: regression: decode-bench.tau.ddtree_tb16 on local: expected 3 ± 0.25, measured {round(tau, 4):g} "
         f"({tau - 3.0:+.3f}, outside tolerance; baseline mini · tiny-target · T=0)"]
     assert "REGRESSION" in out
 
@@ -100,8 +100,8 @@ def test_a_tau_regression_exits_5_naming_metric_host_expected_and_measured(decod
 def test_a_baseline_for_another_dataset_needs_naming(decode_run, tmp_path, capsys):
     baseline = imported(tmp_path, "gsm", {"baseline": 1, "ddtree_tb4": 1}, capsys, dataset="gsm8k")
     code, _, err = report(decode_run, capsys, "--baseline", str(baseline))
-    assert code == 5 and "decode-bench.tau on local: expected 'a baseline cell', measured 'mini · tiny-target · " \
-                          "T=0' (no such cell in the baseline, which has datasets gsm8k" in err
+    assert code == 5 and "decode-bench.tau on local: expected a baseline cell, measured mini · tiny-target · " \
+                          "T=0 (no such cell in the baseline, which has datasets gsm8k" in err
     code, out, _ = report(decode_run, capsys, "--baseline", str(baseline), "--baseline-dataset", "gsm8k", "--json")
     assert code == 0
     assert {c["metric"] for c in json.loads(out)["baseline"]["comparisons"] if ".tau." in c["metric"]} == {

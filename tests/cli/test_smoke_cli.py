@@ -149,7 +149,7 @@ def test_report_baseline_and_plot(env, capsys, tmp_path):
     err = capsys.readouterr().err
     assert f"regression: {metric} on local: expected" in err
     assert f"measured {measured['per_request_ms']!r}" in err
-    assert "golden.nosuch on local: expected 1, measured None (not measured)" in err
+    assert "golden.nosuch on local: expected 1, measured nothing (not measured)" in err
 
     broken = tmp_path / "broken.yaml"
     broken.write_text(yaml.safe_dump({"metrics": [{"metric": "nodot", "expected": 1}]}))
@@ -278,8 +278,8 @@ def test_no_push_on_a_host_without_a_release_fails_with_the_reason(env, capsys):
     assert doc["hosts"]["local"]["outcome"] == "fail"
     [failure] = doc["failures"]
     assert failure["host"] == "local" and failure["stage"] == "-"
-    assert "the runner ended without a result" in failure["reason"]
-    assert "runner.py" in failure["reason"]
+    assert failure["reason"] == (f"local: no release is active in {env / 'wd'} "
+                                 "(run `ddtree-ops push`, or drop --no-push)")
 
 
 def test_a_missing_host_python_is_reported(env, capsys, monkeypatch, tmp_path):
@@ -329,3 +329,23 @@ def test_a_bad_stage_knob_is_refused_before_any_stage_runs(env, capsys):
     assert doc["failures"] == [{"host": "local", "stage": "-", "detail": None,
                                 "reason": "--set vocab: expected an integer >= 1, got 'abc'"}]
     assert doc["hosts"]["local"]["stages"] == {}  # nothing ran
+
+
+def test_collect_names_the_run_hosts_it_cannot_reach_through_the_inventory(env, capsys):
+    code, doc = run_json(["smoke", "--stages", "env"], capsys)
+    assert code == 0
+    run_id = doc["run_id"]
+    run_json_path = env / "runs" / run_id / "run.json"
+    meta = json.loads(run_json_path.read_text())
+    meta["hosts"] = ["local", "ghost"]  # a host since removed from the inventory
+    run_json_path.write_text(json.dumps(meta))
+    (env / "runs" / run_id / "ghost").mkdir()
+    (env / "runs" / run_id / "ghost" / "run.json").write_text("{}")
+    code = main(["collect", run_id, "--json"])
+    captured = capsys.readouterr()
+    assert code == 0 and set(json.loads(captured.out)["hosts"]) == {"local"}
+    assert f"1 host(s) of run {run_id} are not in {env / 'hosts.yaml'}, not collected: ghost" in captured.err
+    other = env / "other.yaml"
+    other.write_text(yaml.safe_dump({"hosts": {"elsewhere": {"transport": "local"}}}))
+    assert main(["collect", run_id, "-i", str(other)]) == 2
+    assert f"run {run_id} has hosts local, ghost; none of them in {other}" in capsys.readouterr().err

@@ -139,7 +139,7 @@ def test_a_tau_outside_the_tolerance_is_a_regression_naming_metric_host_expected
     result = compare_decode(report, baseline, tau_tolerance=0.25)
     assert [c.metric for c in result.regressions] == ["decode-bench.tau.ddtree_tb16"]
     assert result.regressions[0].line() == (
-        f"decode-bench.tau.ddtree_tb16 on gpu-a: expected 4.0 ± 0.25, measured {round(measured, 4)!r} "
+        f"decode-bench.tau.ddtree_tb16 on gpu-a: expected 4 ± 0.25, measured {round(measured, 4):g} "
         f"({measured - 4.0:+.3f}, outside tolerance; baseline prompts · tiny-target · T=0)")
     assert result.regressions[0].verdict == "regression"  # below the baseline: a loss
     assert compare_decode(report, baseline, tau_tolerance=4.0).regressions == []
@@ -154,7 +154,7 @@ def test_outputs_that_differ_from_ar_at_t0_are_a_regression(bench, offline, tmp_
     report = build_report(RunStore(record_run(tmp_path, {"gpu-a": fields, "gpu-b": lossy})).load("r1"))
     result = compare_decode(report, load_any_baseline(offline)[1], tau_tolerance=1e-9)
     assert [c.line() for c in result.regressions] == [
-        "decode-bench.identical_to_ar.dflash on gpu-b: expected 1.0, measured 0.5 "
+        "decode-bench.identical_to_ar.dflash on gpu-b: expected 1, measured 0.5 "
         "(tokens differ from AR at T=0 on 50% of requests)"]
 
 
@@ -166,11 +166,11 @@ def test_hosts_that_failed_skipped_or_match_no_cell(bench, tmp_path):
                                                          "local": skipped})).load("r1"))
     result = compare_decode(report, paper_baseline(), tau_tolerance=0.5)
     lines = [c.line() for c in result.regressions]
-    assert lines[0].startswith("decode-bench.tau on gpu-a: expected 'a baseline cell', measured "
-                               "'prompts · tiny-target · T=0' (no such cell in the baseline, which has datasets "
+    assert lines[0].startswith("decode-bench.tau on gpu-a: expected a baseline cell, measured "
+                               "prompts · tiny-target · T=0 (no such cell in the baseline, which has datasets "
                                "aime24, ")
     assert lines[0].endswith("name one with --baseline-dataset / --baseline-model)")
-    assert lines[1] == ("decode-bench.methods on gpu-b: expected 'decode-bench results', measured None "
+    assert lines[1] == ("decode-bench.methods on gpu-b: expected decode-bench results, measured nothing "
                         "(not measured: decode-bench fail: hosts.gpu-b.models: model path /x: no such folder)")
     assert result.notes == ["local: not compared (decode-bench skip: no models configured for this host)"]
     # Named cells: our prompt set and tiny model stand in for the paper's sweep cell.
@@ -182,7 +182,7 @@ def test_hosts_that_failed_skipped_or_match_no_cell(bench, tmp_path):
 
     nothing = build_report(RunStore(record_run(tmp_path / "other", {"local": skipped})).load("r1"))
     assert [c.line() for c in compare_decode(nothing, paper_baseline()).regressions] == [
-        "decode-bench.methods on -: expected 'decode-bench results', measured None "
+        "decode-bench.methods: expected decode-bench results, measured nothing "
         "(no host of run r1 measured decode-bench)"]
 
 

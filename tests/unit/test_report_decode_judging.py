@@ -65,9 +65,9 @@ def test_only_a_skipped_decode_bench_is_a_note(tmp_path):
                               "gone": None})
     result = compare_decode(build_report(store.load("r1")), BASELINE, tau_tolerance=0.5)
     assert [c.line() for c in result.regressions] == [
-        "decode-bench.methods on empty: expected 'decode-bench results', measured None "
+        "decode-bench.methods on empty: expected decode-bench results, measured nothing "
         "(not measured: decode-bench pass without methods rows: 3 methods measured)",
-        "decode-bench.methods on gone: expected 'decode-bench results', measured None "
+        "decode-bench.methods on gone: expected decode-bench results, measured nothing "
         "(not measured: no decode-bench result (host unreachable))"]
     assert result.notes == ["skipped: not compared (decode-bench skip: no models configured for this host)"]
 
@@ -85,7 +85,7 @@ def test_token_identity_not_measured_at_t0_is_a_regression(tmp_path):
     result = compare_decode(build_report(record(tmp_path, {"gpu-a": {"tables": unmeasured}}).load("r1")),
                             BASELINE, tau_tolerance=0.5)
     assert [c.line() for c in result.regressions] == [
-        "decode-bench.identical_to_ar.dflash on gpu-a: expected 1.0, measured None "
+        "decode-bench.identical_to_ar.dflash on gpu-a: expected 1, measured nothing "
         "(not measured: no identical_to_ar at T=0)"]
     assert [r["verdict"] for r in result.rows if r["method"] == "dflash"] == ["regression"]
 
@@ -95,7 +95,7 @@ def test_baseline_methods_the_run_lacks_are_listed_and_always_measured_ones_regr
     store = record(tmp_path, {"gpu-a": {"tables": partial}})
     result = compare_decode(build_report(store.load("r1")), BASELINE, tau_tolerance=0.5)
     assert [c.line() for c in result.regressions] == [
-        f"decode-bench.tau.dflash on gpu-a: expected 6.0 ± 0.5, measured None "
+        f"decode-bench.tau.dflash on gpu-a: expected 6 ± 0.5, measured nothing "
         f"(not measured: the run has no dflash row for baseline {CELL})"]
     assert result.notes == [f"gpu-a: ddtree_tb16 of baseline {CELL} not compared (the run measured no budget 16)"]
     assert result.to_dict()["not_compared"] == [
@@ -114,7 +114,7 @@ def test_a_tau_far_above_the_baseline_is_outside_tolerance_not_a_regression_and_
     captured = capsys.readouterr()
     assert code == 5
     assert captured.err.splitlines() == [
-        f"ddtree-ops: outside tolerance: decode-bench.tau.ddtree_tb64 on gpu-a: expected 9.0 ± 0.3, measured 10.6 "
+        f"ddtree-ops: outside tolerance: decode-bench.tau.ddtree_tb64 on gpu-a: expected 9 ± 0.3, measured 10.6 "
         f"(+1.600, outside tolerance; baseline {CELL})"]
     assert "OUTSIDE TOLERANCE" in captured.out and "REGRESSION" not in captured.out
     assert main(["report", "r1", "--runs-dir", str(tmp_path / "runs"), "--baseline", str(path), "--tau-tolerance",

@@ -283,6 +283,8 @@ def test_stop_interrupts_a_running_run_and_keeps_what_arrived(release, tmp_path)
     by_stage = ends(lines)
     assert by_stage["ok"]["status"] == "pass"
     assert by_stage["hang"]["status"] == "fail" and "interrupted" in by_stage["hang"]["reason"]
+    assert "about to hang" in by_stage["hang"]["output_tail"]
+    assert "_Terminated" not in by_stage["hang"]["output_tail"]  # the runner's own stop, no traceback
     assert by_stage["skipme"]["status"] == "not_run"
     assert lines[-1]["status"] == "interrupted"
 
