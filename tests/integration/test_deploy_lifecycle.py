@@ -87,6 +87,13 @@ def cli(capsys, inventory: Path, source: Path, *args: str) -> tuple[int, dict]:
     return code, json.loads(capsys.readouterr().out)
 
 
+def deployed_once(capsys, inventory: Path, source: Path) -> dict:
+    """`deploy` that must succeed: its JSON document."""
+    code, doc = cli(capsys, inventory, source, "deploy")
+    assert code == 0, doc
+    return doc
+
+
 def plugin_loads(python: Path) -> dict:
     done = subprocess.run([str(python), "-c", LOAD_PLUGIN], capture_output=True, text=True, cwd="/", timeout=120,
                           env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1", "DDTREE_ENABLE": "1",
@@ -115,8 +122,7 @@ def test_a_failed_upgrade_restores_the_old_release_even_after_its_release_was_pr
     inventory, h0 = host
     python, _, snapshot = env
     before = clean_env
-    code, first = cli(capsys, inventory, snapshot, "deploy")
-    assert code == 0, first
+    first = deployed_once(capsys, inventory, snapshot)
     deployed = site_listing(python)
     other = variant(snapshot, tmp_path / "other", "other")
     assert main(["push", "-i", str(inventory), "--source", str(other), "--keep", "1"]) == 0
@@ -142,8 +148,7 @@ def test_a_full_disk_while_copying_the_new_payload_keeps_the_old_deployment(host
     inventory, h0 = host
     python, site, snapshot = env
     before = clean_env
-    code, first = cli(capsys, inventory, snapshot, "deploy")
-    assert code == 0, first
+    first = deployed_once(capsys, inventory, snapshot)
     deployed = site_listing(python)
     other = variant(snapshot, tmp_path / "other", "other")
     assert main(["push", "-i", str(inventory), "--source", str(other)]) == 0
@@ -173,8 +178,7 @@ def test_a_damaged_payload_is_repaired_by_the_next_deploy(host, env, clean_env, 
     inventory, h0 = host
     python, _, snapshot = env
     before = clean_env
-    code, first = cli(capsys, inventory, snapshot, "deploy")
-    assert code == 0, first
+    first = deployed_once(capsys, inventory, snapshot)
     deployed = site_listing(python)
     record = json.loads(Path(first["hosts"]["h0"]["result"]["record"]).read_text())
     damaged = Path(record["payload_dir"]) / "ddtree" / "sglang" / "plugin.py"
@@ -200,8 +204,7 @@ def test_forcing_the_deployed_release_is_recorded_and_a_failed_check_is_never_ok
     inventory, _ = host
     python, site, snapshot = env
     before = clean_env
-    code, first = cli(capsys, inventory, snapshot, "deploy")
-    assert code == 0, first
+    first = deployed_once(capsys, inventory, snapshot)
     record_path = Path(first["hosts"]["h0"]["result"]["record"])
     assert json.loads(record_path.read_text())["forced"] is False
     plugins = site / "sglang" / "srt" / "plugins" / "__init__.py"
@@ -271,8 +274,7 @@ def test_a_deployment_whose_record_was_deleted_is_named_and_rolled_back(host, en
     inventory, h0 = host
     python, _, snapshot = env
     before = clean_env
-    code, first = cli(capsys, inventory, snapshot, "deploy")
-    assert code == 0, first
+    first = deployed_once(capsys, inventory, snapshot)
     record = Path(first["hosts"]["h0"]["result"]["record"])
     record.unlink()
     code, doc = cli(capsys, inventory, snapshot, "deploy")
