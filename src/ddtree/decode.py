@@ -331,6 +331,7 @@ def _check_full_attention(target: HFTarget, input_ids: torch.Tensor, config: Dec
         )
 
 
+@torch.inference_mode()  # directly on the loop: verify forwards must not record a graph either
 def generate_ddtree(
     target: HFTarget,
     drafter: Drafter,
