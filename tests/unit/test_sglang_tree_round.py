@@ -97,8 +97,12 @@ def test_accepted_hidden_rows_move_to_the_front_in_order():
     for b in range(3):
         for j in range(int(accept_lens[b])):
             assert torch.equal(front[b, j], hidden[int(accept_index[b, j])])
-    assert front_positions(prefix, width).view(3, width)[:, 0].tolist() == prefix.tolist()
-    assert front_positions(prefix, width).view(3, width)[1].tolist() == list(range(int(prefix[1]), int(prefix[1]) + width))
+    block = 5  # depth 4 + the bonus position
+    positions = front_positions(prefix, width, block).view(3, width)
+    for b in range(3):
+        start = int(prefix[b])
+        assert positions[b].tolist() == [start + min(j, block - 1) for j in range(width)]
+        assert int(accept_lens[b]) <= block  # every committed row keeps prefix + j
 
 
 def test_full_mask_is_sglangs_layout():

@@ -211,7 +211,10 @@ def accepted_rows_first(
     return hidden.index_select(0, rows)
 
 
-def front_positions(prefix_lens: torch.Tensor, width: int) -> torch.Tensor:
-    """[bs*N] int64: the positions of the window's front rows after the move (prefix + j)."""
-    offsets = torch.arange(width, device=prefix_lens.device, dtype=torch.int64)
+def front_positions(prefix_lens: torch.Tensor, width: int, block: int) -> torch.Tensor:
+    """[bs*N] int64 positions for the draft-KV rewrite of the window's front rows after the
+    move: prefix + min(j, B-1). Only the first commit_lens <= B rows are written, and those keep
+    prefix + j; the rest are clamped because SGLang's writer still ropes every row, and its
+    fused RoPE table is sized for context_len + B (DFlashWorkerV2's max_position_hint), not N."""
+    offsets = torch.arange(width, device=prefix_lens.device, dtype=torch.int64).clamp(max=block - 1)
     return (prefix_lens.to(torch.int64).unsqueeze(1) + offsets).reshape(-1)

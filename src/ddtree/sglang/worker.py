@@ -261,7 +261,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             target_hidden=front_hidden,
             cache_loc=cache_loc,
             cache_loc_2d=cache_loc.view(bs, width),
-            positions=front_positions(prefix_lens, width),
+            positions=front_positions(prefix_lens, width, self.draft_block),
             commit_lens=accept_lens.to(torch.int32),
         )
         logits_output.hidden_states = None
