@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 from types import SimpleNamespace
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 
@@ -66,6 +66,9 @@ class DecodeConfig:
     stop_token_ids: Sequence[int] = ()
     generator: torch.Generator | None = None  # drives sampling at T > 0 (device of the target)
     save_round_trees: bool = False
+    # Where stage times are read from: wall time by default; `time.process_time` on a shared
+    # CPU, where other processes' load must not count. Synchronised with the GPU either way.
+    timer: Callable[[], float] = time.perf_counter
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
@@ -111,13 +114,14 @@ def choose_tokens(logits: torch.Tensor, temperature: float, generator: torch.Gen
 class _Clock:
     """perf_counter that first waits for queued GPU work, so stage times are real."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, timer: Callable[[], float] = time.perf_counter):
         self._sync = device.type == "cuda"
+        self._timer = timer
 
     def __call__(self) -> float:
         if self._sync:
             torch.cuda.synchronize()
-        return time.perf_counter()
+        return self._timer()
 
 
 class TreeInputs(NamedTuple):
@@ -163,7 +167,7 @@ class _Request:
         self.target = target
         self.config = config
         self.device = target.device
-        self.clock = _Clock(self.device)
+        self.clock = _Clock(self.device, config.timer)
         self.prompt = input_ids.to(self.device)
         self.num_input = int(input_ids.shape[1])
         self.generated: list[int] = []  # committed tokens, the pending bonus last

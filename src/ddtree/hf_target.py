@@ -70,6 +70,11 @@ class HFTarget:
         self.sliding_window: int | None = _sliding_window(text_config)
 
     @property
+    def cache_keyword(self) -> str:
+        """The model's keyword for the KV cache (`cache` in newer transformers)."""
+        return self._cache_kw
+
+    @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
