@@ -188,6 +188,9 @@ class PushOutcome:
     bytes_sent: int = 0
     pruned: tuple[str, ...] = field(default=())
     replaced_broken: Optional[str] = None  # why an existing copy of this release was rejected
+    # "NAME: why" for what lies in releases/ that push did not install (or that was changed
+    # since): never counted, never removed
+    foreign: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -198,6 +201,7 @@ class PushOutcome:
             "bytes_sent": self.bytes_sent,
             "pruned": list(self.pruned),
             "replaced_broken": self.replaced_broken,
+            "foreign": list(self.foreign),
         }
 
 
@@ -262,6 +266,7 @@ def push_outcome(host: Host, bundle: ReleaseBundle, reply: dict[str, Any], bytes
         bytes_sent=bytes_sent,
         pruned=tuple(check_host_id(host.name, IdKind.RELEASE, p, "push: pruned") for p in reply.get("pruned", ())),
         replaced_broken=reply.get("replaced_broken"),
+        foreign=tuple(str(f) for f in reply.get("foreign", ())),
     )
 
 

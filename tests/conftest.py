@@ -48,3 +48,24 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def other_account():
+    """A second, unprivileged account made for this test session (and removed after it), for
+    the shared-host cases: what another user of a GPU host could plant or own. Needs root."""
+    import os
+    import pwd
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("creating a second account needs root (CI and the dev container run tests as root)")
+    if shutil.which("useradd") is None:
+        pytest.skip("useradd not installed")
+    name = f"ddtree-t{os.getpid()}"  # unique: several suites may run on one machine at once
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["userdel", name], check=False)

@@ -54,7 +54,7 @@ def push(
         selected,
         task,
         FanoutOptions(inventory, hosts, json_out, parallel, fail_fast, accept_new_host_keys),
-        columns=["action", "release", "previous", "sent", "pruned"],
+        columns=["action", "release", "previous", "sent", "pruned", "left (not ours)"],
         row=lambda o: [
             o.value.action.value + (f" (replaced a damaged copy: {o.value.replaced_broken})"
                                     if o.value.replaced_broken else ""),
@@ -62,6 +62,7 @@ def push(
             o.value.previous or "-",
             _size(o.value.bytes_sent),
             str(len(o.value.pruned)),
+            "; ".join(o.value.foreign) or "-",
         ],
         to_json=lambda outcome: outcome.to_dict(),
         extra_json={"release": bundle.release_id, "files": len(bundle.files), "source": bundle.source_root},

@@ -21,6 +21,7 @@ import fcntl
 import hashlib
 import json
 import os
+import stat
 import sys
 import time
 
@@ -81,9 +82,84 @@ def active_release(workdir):
         return None
 
 
+# ---------------------------------------------------------------- whose paths these are
+
+
+def describe_path(path, st=None):
+    """'folder, owner alice, mode 0775' for a refusal (the owner by name where it has one)."""
+    try:
+        st = st or os.lstat(path)
+    except OSError as err:
+        return err.strerror or str(err)
+    import pwd
+
+    try:
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        owner = "uid %d" % st.st_uid
+    kind = "symlink" if stat.S_ISLNK(st.st_mode) else "folder" if stat.S_ISDIR(st.st_mode) else "file"
+    return "%s, owner %s, mode %04o" % (kind, owner, stat.S_IMODE(st.st_mode))
+
+
+def unsafe_path(path, why, st=None):
+    return AgentError("unsafe-path", "%s: %s (%s); ddtree-ops changes only what the login user alone"
+                                     " controls" % (path, why, describe_path(path, st)))
+
+
+def check_own_dir(path):
+    """A folder of the layout: a real folder (never a link: we follow none we did not make),
+    owned by the login user, writable by nobody else."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise unsafe_path(path, "is a symlink", st)
+    if not stat.S_ISDIR(st.st_mode):
+        raise unsafe_path(path, "is not a folder", st)
+    if st.st_uid != os.geteuid():
+        raise unsafe_path(path, "is owned by another account", st)
+    if st.st_mode & 0o022:
+        raise unsafe_path(path, "is writable by group or others", st)
+
+
+def path_prefixes(path):
+    """'/', '/a', '/a/b' for '/a/b'."""
+    parts = [p for p in path.split("/") if p]
+    return ["/"] + ["/" + "/".join(parts[:i + 1]) for i in range(len(parts))]
+
+
+def check_ancestors(workdir):
+    """Every folder above the workdir, as written and as resolved: owned by root or the login
+    user, and writable by nobody else unless sticky (like /tmp, where others cannot rename
+    what is ours). A symlink on the way must be root's or ours (its owner decides its target)."""
+    trusted = (0, os.geteuid())
+    parent = os.path.dirname(workdir)
+    for prefix in dict.fromkeys(path_prefixes(parent) + path_prefixes(os.path.realpath(parent))):
+        try:
+            st = os.lstat(prefix)
+        except FileNotFoundError:
+            continue  # made below, by us
+        if st.st_uid not in trusted:
+            raise unsafe_path(prefix, "is owned by another account", st)
+        if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise unsafe_path(prefix, "is writable by group or others", st)
+
+
+def make_own_dir(path):
+    try:
+        os.mkdir(path, 0o755)
+    except FileExistsError:
+        pass
+    check_own_dir(path)
+
+
 def ensure_layout(workdir):
+    """Create what is missing of the layout, and refuse one that another account could change."""
+    check_ancestors(workdir)
+    for prefix in path_prefixes(os.path.dirname(workdir)):
+        if not os.path.lexists(prefix):
+            os.mkdir(prefix, 0o755)
+    make_own_dir(workdir)
     for sub in ("releases", "runs", "deployments"):
-        os.makedirs(os.path.join(workdir, sub), exist_ok=True)
+        make_own_dir(os.path.join(workdir, sub))
 
 
 # ---------------------------------------------------------------- manifest
@@ -121,14 +197,21 @@ def file_sha256(path):
     return digest.hexdigest()
 
 
-def verify_release(directory, release_id):
+def read_manifest(directory):
+    """The bytes of a folder's manifest (never through a link), or an OSError."""
+    fd = os.open(os.path.join(directory, MANIFEST_NAME), os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as handle:
+        return handle.read()
+
+
+def verify_release(directory, release_id, allow_missing=False):
     """None when the directory holds exactly the release (bytecode caches aside: the smoke
     runner compiles the release from its sources), else why not. A link anywhere is a
     problem: os.walk would not look inside a linked folder, and it could stand in for any
-    module (even torch: the release comes first on the runner's sys.path)."""
+    module (even torch: the release comes first on the runner's sys.path). `allow_missing`:
+    files of the manifest may be gone (what prune asks: is all that is left ours, unedited?)."""
     try:
-        with open(os.path.join(directory, MANIFEST_NAME), "rb") as handle:
-            manifest_bytes = handle.read()
+        manifest_bytes = read_manifest(directory)
     except OSError as err:
         return "no readable manifest (%s)" % err.strerror
     if manifest_id(manifest_bytes) != release_id:
@@ -140,6 +223,8 @@ def verify_release(directory, release_id):
     for relpath, digest in entries.items():
         path = os.path.join(directory, relpath)
         if os.path.islink(path) or not os.path.isfile(path):
+            if allow_missing and not os.path.lexists(path):
+                continue
             return "missing file %s" % relpath
         if file_sha256(path) != digest:
             return "hash mismatch in %s" % relpath
@@ -147,11 +232,55 @@ def verify_release(directory, release_id):
         for name in dirs + files:
             if os.path.islink(os.path.join(root, name)):
                 return "unexpected link %s" % os.path.relpath(os.path.join(root, name), directory).replace(os.sep, "/")
-        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        in_cache = os.path.basename(root) == "__pycache__"
         for name in files:
             relpath = os.path.relpath(os.path.join(root, name), directory).replace(os.sep, "/")
-            if relpath != MANIFEST_NAME and relpath not in entries:
+            if relpath != MANIFEST_NAME and relpath not in entries and not (in_cache and name.endswith(".pyc")):
                 return "unexpected file %s" % relpath
+        if in_cache and dirs:
+            return "unexpected folder %s" % os.path.relpath(os.path.join(root, dirs[0]), directory).replace(os.sep, "/")
+    return None
+
+
+HEX_DIGITS = "0123456789abcdef"
+
+
+def is_release_id(name):
+    """What manifest_id makes: RELEASE_ID_CHARS lowercase hex digits."""
+    return len(name) == RELEASE_ID_CHARS and all(c in HEX_DIGITS for c in name)
+
+
+def not_ours(directory, name):
+    """None when releases/NAME bears this tool's mark (a real folder of the login user whose
+    manifest hashes to its name), else why it is someone else's. Cheap: hashes one file."""
+    if not is_release_id(name):
+        return "not a release name"
+    try:
+        st = os.lstat(directory)
+    except OSError as err:
+        return err.strerror
+    if stat.S_ISLNK(st.st_mode):
+        return "a symlink"
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a folder"
+    if st.st_uid != os.geteuid():
+        return "owned by another account"
+    try:
+        if manifest_id(read_manifest(directory)) != name:
+            return "its %s does not hash to its name" % MANIFEST_NAME
+    except OSError as err:
+        return "no %s (%s)" % (MANIFEST_NAME, err.strerror)
+    return None
+
+
+def leftover_id(name):
+    """The release id of `.incoming-<id>-<pid>` / `.broken-<id>-<pid>` (the names push gives
+    a release being received or set aside), else None."""
+    for prefix in (INCOMING_PREFIX, BROKEN_PREFIX):
+        if name.startswith(prefix):
+            release_id, sep, pid = name[len(prefix):].partition("-")
+            if sep and is_release_id(release_id) and pid.isdigit():
+                return release_id
     return None
 
 
@@ -228,11 +357,13 @@ def is_real_dir(path):
 
 
 def clean_incoming(workdir):
-    """Leftovers of killed pushes; safe because the caller holds the lock."""
+    """Leftovers of killed pushes (our names, real folders of ours); safe because the caller
+    holds the lock. Anything else is left to prune, which names it."""
     base = releases_dir(workdir)
     for name in os.listdir(base):
-        if name.startswith(INCOMING_PREFIX) or name.startswith(BROKEN_PREFIX):
-            remove_tree(os.path.join(base, name))
+        path = os.path.join(base, name)
+        if leftover_id(name) is not None and is_real_dir(path) and os.lstat(path).st_uid == os.geteuid():
+            remove_tree(path)
 
 
 def set_current(workdir, release_id):
@@ -241,6 +372,10 @@ def set_current(workdir, release_id):
     if os.path.lexists(current) and not os.path.islink(current):
         # never ours (we only ever make a link): the operator's data, so say so and stop
         raise AgentError("layout", "%s: not a symlink made by ddtree-ops; move it out of the way" % current)
+    if os.path.islink(current) and not is_release_id(os.path.basename(os.readlink(current).rstrip("/"))):
+        # an application's own `current` (releases/20240101120000, ...): not ours to switch
+        raise AgentError("layout", "%s -> %s: not a symlink made by ddtree-ops; move it out of the way"
+                                   % (current, os.readlink(current)))
     tmp = os.path.join(workdir, ".current.tmp-%d" % os.getpid())
     if os.path.lexists(tmp):
         os.unlink(tmp)
@@ -265,19 +400,37 @@ def fsync_dir(path):
 
 
 def prune(workdir, keep):
-    """Keep the `keep` most recently activated releases; never the active one."""
+    """Keep the `keep` most recently activated releases; never the active one. Only releases
+    this tool installed count and are removed: a folder whose manifest hashes to its name
+    and that holds nothing else (no file added, none edited; bytecode caches aside).
+    Returns (pruned ids, ["NAME: why it was left"] for everything else found there)."""
     active = active_release(workdir)
     base = releases_dir(workdir)
-    names = [n for n in os.listdir(base) if not n.startswith(".") and os.path.isdir(os.path.join(base, n))]
-    names.sort(key=lambda n: os.stat(os.path.join(base, n)).st_mtime, reverse=True)
-    kept = [n for n in names if n == active][:1]
-    for name in names:
+    ours, foreign = [], []
+    for name in sorted(os.listdir(base)):
+        if leftover_id(name) is not None and is_real_dir(os.path.join(base, name)):
+            continue  # a push in flight elsewhere cannot hold the lock: clean_incoming's
+        why = not_ours(os.path.join(base, name), name)
+        if why is None:
+            ours.append(name)
+        else:
+            foreign.append("%s: %s" % (name, why))
+    ours.sort(key=lambda n: os.lstat(os.path.join(base, n)).st_mtime, reverse=True)
+    kept = [n for n in ours if n == active][:1]
+    for name in ours:
         if name != active and len(kept) < max(int(keep), 1):
             kept.append(name)
-    pruned = [n for n in names if n not in kept]
-    for name in pruned:
-        remove_tree(os.path.join(base, name))
-    return pruned
+    pruned = []
+    for name in ours:
+        if name in kept:
+            continue
+        why = verify_release(os.path.join(base, name), name, allow_missing=True)
+        if why is None:
+            remove_tree(os.path.join(base, name))
+            pruned.append(name)
+        else:
+            foreign.append("%s: %s since push" % (name, why))
+    return pruned, sorted(foreign)
 
 
 def set_aside_broken(workdir, release_id):
@@ -294,19 +447,36 @@ def activate_if_present(workdir, release_id, keep):
     directory = os.path.join(releases_dir(workdir), release_id)
     if not os.path.lexists(directory):
         return None, None
-    if not is_real_dir(directory):
-        set_aside_broken(workdir, release_id)  # a file or a link where the release belongs
-        return None, "%s: not a folder" % directory
-    problem = verify_release(directory, release_id)
+    problem = damaged_copy(directory, release_id)
     if problem is not None:
-        set_aside_broken(workdir, release_id)  # never activated; the next copy replaces it
         return None, problem
     previous = active_release(workdir)
     if previous != release_id:
         set_current(workdir, release_id)
-    pruned = prune(workdir, keep)
-    return {"status": "unchanged" if previous == release_id else "activated",
-            "previous": previous, "pruned": pruned, "workdir": workdir}, None
+    return with_pruned({"status": "unchanged" if previous == release_id else "activated",
+                        "previous": previous, "workdir": workdir}, workdir, keep), None
+
+
+def damaged_copy(directory, release_id):
+    """None when releases/<id> is an intact copy. A damaged copy of ours is set aside and
+    removed (why is returned); a link there is removed (only the link); anything else there
+    was not made by this tool: refused, untouched."""
+    if os.path.islink(directory):
+        os.unlink(directory)
+        return "%s: not a folder" % directory
+    why = not_ours(directory, release_id)
+    if why is not None:
+        raise AgentError("foreign", "%s: %s, so not a release ddtree-ops installed; push leaves it:"
+                                    " move it out of the way" % (directory, why))
+    problem = verify_release(directory, release_id)
+    if problem is not None:
+        set_aside_broken(os.path.dirname(os.path.dirname(directory)), release_id)  # never activated
+    return problem
+
+
+def with_pruned(reply, workdir, keep):
+    reply["pruned"], reply["foreign"] = prune(workdir, keep)
+    return reply
 
 
 def op_push(workdir, release_id, keep, lock_wait, take_lock):
@@ -331,6 +501,11 @@ def push_locked(workdir, release_id, keep):
     return reply
 
 
+def create_new(path, mode=0o644):
+    """A file opened for writing that did not exist (no link followed, nothing truncated)."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode), "wb")
+
+
 def receive_archive(stream, target, release_id):
     """Unpack a tar stream whose first member is the manifest; check every file on the way."""
     import tarfile
@@ -349,16 +524,16 @@ def receive_archive(stream, target, release_id):
                 if manifest_id(manifest_bytes) != release_id:
                     raise AgentError("bad-archive", "manifest does not hash to release %s" % release_id)
                 entries = parse_manifest(manifest_bytes)
-                with open(os.path.join(target, MANIFEST_NAME), "wb") as out:
+                with create_new(os.path.join(target, MANIFEST_NAME)) as out:
                     out.write(manifest_bytes)
                 continue
             relpath = member.name
             if relpath not in entries:
                 raise AgentError("bad-archive", "archive holds %r, which is not in the manifest" % relpath)
             path = os.path.join(target, relpath)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
             digest = hashlib.sha256()
-            with open(path, "wb") as out:
+            with create_new(path) as out:
                 for chunk in iter(lambda: data.read(CHUNK), b""):
                     digest.update(chunk)
                     out.write(chunk)
@@ -386,18 +561,15 @@ def install_from_stdin(workdir, release_id, keep):
     """Caller holds the lock."""
     base = releases_dir(workdir)
     incoming = os.path.join(base, "%s%s-%d" % (INCOMING_PREFIX, release_id, os.getpid()))
-    os.mkdir(incoming)
+    os.mkdir(incoming, 0o755)
     try:
         # Checks every file's sha256 as it is written and that none is missing or extra, so
         # the fresh directory needs no second pass.
         receive_archive(sys.stdin.buffer, incoming, release_id)
         final = os.path.join(base, release_id)
-        if os.path.lexists(final):
-            if is_real_dir(final) and verify_release(final, release_id) is None:
-                remove_tree(incoming)  # someone else already installed it intact
-                incoming = None
-            else:
-                set_aside_broken(workdir, release_id)
+        if os.path.lexists(final) and damaged_copy(final, release_id) is None:
+            remove_tree(incoming)  # someone else already installed it intact
+            incoming = None
         if incoming is not None:
             os.rename(incoming, final)
             fsync_dir(base)
@@ -407,8 +579,7 @@ def install_from_stdin(workdir, release_id, keep):
         raise
     previous = active_release(workdir)
     set_current(workdir, release_id)
-    pruned = prune(workdir, keep)
-    return {"status": "uploaded", "previous": previous, "pruned": pruned, "workdir": workdir}
+    return with_pruned({"status": "uploaded", "previous": previous, "workdir": workdir}, workdir, keep)
 
 
 def op_hold_lock(workdir, owner, lock_wait):

@@ -95,22 +95,23 @@ def test_tampered_release_is_never_activated_and_is_replaced(tmp_path):
     assert ensure_release(transport, host, one).replaced_broken == "unexpected file src/ddtree/evil.py"
 
 
-def test_a_file_or_link_where_a_release_belongs_is_replaced(tmp_path):
+def test_a_link_where_a_release_belongs_is_replaced_and_a_file_is_refused(tmp_path):
     host, transport = local_host(tmp_path / "w"), LocalTransport("local")
     one = build_bundle(make_checkout(tmp_path / "c1"))
     ensure_release(transport, host, one)
     release = tmp_path / "w" / "releases" / one.release_id
-    for blocker in ("file", "link"):
-        shutil.rmtree(release)  # the intact copy the last push left
-        if blocker == "file":
-            release.write_text("hi\n")
-        else:
-            release.symlink_to(tmp_path / "c1")  # even a folder of the right files is not ours
-        outcome = ensure_release(transport, host, one)
-        assert outcome.action is PushAction.UPLOADED
-        assert outcome.replaced_broken == f"{release}: not a folder"
-        assert release.is_dir() and not release.is_symlink()
-        assert sorted(p.name for p in release.parent.iterdir()) == [one.release_id]  # nothing set aside is left
+    shutil.rmtree(release)  # the intact copy the last push left
+    release.symlink_to(tmp_path / "c1")  # even a folder of the right files is not ours
+    outcome = ensure_release(transport, host, one)
+    assert outcome.action is PushAction.UPLOADED
+    assert outcome.replaced_broken == f"{release}: not a folder"
+    assert release.is_dir() and not release.is_symlink() and (tmp_path / "c1" / "src").is_dir()
+    assert sorted(p.name for p in release.parent.iterdir()) == [one.release_id]  # nothing set aside is left
+    shutil.rmtree(release)
+    release.write_text("hi\n")  # a file push never makes: someone's, kept
+    with pytest.raises(RemoteStepError, match=rf"local: push: {release}: not a folder, so not a release ddtree-ops installed"):
+        ensure_release(transport, host, one)
+    assert release.read_text() == "hi\n"
 
 
 def test_a_folder_where_current_belongs_is_refused_by_name_and_kept(tmp_path):
