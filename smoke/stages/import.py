@@ -51,6 +51,9 @@ def run(ctx: StageContext) -> StageResult:
                      "expected_release": ctx.expected_release}
     try:
         import ddtree
+
+        for name in ddtree.__all__:  # the core's names load on first use: load them all here
+            getattr(ddtree, name)
     except Exception as err:  # noqa: BLE001 - any import failure is this stage's verdict
         return StageResult.failed(f"import ddtree failed: {type(err).__name__}: {err}",
                                   metrics=metrics)

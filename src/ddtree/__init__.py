@@ -1,53 +1,55 @@
 """DDTree speculative decoding core: draft trees, verify inputs, commit helpers, metrics.
 
 Pure torch; imports nothing from the operator side. The stable API keeps the seed's names.
-"""
-from ddtree.batched import TreeBatch, build_ddtree_trees, build_trees_from_top_log_probs
-from ddtree.build import BuildMethod, build_ddtree_tree_from_logits
-from ddtree.commit import RoundCommit, commit_round, compact_appended_window_, keep_indices_batch
-from ddtree.graphed import GraphedTreeBuilder
-from ddtree.invariants import TreeInvariantError, assert_prefix_closed, validate_tree
-from ddtree.metrics import (
-    TreeSummary,
-    acceptance_histogram,
-    acceptance_length,
-    mean_acceptance_length,
-    summarize_ddtree,
-)
-from ddtree.tree import DraftTree
-from ddtree.verify import (
-    MaskLayout,
-    VerifyInputs,
-    build_verify_inputs,
-    follow_verified_tree,
-    pack_custom_mask,
-    walk_retrieve_arrays,
-)
 
-__all__ = [
-    "BuildMethod",
-    "DraftTree",
-    "GraphedTreeBuilder",
-    "MaskLayout",
-    "RoundCommit",
-    "TreeBatch",
-    "TreeInvariantError",
-    "TreeSummary",
-    "VerifyInputs",
-    "acceptance_histogram",
-    "acceptance_length",
-    "assert_prefix_closed",
-    "build_ddtree_tree_from_logits",
-    "build_ddtree_trees",
-    "build_trees_from_top_log_probs",
-    "build_verify_inputs",
-    "commit_round",
-    "compact_appended_window_",
-    "follow_verified_tree",
-    "keep_indices_batch",
-    "mean_acceptance_length",
-    "pack_custom_mask",
-    "summarize_ddtree",
-    "validate_tree",
-    "walk_retrieve_arrays",
-]
+The names below load on first use (PEP 562), so `import ddtree.sglang.gate` and the other
+stdlib-only tools (gate, manifest, manifest_tool, structure) run on a host without torch.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# public name -> the submodule that defines it
+_EXPORTS: dict[str, str] = {
+    "TreeBatch": "batched",
+    "build_ddtree_trees": "batched",
+    "build_trees_from_top_log_probs": "batched",
+    "BuildMethod": "build",
+    "build_ddtree_tree_from_logits": "build",
+    "RoundCommit": "commit",
+    "commit_round": "commit",
+    "compact_appended_window_": "commit",
+    "keep_indices_batch": "commit",
+    "GraphedTreeBuilder": "graphed",
+    "TreeInvariantError": "invariants",
+    "assert_prefix_closed": "invariants",
+    "validate_tree": "invariants",
+    "TreeSummary": "metrics",
+    "acceptance_histogram": "metrics",
+    "acceptance_length": "metrics",
+    "mean_acceptance_length": "metrics",
+    "summarize_ddtree": "metrics",
+    "DraftTree": "tree",
+    "MaskLayout": "verify",
+    "VerifyInputs": "verify",
+    "build_verify_inputs": "verify",
+    "follow_verified_tree": "verify",
+    "pack_custom_mask": "verify",
+    "walk_retrieve_arrays": "verify",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ddtree' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"ddtree.{module}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -48,8 +48,8 @@ def run_import_stage(workdir: Path, *extra: str, env: dict | None = None) -> dic
         [sys.executable, str(workdir / "current" / "smoke" / "runner.py"), "run", "--run-id",
          "t", "--workdir", str(workdir), "--stages", "import", *extra],
         capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})})
-    ends = [json.loads(line) for line in proc.stdout.splitlines()
-            if json.loads(line)["event"] == "stage_end"]
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]  # blank: keepalive
+    ends = [record for record in records if record["event"] == "stage_end"]
     return ends[0]
 
 
@@ -94,7 +94,7 @@ def run_runner(workdir: Path, stages: str, *extra: str) -> tuple[int, list[dict]
         [sys.executable, str(workdir / "current" / "smoke" / "runner.py"), "run", "--run-id",
          "t", "--workdir", str(workdir), "--stages", stages, *extra],
         capture_output=True, text=True, timeout=120)
-    return proc.returncode, [json.loads(line) for line in proc.stdout.splitlines()], proc.stderr
+    return proc.returncode, [json.loads(line) for line in proc.stdout.splitlines() if line.strip()], proc.stderr
 
 
 MARKER_CODE = "open({marker!r}, 'w').write('ran')\n"
@@ -318,7 +318,7 @@ def test_a_push_during_a_run_does_not_change_the_release_the_run_executes(tmp_pa
          "--workdir", str(tmp_path), "--stages", "switch,whoami,import",
          "--options", json.dumps({"extra": {"to": f"releases/{second.name}"}})],
         capture_output=True, text=True, timeout=120)
-    stages = {r["stage"]: r for r in map(json.loads, proc.stdout.splitlines()) if r["event"] == "stage_end"}
+    stages = {r["stage"]: r for r in map(json.loads, filter(str.strip, proc.stdout.splitlines())) if r["event"] == "stage_end"}
     assert os.readlink(tmp_path / "current") == f"releases/{second.name}"  # switched mid-run
     assert stages["whoami"]["reason"] == "first"
     assert stages["import"]["status"] == "pass" and first.name in stages["import"]["reason"]
