@@ -144,13 +144,26 @@ KNOBS: dict[str, tuple[str, float | None]] = {
     "lossless_full": ("bool", None), "lossless_tokens": ("int", 1), "lossless_samples": ("int", 1),
     "sglang_budgets": ("int_list", 1), "sglang_port": ("int", 1), "sglang_max_new_tokens": ("int", 1),
     "sglang_start_timeout_s": ("float", 1.0), "sglang_attention_backend": ("str", None),
-    "sglang_extra_args": ("str_list", None), "near_tie_gap": ("float", 0.0),  # sglang-e2e
+    "sglang_extra_args": ("str_list", None), "near_tie_gap": ("float", 0.0),
+    "sglang_concurrency": ("int_list", 1), "sglang_requests_per_level": ("int", 1),  # sglang-e2e
 }
 
 
+def _comma_ints(value: Any) -> Any:
+    """`--set sglang_concurrency=1,8,32` arrives as the string "1,8,32": the list it spells."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return [int(part) for part in value.split(",")]
+    except ValueError:
+        return value
+
+
 def check_knobs(extra: dict[str, Any]) -> dict[str, Any]:
-    for name, value in extra.items():
+    for name, value in list(extra.items()):
         rule = KNOBS.get(name)
+        if rule is not None and rule[0] == "int_list":
+            extra[name] = value = _comma_ints(value)
         if rule is not None and not _knob_ok(value, *rule):
             kind, least = rule
             want = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",

@@ -11,10 +11,20 @@ A divergence from the no-speculation tokens is judged by the target's top-1/top-
 gap at that position (from the no-speculation run): below `near_tie_gap` it is a bf16
 near-tie (verify width changes GEMM shapes) and is reported, otherwise the stage fails.
 
+Then each server is driven under load: at every concurrency level of `sglang_concurrency`
+(default 1 and 8), that many requests are kept in flight at temperature 0 until
+`sglang_requests_per_level` (default max(prompts, 2 x level)) have finished. Per level: output
+tokens/s over the level's wall time, acceptance length from SGLang's per-request counters
+(sum of completion_tokens / sum of spec_verify_ct) and the server's lifetime average
+(`/server_info` internal_states avg_spec_accept_length) read before and after, as the
+`sglang_load` table (one row per variant and level, with the speedup over no speculation at
+the same level): the measurements `report` recommends a variant and budget from.
+
 Knobs (options.extra): sglang_budgets (default: up to two of options.budgets with
 budget + 1 >= block_size, at most 256), sglang_max_new_tokens (128), sglang_port (31000),
 sglang_start_timeout_s (900), sglang_attention_backend ("flashinfer"), near_tie_gap (0.05),
-sglang_extra_args (list of extra server arguments).
+sglang_extra_args (list of extra server arguments), sglang_concurrency (list, [1, 8]),
+sglang_requests_per_level (int).
 """
 from __future__ import annotations
 
@@ -23,9 +33,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -47,6 +59,7 @@ SHIPPED_PROMPTS = (
     "Implement binary search in C and explain its complexity.",
 )
 DEFAULT_NEAR_TIE_GAP = 0.05  # nats between the target's top-1 and top-2 log-probs
+DEFAULT_CONCURRENCY = (1, 8)
 
 
 class ServerMode(Enum):
@@ -79,6 +92,29 @@ class Divergence:
         return self.gap is not None and self.gap < threshold
 
 
+@dataclass(frozen=True)
+class LoadLevel:
+    """One concurrency level driven against one server."""
+
+    concurrency: int
+    requests: int
+    tokens: int
+    wall_s: float
+    accepted_tokens: int  # sum of completion_tokens over requests that report spec counters
+    verify_rounds: int  # sum of spec_verify_ct over the same requests
+    server_accept_before: float | None  # the server's lifetime average, before the level
+    server_accept_after: float | None
+    peak_in_flight: int  # most requests this client had open at once
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.tokens / self.wall_s if self.wall_s > 0 else None
+
+    @property
+    def acceptance_length(self) -> float | None:
+        return self.accepted_tokens / self.verify_rounds if self.verify_rounds else None
+
+
 @dataclass
 class VariantRun:
     variant: ServerVariant
@@ -86,6 +122,7 @@ class VariantRun:
     meta: list[dict[str, Any]] = field(default_factory=list)
     wall_s: float = 0.0
     start_s: float = 0.0
+    load: list[LoadLevel] = field(default_factory=list)
 
 
 def select_budgets(models: dict[str, Any], options_budgets: list[int], extra: dict[str, Any]) -> list[int]:
@@ -197,9 +234,80 @@ def _stop(process: subprocess.Popen) -> None:
             continue
 
 
+def server_accept_length(port: int) -> float | None:
+    """SGLang's lifetime average acceptance length (`/server_info`), the mean over its DP ranks;
+    None when the server reports none (no speculation, or nothing verified yet)."""
+    info = _http_json(f"http://127.0.0.1:{port}/server_info", None, timeout=30) or {}
+    values = [float(state["avg_spec_accept_length"]) for state in info.get("internal_states") or []
+              if isinstance(state, dict) and isinstance(state.get("avg_spec_accept_length"), (int, float))]
+    return sum(values) / len(values) if values else None
+
+
+def drive_load(port: int, prompts: list[str], concurrency: int, requests: int, max_new_tokens: int,
+               timeout_s: float = 600) -> LoadLevel:
+    """Keep `concurrency` requests in flight (T=0, prompts in turn) until `requests` finished."""
+    sampling = {"temperature": 0, "max_new_tokens": max_new_tokens}
+    lock = threading.Lock()
+    in_flight = [0, 0]  # now, peak
+
+    def one(index: int) -> dict[str, Any]:
+        with lock:
+            in_flight[0] += 1
+            in_flight[1] = max(in_flight)
+        try:
+            payload = {"text": prompts[index % len(prompts)], "sampling_params": sampling}
+            return _http_json(f"http://127.0.0.1:{port}/generate", payload, timeout=timeout_s)
+        finally:
+            with lock:
+                in_flight[0] -= 1
+
+    before = server_accept_length(port)
+    began = time.monotonic()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        replies = list(pool.map(one, range(requests)))
+    wall_s = time.monotonic() - began
+    tokens = accepted = rounds = 0
+    for reply in replies:
+        if not isinstance(reply, dict) or "output_ids" not in reply:
+            raise RuntimeError(f"/generate reply has no output_ids (got {str(reply)[:120]})")
+        tokens += len(reply["output_ids"])
+        meta = reply.get("meta_info") or {}
+        if isinstance(meta.get("spec_verify_ct"), int) and meta["spec_verify_ct"] > 0:
+            accepted += int(meta.get("completion_tokens", len(reply["output_ids"])))
+            rounds += meta["spec_verify_ct"]
+    return LoadLevel(concurrency, requests, tokens, wall_s, accepted, rounds, before,
+                     server_accept_length(port), in_flight[1])
+
+
+def load_rows(runs: list[VariantRun]) -> list[dict[str, Any]]:
+    """The `sglang_load` table: a row per variant and level, speedup over no speculation
+    (the first run) at the same level."""
+    base = {level.concurrency: level.tokens_per_s for level in runs[0].load}
+    rows = []
+    for run_ in runs:
+        for level in run_.load:
+            reference = base.get(level.concurrency)
+            rows.append({
+                "variant": run_.variant.name, "mode": run_.variant.mode.value, "budget": run_.variant.budget,
+                "concurrency": level.concurrency, "requests": level.requests, "tokens": level.tokens,
+                "wall_s": round(level.wall_s, 3),
+                "tokens_per_s": None if level.tokens_per_s is None else round(level.tokens_per_s, 2),
+                "acceptance_length": None if level.acceptance_length is None else round(level.acceptance_length, 4),
+                "server_accept_before": level.server_accept_before, "server_accept_after": level.server_accept_after,
+                "peak_in_flight": level.peak_in_flight,
+                "speedup_vs_no_spec": (round(level.tokens_per_s / reference, 3)
+                                       if reference and level.tokens_per_s else None),
+            })
+    return rows
+
+
+def concurrency_levels(extra: dict[str, Any]) -> list[int]:
+    return [int(c) for c in extra.get("sglang_concurrency", DEFAULT_CONCURRENCY)]
+
+
 def run_variant(ctx: StageContext, variant: ServerVariant, models: dict[str, Any], prompts: list[str],
                 *, port: int, max_new_tokens: int, start_timeout_s: float, attention_backend: str,
-                extra_args: list[str]) -> VariantRun:
+                extra_args: list[str], levels: list[int] = (), requests_per_level: int | None = None) -> VariantRun:
     log_path = ctx.artifacts_dir / f"server-{variant.name}.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("DDTREE_")}
     env.update(variant.env())
@@ -224,6 +332,10 @@ def run_variant(ctx: StageContext, variant: ServerVariant, models: dict[str, Any
                 run.outputs.append([int(t) for t in reply["output_ids"]])
                 run.meta.append(reply.get("meta_info", {}))
             run.wall_s = time.monotonic() - began
+            for level in levels:
+                requests = requests_per_level or max(len(prompts), 2 * level)
+                run.load.append(drive_load(port, prompts, level, requests, max_new_tokens))
+                ctx.log(f"{variant.name} at {level} concurrent: {run.load[-1].tokens_per_s or 0:.1f} tokens/s")
         finally:
             _stop(process)
     return run
@@ -274,6 +386,7 @@ def run(ctx: StageContext) -> StageResult:
             start_timeout_s=float(extra.get("sglang_start_timeout_s", 900)),
             attention_backend=str(extra.get("sglang_attention_backend", "flashinfer")),
             extra_args=[str(a) for a in extra.get("sglang_extra_args", [])],
+            levels=concurrency_levels(extra), requests_per_level=extra.get("sglang_requests_per_level"),
         ))
     reference = runs[0]
     table, failures = [], []
@@ -291,11 +404,12 @@ def run(ctx: StageContext) -> StageResult:
     base = table[0]["tokens_per_s"] or 0
     for row in table:
         row["speedup_vs_no_spec"] = round(row["tokens_per_s"] / base, 3) if base and row["tokens_per_s"] else None
+    tables = {"sglang_e2e": table, "sglang_load": load_rows(runs)}
     if failures:
-        return StageResult.failed("; ".join(failures[:3]), tables={"sglang_e2e": table})
+        return StageResult.failed("; ".join(failures[:3]), tables=tables)
     best = max(table[2:], key=lambda r: r["tokens_per_s"] or 0)
     return StageResult.passed(
         f"{len(prompts)} prompts identical to no speculation (near-ties allowed); best {best['variant']}: "
         f"{best['speedup_vs_no_spec']}x, acceptance length {best['acceptance_length']}",
-        tables={"sglang_e2e": table},
+        tables=tables,
     )
