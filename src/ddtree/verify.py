@@ -92,7 +92,8 @@ class VerifyInputs:
         """SGLang's flat bool `custom_mask`, requests concatenated.
 
         prefix_lens: [bs] int64 committed tokens per request (the sequence lengths).
-        FULL needs sum(prefix_lens) on the host: pass `total_prefix` to avoid a device sync.
+        FULL is sized from sum(prefix_lens) on the host: pass `total_prefix`, that sum or any
+        host upper bound of it, to avoid a device sync.
         """
         return pack_custom_mask(self.tree_mask, prefix_lens, layout, total_prefix)
 
@@ -103,8 +104,11 @@ def pack_custom_mask(
     layout: MaskLayout,
     total_prefix: int | None = None,
 ) -> torch.Tensor:
-    """Flat bool mask: QLEN [bs*N*N]; FULL [sum_b N*(prefix_b + N)], each row = prefix (true)
-    then the tree row. Built with index arithmetic on the mask's device."""
+    """Flat bool mask: QLEN [bs*N*N]; FULL [N*(total_prefix + bs*N)], each row = prefix (true)
+    then the tree row, request b starting at sum_{c<b} N*(prefix_c + N). `total_prefix` is
+    sum(prefix_lens) (read from the device when None) or a host upper bound of it: the cells
+    past the last request are then True padding, as SGLang pads a short mask. Built with index
+    arithmetic on the mask's device."""
     layout = MaskLayout(layout)
     bs, width, _ = tree_mask.shape
     _check_per_request("prefix_lens", prefix_lens, bs)

@@ -24,6 +24,7 @@ from ddtree.sglang.tree_round import (
     accepted_rows_first,
     build_round_trees,
     committed_tokens_and_bonus,
+    mask_prefix_bound,
     pack_round_inputs,
 )
 from ddtree.verify import MaskLayout, build_verify_inputs, follow_verified_tree, pack_custom_mask, walk_retrieve_arrays
@@ -121,11 +122,15 @@ def test_inputs_walk_mask_and_commit_match_sglang(case):
     bs = trees.token_ids.shape[0]
     prefix = torch.randint(0, 9, (bs,), generator=gen)
     bonus = torch.randint(0, 50, (bs,), generator=gen)
+    # The host bound the worker uses: DFlash's reserved window sums (prefix + 2N per request),
+    # capped at bs * context_len; a short context makes the cap bite in some cases.
+    context_len = int(prefix.max()) + width + case % 3
+    bound = mask_prefix_bound(int((prefix + 2 * width).sum()), bs, context_len)
     if width == trees.budget + 1:
-        inputs, full = pack_round_inputs(trees, bonus, prefix, width)
+        inputs, full = pack_round_inputs(trees, bonus, prefix, width, bound)
     else:
         inputs = build_verify_inputs(trees, bonus, prefix, width=width)
-        full = pack_custom_mask(inputs.tree_mask, prefix, MaskLayout.FULL)
+        full = pack_custom_mask(inputs.tree_mask, prefix, MaskLayout.FULL, bound)
     qlen = pack_custom_mask(inputs.tree_mask, prefix, MaskLayout.QLEN)
 
     positions, index, next_token, next_sibling = reconstruct_from_qlen_mask(qlen, prefix, width)
@@ -133,8 +138,14 @@ def test_inputs_walk_mask_and_commit_match_sglang(case):
     assert torch.equal(next_token, inputs.retrieve_next_token)
     assert torch.equal(next_sibling, inputs.retrieve_next_sibling)
 
+    # FlashInfer and Triton find request b's rows through mask_indptr = cumsum(N * (seq_lens + N))
+    # (triton_backend.py:1052-1056, dflash_info.py:198-218); what lies past the last request
+    # is never read. Triton's graph replay copies the whole mask into its buffer of
+    # bs * N * (context_len + N) cells (triton_backend.py:634-638, verify_mask.py:11-25).
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(width * (prefix + width), 0)])
-    assert full.numel() == int(offsets[-1])
+    assert full.numel() == width * (bound + bs * width) >= int(offsets[-1])
+    assert full.numel() <= bs * width * (context_len + width)
+    assert full[int(offsets[-1]):].all()
     for b in range(bs):
         rows = full[offsets[b]:offsets[b + 1]].view(width, int(prefix[b]) + width)
         assert rows[:, :prefix[b]].all() and torch.equal(rows[:, prefix[b]:], inputs.tree_mask[b])
@@ -179,6 +190,6 @@ def test_inputs_walk_mask_and_commit_match_sglang(case):
 
 def test_retrieve_arrays_are_contiguous_for_the_cuda_kernels():
     trees = build_round_trees(torch.randn(2, 4, 50), 8, 8)
-    inputs, _ = pack_round_inputs(trees, torch.tensor([1, 2]), torch.tensor([3, 4]), 9)
+    inputs, _ = pack_round_inputs(trees, torch.tensor([1, 2]), torch.tensor([3, 4]), 9, 7)
     for name in ("input_ids", "positions", "retrieve_index", "retrieve_next_token", "retrieve_next_sibling"):
         assert getattr(inputs, name).is_contiguous(), name

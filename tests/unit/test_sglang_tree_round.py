@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from ddtree.batched import build_ddtree_trees
 from ddtree.topk import merge_top_k
 from ddtree.verify import follow_verified_tree, walk_retrieve_arrays
+from ddtree.sglang.config import MAX_BUDGET
 from ddtree.sglang.round_metrics import RoundMetrics
 from ddtree.sglang.tree_round import (
     HeadShard,
@@ -24,11 +25,13 @@ from ddtree.sglang.tree_round import (
     front_positions,
     head_vocab_segments,
     local_draft_top_k,
+    mask_prefix_bound,
     pack_for_gather,
     pack_round_inputs,
     trees_from_top_k,
     unpack_gathered,
 )
+from sglang_plugin.host_reads import HostReads
 
 
 def _kernel_predict(target_predict: torch.Tensor, accept_index: torch.Tensor) -> torch.Tensor:
@@ -45,7 +48,7 @@ def _one_round(seed: int, bs: int, depth: int, vocab: int, budget: int, width: i
     bonus = torch.randint(0, vocab, (bs,), generator=gen)
     prefix = torch.randint(1, 9, (bs,), generator=gen)
     trees = build_round_trees(logits, budget, budget)
-    inputs, mask = pack_round_inputs(trees, bonus, prefix, width)
+    inputs, mask = pack_round_inputs(trees, bonus, prefix, width, int(prefix.sum()))  # exact size
     # A target that often agrees with the draft's best child, sometimes not.
     target = torch.where(torch.rand(bs, width, generator=gen) < 0.7,
                          torch.roll(inputs.input_ids, -1, dims=1),
@@ -259,3 +262,36 @@ def test_round_metrics_sync_once_per_interval():
     assert "acceptance length 2.000" in snapshot.line()
     off = RoundMetrics(0, "cpu", seen.append)
     assert off.record(torch.tensor([1]), torch.tensor([1])) is None and len(seen) == 1
+
+
+@pytest.mark.parametrize("bs, block, budget, world", [(1, 16, MAX_BUDGET, 1), (3, 5, 12, 2), (4, 2, 1, 1)])
+def test_the_round_between_sglangs_forwards_reads_nothing_back_to_the_host(bs, block, budget, world):
+    """Under the overlap scheduler the host must never wait for the device mid-round. Every
+    tensor step between SGLang's forwards (local top-K per head shard, the TP merge, trees,
+    the verify inputs and mask sized from DFlash's host-side reservation, the commit) runs under
+    a detector of value reads and value-sized outputs: it must see none. Ragged prefixes, one
+    at the last position of the context."""
+    gen = torch.Generator().manual_seed(bs * 100 + budget)
+    vocab, hidden_size, context_len, width = 64, 8, 4096, budget + 1
+    _full, shards = _sglang_like_head_shards(gen, world, vocab, 0, hidden_size)
+    heads = [(local, head_vocab_segments(shard, local.shape[0])) for local, shard in shards]
+    draft_hidden = torch.randn(bs, block, hidden_size, generator=gen)
+    prefix = torch.tensor([context_len - width, 17, 1000, 3][:bs])
+    reserved_kv_sum = int((prefix + 2 * width).sum())  # the host int DFlash's prepare_for_decode leaves
+    bonus = torch.randint(0, vocab, (bs,), generator=gen)
+    with HostReads() as reads:
+        parts = [pack_for_gather(local_draft_top_k(draft_hidden, local, segments, budget)) for local, segments in heads]
+        gathered = [torch.cat(column, dim=0) for column in zip(*parts)]  # all_gather(dim=0), rank-major
+        top = merge_top_k(unpack_gathered(*gathered, world), budget)
+        trees = trees_from_top_k(top, budget)
+        inputs, mask = pack_round_inputs(trees, bonus, prefix, width, mask_prefix_bound(reserved_kv_sum, bs, context_len))
+        view = TreeVerifyView.from_inputs(inputs, mask)
+        predict = torch.randint(0, vocab, (bs * width,), generator=gen, dtype=torch.int32)
+        accept_index = torch.full((bs, width), -1, dtype=torch.int32)
+        accept_index[:, 0] = view.retrieve_index[:, 0].to(torch.int32)
+        accept_lens = torch.ones(bs, dtype=torch.int32)
+        committed_tokens_and_bonus(predict, accept_index, accept_lens)
+        accepted_rows_first(torch.randn(bs * width, hidden_size, generator=gen), accept_index, width)
+        front_positions(prefix, width, block)
+    assert reads.seen == []
+    assert mask.numel() == width * (min(reserved_kv_sum, bs * context_len) + bs * width)

@@ -226,3 +226,47 @@ def test_custom_logit_processors_are_applied_once_before_eagle_sample(site):
     assert (apply.lineno, apply.col_offset) < (sample.lineno, sample.col_offset)
     assert ast.unparse(apply.args[0]) == "logits_output.next_token_logits"
     assert {k.arg: ast.unparse(k.value) for k in apply.keywords} == {"num_tokens_in_batch": "width"}
+
+
+# The methods a decode round runs, and the host values they may turn into Python numbers:
+# DFlash's host-side lengths (*_cpu, nxt_kv_lens_sum), config read at startup and shapes.
+ROUND_METHODS = ("forward_batch_generation", "_draft_top_k", "_draft_block_hidden", "_target_verify")
+HOST_VALUE_MARKERS = ("_cpu", "nxt_kv_lens_sum", "_mask_token_id", "world_size")
+READBACK_METHODS = frozenset({"cpu", "item", "tolist", "numpy", "from_host"})
+
+
+def _worker_method(name: str) -> ast.FunctionDef:
+    worker_class = find_definition(WORKER_TREE, "DDTreeWorkerV2")
+    return find_definition(ast.Module(body=worker_class.body, type_ignores=[]), name)
+
+
+def test_a_decode_round_reads_no_device_value_on_the_host():
+    """Under the overlap scheduler a host read of a device value blocks the CPU behind the
+    in-flight forward. The tensor steps are checked at run time on CPU (test_sglang_tree_round);
+    here the worker's own glue: no .cpu()/.item()/.tolist() (GrammarTree.from_host included:
+    from_device starts an async copy, spec_utils.py:713-729), and int()/bool()/float() only of
+    host-side values."""
+    found = []
+    for method in ROUND_METHODS:
+        for node in ast.walk(_worker_method(method)):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr in READBACK_METHODS:
+                found.append(f"{method}: {ast.unparse(node)}")
+            if isinstance(func, ast.Name) and func.id in ("int", "bool", "float") and node.args:
+                text = ast.unparse(node.args[0])
+                if not any(marker in text for marker in HOST_VALUE_MARKERS):
+                    found.append(f"{method}: {ast.unparse(node)}")
+    assert found == []
+
+
+def test_the_verify_mask_is_sized_from_dflashs_host_reservation(site):
+    """pack_round_inputs takes the mask bound from nxt_kv_lens_sum, which DFlash's
+    prepare_for_decode sets on the host for every decode batch (and filter/merge keep)."""
+    calls = [n for n in ast.walk(_worker_method("forward_batch_generation"))
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "mask_prefix_bound"]
+    assert [ast.unparse(c.args[0]) for c in calls] == ["draft_input.nxt_kv_lens_sum"]
+    info = (site / "sglang" / "srt" / "speculative" / "dflash_info_v2.py").read_text()
+    assert "self.nxt_kv_lens_sum = nxt_kv_lens_sum" in info  # prepare_for_decode
+    assert "reserve = 2 * block_size" in info  # >= prefix + N: the window is reserved ahead

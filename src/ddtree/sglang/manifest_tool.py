@@ -77,7 +77,7 @@ REQUIRED: tuple[tuple[str, str, NameKind, tuple[str, ...], str], ...] = (
     ("srt/speculative/dflash_worker_v2.py", "_resolve_dflash_embedding_module", F, (), "drafter input embedding"),
     ("kernels/ops/speculative/cache_locs.py", "assign_extend_cache_locs_func", F, (), "verify window slots"),
     ("srt/mem_cache/kv_index_translator.py", "KVIndexTranslator.plan", M, (), "draft and verify KV plans"),
-    ("srt/speculative/spec_utils.py", "GrammarTree.from_host", C, (), "grammar over the tree"),
+    ("srt/speculative/spec_utils.py", "GrammarTree.from_device", C, (), "grammar over the tree (async copy)"),
     ("srt/speculative/spec_utils.py", "build_grammar_vocab_mask", F, (), "grammar over the tree"),
     ("srt/layers/logprob_processor.py", "compute_spec_logprobs", F, (), "logprobs of accepted rows"),
     ("srt/layers/sampler.py", "apply_custom_logit_processor", F, (), "custom logit processors on the verify rows"),

@@ -131,17 +131,29 @@ def build_round_trees(draft_logits: torch.Tensor, budget: int, topk: int) -> Tre
     return trees_from_top_k(shard_top_k(draft_logits, topk), budget)
 
 
+def mask_prefix_bound(reserved_kv_sum: Optional[int], bs: int, context_len: int) -> int:
+    """A host-known upper bound of sum(prefix_lens), to size the FULL mask without reading the
+    device prefix lengths. DFlash's prepare_for_decode reserves every request's window ahead
+    (nxt_kv_lens >= prefix + N, summed on the host as nxt_kv_lens_sum); no request's prefix
+    exceeds the context length, and bs * context_len also keeps the mask inside Triton's graph
+    buffer (max_bs * N * (context_len + N) bytes) whenever the batch fits a captured graph."""
+    cap = bs * context_len
+    return cap if reserved_kv_sum is None else min(int(reserved_kv_sum), cap)
+
+
 def pack_round_inputs(
     trees: TreeBatch,
     bonus_tokens: torch.Tensor,  # [bs] int64, each request's root
     prefix_lens: torch.Tensor,  # [bs] int64 committed tokens (the root's position)
     width: int,  # N
-    total_prefix: Optional[int] = None,  # sum(prefix_lens) on the host, if known (no sync)
+    prefix_bound: int,  # host upper bound of sum(prefix_lens): mask_prefix_bound(...)
 ) -> tuple[VerifyInputs, torch.Tensor]:
-    """Verify inputs and SGLang's FULL-layout custom mask (flat bool,
-    sum_b N * (prefix_b + N)), the layout FlashInfer and Triton read in TARGET_VERIFY."""
+    """Verify inputs and SGLang's FULL-layout custom mask (flat bool, N * (prefix_bound + bs*N)),
+    the layout FlashInfer and Triton read in TARGET_VERIFY: request b's rows start at
+    sum_{c<b} N * (prefix_c + N) (their mask_indptr); the tail past the last request is True
+    and never read. Sizing from a host bound keeps the round free of device reads."""
     inputs = build_verify_inputs(trees, bonus_tokens.to(torch.int64), prefix_lens.to(torch.int64), width=width)
-    mask = pack_custom_mask(inputs.tree_mask, prefix_lens, MaskLayout.FULL, total_prefix)
+    mask = pack_custom_mask(inputs.tree_mask, prefix_lens, MaskLayout.FULL, prefix_bound)
     return inputs, mask
 
 

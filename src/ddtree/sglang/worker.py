@@ -74,6 +74,7 @@ from ddtree.sglang.tree_round import (
     front_positions,
     head_vocab_segments,
     local_draft_top_k,
+    mask_prefix_bound,
     pack_for_gather,
     pack_round_inputs,
     trees_from_top_k,
@@ -108,6 +109,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if int(self.block_size) != self.draft_block:
             raise HookSelfCheckError(f"DDTree: DFlash chose block size {self.block_size}, expected {self.draft_block}")
         self.speculative_num_draft_tokens = self.verify_width
+        self._context_len = int(self.target_worker.model_runner.model_config.context_len)
         self._refuse_unsupported_after_init()
         self._metrics = RoundMetrics(self.ddtree.metrics_interval, self.device, self._log_metrics)
         if get_parallel().tp_rank == 0:
@@ -203,13 +205,14 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         with draft_tp_context(self.draft_parallel_layout):  # as DFlash's greedy head does
             top = self._draft_top_k(draft_hidden)  # [bs, B-1, K] global top-K + logsumexp
         trees = trees_from_top_k(top, self.ddtree.budget)
-        inputs, custom_mask = pack_round_inputs(trees, draft_input.bonus_tokens, prefix_lens, width)
+        prefix_bound = mask_prefix_bound(draft_input.nxt_kv_lens_sum, bs, self._context_len)
+        inputs, custom_mask = pack_round_inputs(trees, draft_input.bonus_tokens, prefix_lens, width, prefix_bound)
         build_ms = timer.stop()
 
         grammar_tree = None
-        if batch.has_grammar:  # host copy of the links, as NGRAM does (slow path, documented)
-            grammar_tree = GrammarTree.from_host(
-                inputs.retrieve_next_token.cpu(), inputs.retrieve_next_sibling.cpu(), inputs.input_ids.cpu()
+        if batch.has_grammar:  # async copy of the links, started before the verify (as EAGLE)
+            grammar_tree = GrammarTree.from_device(
+                inputs.retrieve_next_token, inputs.retrieve_next_sibling, inputs.input_ids
             )
 
         logits_output, can_run_cuda_graph, target_out = self._target_verify(

@@ -54,7 +54,7 @@ MANIFEST = Manifest(
         RequiredName('srt/speculative/dflash_worker_v2.py', '_resolve_dflash_embedding_module', NameKind.FUNCTION, '(draft_model, target_model)', (), None, 'drafter input embedding'),
         RequiredName('kernels/ops/speculative/cache_locs.py', 'assign_extend_cache_locs_func', NameKind.FUNCTION, '(req_pool_indices, req_to_token, start_offset, end_offset, batch_size, draft_token_num, device)', (), None, 'verify window slots'),
         RequiredName('srt/mem_cache/kv_index_translator.py', 'KVIndexTranslator.plan', NameKind.METHOD, '(*, req_pool_indices, seq_lens, seq_lens_cpu, write_virtual, read_extent=, write_slots=, translated_writes=)', (), None, 'draft and verify KV plans'),
-        RequiredName('srt/speculative/spec_utils.py', 'GrammarTree.from_host', NameKind.CLASSMETHOD, '(retrieve_next_token, retrieve_next_sibling, draft_token)', (), None, 'grammar over the tree'),
+        RequiredName('srt/speculative/spec_utils.py', 'GrammarTree.from_device', NameKind.CLASSMETHOD, '(retrieve_next_token, retrieve_next_sibling, draft_token)', (), None, 'grammar over the tree (async copy)'),
         RequiredName('srt/speculative/spec_utils.py', 'build_grammar_vocab_mask', NameKind.FUNCTION, '(*, reqs, tree, sampling_info, device, barrier)', (), None, 'grammar over the tree'),
         RequiredName('srt/layers/logprob_processor.py', 'compute_spec_logprobs', NameKind.FUNCTION, '(batch, logits_output, predict, *, accept_index=, chain_stride=)', (), None, 'logprobs of accepted rows'),
         RequiredName('srt/layers/sampler.py', 'apply_custom_logit_processor', NameKind.FUNCTION, '(logits, sampling_batch_info, num_tokens_in_batch=)', (), None, 'custom logit processors on the verify rows'),
