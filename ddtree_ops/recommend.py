@@ -1,0 +1,119 @@
+"""Which variant to serve on a host at a concurrency level, from the `sglang_load` table.
+
+The sglang-e2e stage drives every server (no speculation, DFlash, DFlash + DDTree at each
+budget) at a few concurrency levels. Per host and level the fastest variant wins, unless the
+runner-up of another kind is within `margin` of it (one measurement per cell: a smaller gap
+is within run-to-run noise), or a baseline is missing: then the verdict says it cannot decide
+and why, and never guesses. Among DDTree budgets within the margin of each other the smaller
+budget is chosen (less memory, the same speed as far as one run can tell).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Iterable, Mapping
+
+DEFAULT_MARGIN = 0.05  # relative: 5 % between two single measurements decides nothing
+
+
+class Choice(str, Enum):
+    DDTREE = "ddtree"
+    DFLASH = "dflash"
+    NO_SPECULATION = "no-spec"
+    UNDECIDED = "undecided"
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    host: str
+    concurrency: int
+    choice: Choice
+    budget: int | None  # DDTree's budget when the choice is DDTree
+    tokens_per_s: float | None  # of the chosen variant
+    speedup_vs_no_spec: float | None
+    speedup_vs_dflash: float | None
+    why: str  # one sentence an operator acts on
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "concurrency": self.concurrency, "choice": self.choice.value,
+                "budget": self.budget, "tokens_per_s": self.tokens_per_s,
+                "speedup_vs_no_spec": self.speedup_vs_no_spec, "speedup_vs_dflash": self.speedup_vs_dflash,
+                "why": self.why}
+
+
+@dataclass(frozen=True)
+class _Cell:
+    choice: Choice
+    budget: int | None
+    tokens_per_s: float
+
+    @property
+    def name(self) -> str:
+        return f"DDTree budget {self.budget}" if self.choice is Choice.DDTREE else {
+            Choice.DFLASH: "DFlash", Choice.NO_SPECULATION: "no speculation"}[self.choice]
+
+
+_MODES = {"ddtree": Choice.DDTREE, "dflash": Choice.DFLASH, "no-spec": Choice.NO_SPECULATION}
+
+
+def _cells(rows: Iterable[Mapping[str, Any]]) -> list[_Cell]:
+    cells = []
+    for row in rows:
+        choice, speed = _MODES.get(str(row.get("mode"))), row.get("tokens_per_s")
+        if choice is None or isinstance(speed, bool) or not isinstance(speed, (int, float)):
+            continue
+        if math.isfinite(speed) and speed > 0:
+            budget = row.get("budget") if choice is Choice.DDTREE else None
+            cells.append(_Cell(choice, budget if isinstance(budget, int) else None, float(speed)))
+    return cells
+
+
+def _ratio(a: _Cell | None, b: _Cell | None) -> float | None:
+    return round(a.tokens_per_s / b.tokens_per_s, 3) if a and b else None
+
+
+def recommend_level(host: str, concurrency: int, rows: Iterable[Mapping[str, Any]],
+                    margin: float = DEFAULT_MARGIN) -> Recommendation:
+    """The verdict for one host and level from that level's `sglang_load` rows."""
+    cells = sorted(_cells(rows), key=lambda c: -c.tokens_per_s)
+    best_of = {kind: next((c for c in cells if c.choice is kind), None) for kind in Choice}
+    no_spec, dflash = best_of[Choice.NO_SPECULATION], best_of[Choice.DFLASH]
+
+    def verdict(choice: Choice, chosen: _Cell | None, why: str) -> Recommendation:
+        return Recommendation(host, concurrency, choice, chosen.budget if chosen else None,
+                              chosen.tokens_per_s if chosen else None, _ratio(chosen, no_spec),
+                              _ratio(chosen, dflash), why)
+
+    missing = [name for name, cell in (("no speculation", no_spec), ("DFlash", dflash),
+                                       ("any DDTree budget", best_of[Choice.DDTREE])) if cell is None]
+    if missing:
+        return verdict(Choice.UNDECIDED, None, f"too few points: nothing measured for {', '.join(missing)}")
+    top = cells[0]
+    rival = next(c for c in cells if c.choice is not top.choice)
+    if top.tokens_per_s < rival.tokens_per_s * (1 + margin):
+        return verdict(Choice.UNDECIDED, None,
+                       f"{top.name} ({top.tokens_per_s:.1f} tokens/s) and {rival.name} ({rival.tokens_per_s:.1f}) "
+                       f"are within {margin:.0%}: too close to call from one run; measure again with more requests")
+    if top.choice is Choice.DDTREE:
+        close = [c for c in cells if c.choice is Choice.DDTREE and c.tokens_per_s * (1 + margin) >= top.tokens_per_s]
+        chosen = min(close, key=lambda c: c.budget if c.budget is not None else math.inf)
+        tie = "" if chosen is top else f" (budget {top.budget} is within {margin:.0%}; the smaller budget uses less memory)"
+        return verdict(Choice.DDTREE, chosen,
+                       f"deploy DDTree with budget {chosen.budget}: {_ratio(chosen, no_spec)}x no speculation, "
+                       f"{_ratio(chosen, dflash)}x DFlash{tie}")
+    if top.choice is Choice.DFLASH:
+        return verdict(Choice.DFLASH, top, f"DDTree does not pay at {concurrency} concurrent requests: deploy DFlash "
+                                           f"({_ratio(top, no_spec)}x no speculation)")
+    return verdict(Choice.NO_SPECULATION, top, f"speculation does not pay at {concurrency} concurrent requests: "
+                                               f"deploy neither DFlash nor DDTree")
+
+
+def recommend(load_rows: Iterable[Mapping[str, Any]], margin: float = DEFAULT_MARGIN) -> list[Recommendation]:
+    """A verdict per (host, concurrency) present in `load_rows` (each row carries `host`)."""
+    groups: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
+    for row in load_rows:
+        level = row.get("concurrency")
+        if isinstance(level, int) and not isinstance(level, bool):
+            groups.setdefault((str(row.get("host")), level), []).append(row)
+    return [recommend_level(host, level, rows, margin) for (host, level), rows in sorted(groups.items())]
