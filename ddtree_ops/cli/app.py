@@ -15,6 +15,7 @@ from typing import Any, Optional
 import typer
 from typer.core import TyperGroup
 
+from ddtree_ops.cli.console import inert, say
 from ddtree_ops.errors import DdtreeOpsError, ExitCode
 
 
@@ -72,7 +73,7 @@ def _record_traceback() -> Path | None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a", encoding="utf-8") as log:
-            log.write(traceback.format_exc())
+            log.write(inert(traceback.format_exc()))  # remote text in messages: inert here too
             log.write("\n")
         return path
     except OSError:
@@ -88,7 +89,7 @@ class _DebugLogHandler(logging.Handler):
             path = debug_log_path()
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("a", encoding="utf-8") as log:
-                log.write(f"{record.name} {record.levelname}: {self.format(record)}\n")
+                log.write(inert(f"{record.name} {record.levelname}: {self.format(record)}") + "\n")
         except Exception:  # noqa: BLE001 - logging must never break or spam the command
             pass
 
@@ -102,10 +103,6 @@ def _route_library_logs() -> None:
         logger.addHandler(handler)
 
 
-def _say(message: str) -> None:
-    sys.stderr.write(f"ddtree-ops: {message}\n")
-
-
 def _run_command(args: list[str]) -> tuple[int, Optional[str]]:
     """Run the command; report a failure on stderr (one line, or Click's usage text). Returns
     the exit code and that failure as one line for a JSON document (None: nothing failed here)."""
@@ -113,12 +110,12 @@ def _run_command(args: list[str]) -> tuple[int, Optional[str]]:
         result = app(args=args, standalone_mode=False, prog_name="ddtree-ops")
         return (int(result) if isinstance(result, int) else ExitCode.OK), None
     except DdtreeOpsError as err:
-        _say(f"error: {err}")
+        say(f"error: {err}")
         return err.exit_code, str(err)
     except typer.Exit as exit_:
         return exit_.exit_code, None
     except (CommandInterrupted, KeyboardInterrupt, typer.Abort):
-        _say("interrupted")
+        say("interrupted")
         return ExitCode.INTERRUPTED, "interrupted"
     except typer.TyperException as err:
         # Typer 0.29 vendors click: its usage errors derive from TyperException, not click's.
@@ -127,13 +124,13 @@ def _run_command(args: list[str]) -> tuple[int, Optional[str]]:
         if callable(show):
             show()
         else:
-            _say(f"error: {message}")
+            say(f"error: {message}")
         return ExitCode.USAGE, message
     except Exception as err:  # noqa: BLE001 - the boundary: a bug, reported in one line
         log = _record_traceback()
         where = f" (traceback in {log})" if log else ""
         message = f"unexpected error: {type(err).__name__}: {err}{where}"
-        _say(message)
+        say(message)
         return ExitCode.UNEXPECTED, message
 
 

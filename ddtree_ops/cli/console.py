@@ -11,15 +11,24 @@ Command modules call `run_on_hosts(...)`:
         extra_json={"release": bundle.release_id},
     )
     return code
+
+Text from outside this program (host replies, records, tracebacks, inventory and baseline
+fields) reaches the operator only through this module, and is made inert here: the consoles
+never read Rich markup or emoji codes, and every string they draw, like every `say()` line,
+has its control characters shown as escapes (`inert`). Styled words are `styled(...)` Text.
+`--json` documents carry the exact text (JSON escapes control characters itself).
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import os
+import re
 import sys
 import threading
 import time
+import unicodedata
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -49,22 +58,68 @@ _STATE_STYLE = {
 _FINAL_STATES = {"ok", "failed", "unreachable", "timed out", "skipped", "interrupted"}
 
 
-def stderr_console() -> Console:
+# Anything a terminal may act on: C0 controls but tab and newline (ESC starts CSI/OSC
+# sequences: colours, cursor moves, title changes, OSC 52 clipboard writes), DEL, C1 controls
+# (0x9b is a one-byte CSI), and, past ASCII, format characters (bidi overrides that reorder a
+# line), line/paragraph separators and lone surrogates.
+_SUSPECT = re.compile(r"[^\x20-\x7e\t\n]")
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def _visible(char: str) -> str:
+    code = ord(char)
+    if char == "\r":
+        return "\\r"
+    if code < 0x20 or 0x7F <= code <= 0x9F or unicodedata.category(char) in _UNSAFE_CATEGORIES:
+        return f"\\x{code:02x}" if code < 0x100 else (f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    return char
+
+
+def inert(text: str, *, one_line: bool = False) -> str:
+    """`text` with every character a terminal could act on written as a visible escape
+    (`\\x1b`, `\\r`, `\\u202e`); newlines kept unless `one_line` (then `\\n`)."""
+    text = _SUSPECT.sub(lambda m: _visible(m.group()), text)
+    return text.replace("\n", "\\n") if one_line else text
+
+
+def styled(text: Any, style: str = "") -> "Any":
+    """A Rich Text of `text` (inert) in `style`: how a coloured word reaches a table or line."""
+    from rich.text import Text
+
+    return Text(inert(str(text)), style=style)
+
+
+@functools.cache
+def _inert_console_class() -> type:
     from rich.console import Console
 
-    probe = Console(stderr=True, highlight=False)
-    return probe if probe.is_terminal or _columns_given() else Console(stderr=True, highlight=False, width=200)
+    class InertConsole(Console):
+        """Draws the control characters of every string it is given as escapes (Rich's own
+        styling and cursor codes are not strings, so they still work)."""
+
+        def render_str(self, text: str, **kwargs: Any):  # noqa: ANN201 - rich.text.Text
+            return super().render_str(inert(text), **kwargs)
+
+    return InertConsole
+
+
+def inert_console(**options: Any) -> Console:
+    """A console that never reads markup or emoji codes in strings, and keeps them inert."""
+    return _inert_console_class()(markup=False, emoji=False, highlight=False, **options)
+
+
+def stderr_console() -> Console:
+    probe = inert_console(stderr=True)
+    return probe if probe.is_terminal or _columns_given() else inert_console(stderr=True, width=200)
 
 
 def stdout_console() -> Console:
-    from rich.console import Console
-
-    probe = Console(highlight=False)
+    probe = inert_console()
     # Not a terminal (pipes, CI logs, tests): wide enough that rows never wrap mid-message,
     # unless COLUMNS says how wide (Rich reads it).
     if probe.is_terminal or _columns_given():
         return probe
-    return Console(highlight=False, width=200, soft_wrap=False)
+    return inert_console(width=200, soft_wrap=False)
 
 
 def _columns_given() -> bool:
@@ -101,8 +156,9 @@ def documents_emitted() -> int:
 
 
 def say(message: str) -> None:
-    """A progress/log line on stderr (never on stdout, which may carry JSON)."""
-    sys.stderr.write(f"ddtree-ops: {message}\n")
+    """A progress/log line on stderr (never on stdout, which may carry JSON); always one
+    line, inert (it often quotes a host)."""
+    sys.stderr.write(f"ddtree-ops: {inert(message, one_line=True)}\n")
     sys.stderr.flush()
 
 
@@ -136,7 +192,7 @@ class LiveHostTable:
         console = stderr_console()
         from rich.live import Live
 
-        for module in ("rich.markup", "rich.table"):  # what `_render` imports
+        for module in ("rich.text", "rich.table"):  # what `_render` imports
             importlib.import_module(module)
 
         with self.lock:
@@ -170,7 +226,6 @@ class LiveHostTable:
         say(f"{self.title}: {host}: {state_text} ({elapsed:.1f}s){tail}")
 
     def _render(self) -> Table:
-        from rich.markup import escape
         from rich.table import Table
 
         table = Table(title=self.title, title_justify="left", expand=False)
@@ -183,10 +238,7 @@ class LiveHostTable:
             begun = self.started.get(host)
             finished = state in _FINAL_STATES
             elapsed = ((changed if finished else now) - begun) if begun is not None else 0.0
-            style = _STATE_STYLE.get(state, "")
-            # Host names and details carry remote text (paths, tracebacks): never Rich markup.
-            table.add_row(escape(host), f"[{style}]{state}[/]" if style else state, f"{elapsed:.1f}s",
-                          escape(detail))
+            table.add_row(host, styled(state, _STATE_STYLE.get(state, "")), f"{elapsed:.1f}s", detail)
         return table
 
 
@@ -212,7 +264,6 @@ def summary_table(
     columns: Sequence[str],
     row: Callable[[Any], Sequence[str]],
 ) -> Table:
-    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
@@ -224,16 +275,14 @@ def summary_table(
     table.add_column("time", justify="right")
     table.add_column("error", overflow="fold")
     for name, outcome in result.items():
-        style = _STATE_STYLE.get(outcome.state.value, "")
         has_facts = outcome.ok or getattr(outcome.error, "details", None) is not None
-        cells = [escape(str(c)) for c in row(outcome)] if has_facts else [""] * len(columns)
-        # Cells and errors carry remote text: a `[/usr/...]` in it would be a Rich markup error.
+        cells = [str(c) for c in row(outcome)] if has_facts else [""] * len(columns)
         table.add_row(
-            escape(name),
-            f"[{style}]{outcome.state.value}[/]",
+            name,
+            styled(outcome.state.value, _STATE_STYLE.get(outcome.state.value, "")),
             *cells,
             f"{outcome.duration_s:.2f}s",
-            "" if outcome.ok else escape(without_host(name, outcome.message())),
+            "" if outcome.ok else without_host(name, outcome.message()),
         )
     return table
 

@@ -62,15 +62,12 @@ def list_hosts(inventory: InventoryOpt = None, hosts: HostsOpt = None, json_out:
             }
         )
         return 0
-    from rich.markup import escape
-
-    table = Table(title=f"hosts ({escape(loaded.source)})", title_justify="left")
+    table = Table(title=f"hosts ({loaded.source})", title_justify="left")
     for column in ("host", "transport", "target", "python", "workdir", "groups", "timeouts"):
         table.add_column(column)
     for h in selected:
         cells = (h.name, h.transport.value, h.target(), h.python, h.workdir, ",".join(h.groups))
-        # names and paths are the operator's text, never Rich markup
-        table.add_row(*map(escape, cells), f"{h.connect_timeout:g}s/{h.command_timeout:g}s")
+        table.add_row(*cells, f"{h.connect_timeout:g}s/{h.command_timeout:g}s")
     stdout_console().print(table)
     say(f"{len(selected)} host(s) from {loaded.source}")
     return 0

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from ddtree_ops.cli.console import without_host
+from ddtree_ops.cli.console import inert, styled, without_host
 from ddtree_ops.tolerances import DEFAULT_TAU_TOLERANCE
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -30,9 +30,18 @@ RunsDirOpt = Annotated[
 ]
 
 
-def _styled(text: str, styles: dict[str, str]) -> str:
-    style = styles.get(text.split(" ")[0], "")
-    return f"[{style}]{text}[/]" if style else text
+def _styled(text: str, styles: dict[str, str]) -> Any:
+    return styled(text, styles.get(text.split(" ")[0], ""))
+
+
+_VERDICT_MARK = {"ok": ("ok", "green"), "regression": ("REGRESSION", "bold red"),
+                 "outside tolerance": ("OUTSIDE TOLERANCE", "bold red"),
+                 "not checked": ("not checked", "yellow"), None: ("-", "dim")}
+
+
+def _mark(verdict: Optional[str], width: int = 0) -> Any:
+    word, style = _VERDICT_MARK[verdict]
+    return styled(word.ljust(width), style)
 
 
 def _ratio(slow: Any, fast: Any) -> str:
@@ -48,7 +57,6 @@ def _ms(value: Any) -> str:
 
 
 def render_report(report: "Report", console: "Console") -> None:
-    from rich.markup import escape
     from rich.table import Table
 
     from ddtree_ops.report import sweep_pivot
@@ -58,7 +66,7 @@ def render_report(report: "Report", console: "Console") -> None:
     table.add_column("host", overflow="fold")
     table.add_column("outcome")
     for stage in report.stages:
-        table.add_column(escape(stage))
+        table.add_column(stage)
     for host in report.hosts:
         cells = []
         for stage in report.stages:
@@ -69,20 +77,20 @@ def render_report(report: "Report", console: "Console") -> None:
             seconds = report.durations[host].get(stage) or 0.0
             text = status if status in ("not_run",) else f"{status} {seconds:.1f}s"
             cells.append(_styled(text, _STATUS_STYLE))
-        table.add_row(escape(host), _styled(report.outcomes[host].value, _OUTCOME_STYLE), *cells)
+        table.add_row(host, _styled(report.outcomes[host].value, _OUTCOME_STYLE), *cells)
     console.print(table)
     for failure in report.failures:
         where = f"{failure.host}" + (f" / {failure.stage}" if failure.stage != "-" else "")
         reason = without_host(failure.host, failure.reason)
-        console.print(f"[bold red]FAIL[/] {escape(where)}: {escape(reason)}",
-                      markup=True, highlight=False, soft_wrap=True)  # one line, however long
+        console.print(styled("FAIL", "bold red"), inert(f"{where}: {reason}", one_line=True),
+                      soft_wrap=True)  # one line, however long
         if failure.detail and failure.detail not in failure.reason:
-            console.print(f"      {failure.detail}", markup=False, highlight=False, soft_wrap=True)
+            console.print(f"      {failure.detail}", soft_wrap=True)
     skips = [(h, s, report.reasons[h][s]) for h in report.hosts for s in report.stages
              if report.statuses[h].get(s) == "skip"]
     for host, stage, reason in skips:
-        console.print(f"[yellow]skip[/] {escape(host)} / {escape(stage)}: {escape(reason)}",
-                      highlight=False, soft_wrap=True)
+        console.print(styled("skip", "yellow"), inert(f"{host} / {stage}: {reason}", one_line=True),
+                      soft_wrap=True)
     if report.sweep:
         builders, rows = sweep_pivot(report.sweep)
         sweep = Table(title="tree-bench: build time per request (ms, median)",
@@ -90,7 +98,7 @@ def render_report(report: "Report", console: "Console") -> None:
         for column in ("host", "batch", "budget", "nodes"):
             sweep.add_column(column, justify="right" if column != "host" else "left")
         for builder in builders:
-            sweep.add_column(escape(str(builder)), justify="right")
+            sweep.add_column(str(builder), justify="right")
         speedup = "heap" in builders and "public" in builders  # the public builder vs the oracle
         if speedup:
             sweep.add_column("heap/public", justify="right")
@@ -98,7 +106,7 @@ def render_report(report: "Report", console: "Console") -> None:
             cells = [_ms(row.get(b)) for b in builders]
             if speedup:
                 cells.append(_ratio(row.get("heap"), row.get("public")))
-            sweep.add_row(escape(str(row["host"])), str(row["batch_size"]), str(row["budget"]),
+            sweep.add_row(str(row["host"]), str(row["batch_size"]), str(row["budget"]),
                           str(row.get("nodes", "-")), *cells)
         console.print(sweep)
     if report.decode:
@@ -108,7 +116,7 @@ def render_report(report: "Report", console: "Console") -> None:
         for row in report.decode:
             tpot = row.get("time_per_output_token")
             same = row.get("identical_to_ar")
-            decode.add_row(escape(str(row["host"])), escape(str(row.get("method"))),
+            decode.add_row(str(row["host"]), str(row.get("method")),
                            str(row.get("budget") if row.get("budget") is not None else "-"),
                            _ms(row.get("tau")), _ms(row.get("speedup")),
                            _ms(tpot * 1e3) if isinstance(tpot, (int, float)) else "-",
@@ -117,18 +125,12 @@ def render_report(report: "Report", console: "Console") -> None:
 
 
 def render_comparisons(comparisons: "list[Comparison]", console: "Console") -> None:
-    from rich.markup import escape
-
     for item in comparisons:
-        if not item.checked:
-            mark = "[yellow]not checked[/]"
-        else:
-            mark = "[green]ok[/]        " if item.ok else "[bold red]REGRESSION[/]"
-        console.print(f"{mark} {escape(item.line())}", highlight=False)
+        verdict = "not checked" if not item.checked else "ok" if item.ok else "regression"
+        console.print(_mark(verdict, 10), inert(item.line(), one_line=True))
 
 
 def render_decode_comparison(comparison: "DecodeComparison", console: "Console") -> None:
-    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=f"decode-bench vs baseline (tau ± {comparison.tau_tolerance:g})",
@@ -139,21 +141,17 @@ def render_decode_comparison(comparison: "DecodeComparison", console: "Console")
                          else "right")
     for row in comparison.rows:
         same = row.get("identical_to_ar")
-        verdict = {"ok": "[green]ok[/]", "regression": "[bold red]REGRESSION[/]", None: "[dim]-[/]",
-                   "outside tolerance": "[bold red]OUTSIDE TOLERANCE[/]"}[row.get("verdict")]
-        table.add_row(escape(str(row["host"])), escape(str(row["method"])),
+        table.add_row(str(row["host"]), str(row["method"]),
                       "-" if row.get("budget") is None else str(row["budget"]),
                       _ms(row.get("tau")), _ms(row.get("baseline_tau")), _ms(row.get("speedup")),
                       _ms(row.get("baseline_speedup")),
                       f"{same:.0%}" if isinstance(same, (int, float)) else "-",
-                      escape(row.get("baseline_cell") or "no cell"), verdict)
+                      row.get("baseline_cell") or "no cell", _mark(row.get("verdict")))
     console.print(table)
-    marks = {"ok": "[green]ok[/]        ", "regression": "[bold red]REGRESSION[/]",
-             "outside tolerance": "[bold red]OUTSIDE TOLERANCE[/]"}
     for item in comparison.checks:
-        console.print(f"{marks[item.verdict]} {escape(item.line())}", highlight=False)
+        console.print(_mark(item.verdict, 10), inert(item.line(), one_line=True))
     for note in comparison.notes:
-        console.print(f"[yellow]note[/] {escape(note)}", highlight=False)
+        console.print(styled("note", "yellow"), inert(note, one_line=True))
 
 
 def report(

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from ddtree_ops.cli.console import live_display_possible, without_host
+from ddtree_ops.cli.console import live_display_possible, say, without_host
 from ddtree_ops.cli.options import (
     DEFAULT_PARALLEL,
     AcceptNewHostKeysOpt,
@@ -170,11 +170,9 @@ class SmokeView:
                        + (f": {reason}" if reason and record.get("status") != "pass" else ""))
 
     def _line(self, text: str) -> None:
-        sys.stderr.write(f"ddtree-ops: {self.title}: {text}\n")
-        sys.stderr.flush()
+        say(f"{self.title}: {text}")
 
     def _render(self) -> Any:
-        from rich.markup import escape
         from rich.table import Table
 
         from ddtree_ops.cli.report import _STATUS_STYLE, _styled
@@ -190,8 +188,7 @@ class SmokeView:
         with self.lock:
             for name, view in self.hosts.items():
                 cells = [_styled(view.stages.get(s, ""), _STATUS_STYLE) for s in self.order]
-                table.add_row(escape(name), view.phase, *cells, f"{now - view.started:.0f}s",
-                              escape(view.detail))
+                table.add_row(name, view.phase, *cells, f"{now - view.started:.0f}s", view.detail)
         return table
 
 
@@ -257,7 +254,7 @@ def run_smoke(
     command: str = "smoke",
     run_id: Optional[str] = None,
 ) -> int:
-    from ddtree_ops.cli.console import emit_json, say, stdout_console
+    from ddtree_ops.cli.console import emit_json, stdout_console
     from ddtree_ops.cli.options import select_hosts
     from ddtree_ops.cli.report import render_report
     from ddtree_ops.errors import ExitCode, RemoteStepError
@@ -430,7 +427,7 @@ def stop_runners(hosts: list["Host"], workdirs: dict[str, str], plan: SmokePlan,
                 collect_host_files(transport, host, workdir, plan.run_id, run_dir / host.name,
                                    STOP_TIMEOUT_S)
         except DdtreeOpsError as err:
-            sys.stderr.write(f"ddtree-ops: {host.name}: could not stop the runner: {err}\n")
+            say(f"{host.name}: could not stop the runner: {err}")
 
     threads = [threading.Thread(target=stop, args=(h,), daemon=True) for h in hosts]
     for thread in threads:

@@ -254,7 +254,7 @@ def test_no_push_tests_the_active_release(env, capsys):
 
 
 def test_live_view_renders_hosts_and_stages():
-    from rich.console import Console
+    from ddtree_ops.cli.console import inert_console
 
     from ddtree_ops.cli.smoke import SmokeView
 
@@ -265,7 +265,7 @@ def test_live_view_renders_hosts_and_stages():
     view.record("gpu-[a]", {"event": "stage_end", "stage": "env", "status": "pass"})
     view.record("gpu-[a]", {"event": "stage_start", "stage": "golden"})
     view.phase("b", "failed", "b: connection refused")
-    console = Console(width=160, color_system=None, record=True)
+    console = inert_console(width=160, color_system=None, record=True)
     console.print(view._render())
     text = console.export_text()
     assert "gpu-[a]" in text and "torch [2.13]" in text

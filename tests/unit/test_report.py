@@ -97,12 +97,12 @@ def test_sweep_pivot_has_one_column_per_builder():
 
 
 def test_rendering_shows_statuses_failures_and_sweep(run):
-    from rich.console import Console
+    from ddtree_ops.cli.console import inert_console
 
     from ddtree_ops.cli.report import render_report
 
     buffer = io.StringIO()
-    render_report(build_report(run), Console(file=buffer, width=200, color_system=None))
+    render_report(build_report(run), inert_console(file=buffer, width=200, color_system=None))
     text = buffer.getvalue()
     assert "smoke run r1" in text
     assert "gpu-a" in text and "pass 1.2s" in text and "not_run" in text
@@ -221,7 +221,7 @@ def test_missing_baseline_file(tmp_path):
 
 
 def test_rendering_does_not_interpret_reasons_as_markup(tmp_path):
-    from rich.console import Console
+    from ddtree_ops.cli.console import inert_console
 
     from ddtree_ops.cli.report import render_report
 
@@ -231,13 +231,13 @@ def test_rendering_does_not_interpret_reasons_as_markup(tmp_path):
     recorder.feed_line(stage_end("h", "golden", 0, "fail", reason="got [bold]x[/bold] [-1, 0]", run_id="r2"))
     recorder.close()
     buffer = io.StringIO()
-    render_report(build_report(store.load("r2")), Console(file=buffer, width=200,
+    render_report(build_report(store.load("r2")), inert_console(file=buffer, width=200,
                                                           color_system=None))
     assert "FAIL h / golden: got [bold]x[/bold] [-1, 0]" in buffer.getvalue()
 
 
 def test_decode_rows_are_reported_rendered_and_plotted(tmp_path):
-    from rich.console import Console
+    from ddtree_ops.cli.console import inert_console
 
     from ddtree_ops.cli.report import render_report
     from ddtree_ops.report import plot_run
@@ -260,7 +260,7 @@ def test_decode_rows_are_reported_rendered_and_plotted(tmp_path):
     assert [r["method"] for r in report.decode] == [r["method"] for r in rows]
     assert report.to_dict()["decode"][2]["host"] == "gpu-a"
     buffer = io.StringIO()
-    render_report(report, Console(file=buffer, width=200, color_system=None))
+    render_report(report, inert_console(file=buffer, width=200, color_system=None))
     text = buffer.getvalue()
     assert "decode-bench: per method" in text and "ddtree_tb64" in text and "50%" in text
     written = plot_run(report, tmp_path / "plots",
