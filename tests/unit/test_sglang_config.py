@@ -9,9 +9,12 @@ from ddtree.sglang.config import DEFAULT_BUDGET, DDTreeConfig, load_config
 from ddtree.sglang.errors import PluginConfigError, UnsupportedSetupError
 from ddtree.sglang.hooks import (
     WorkerChoice,
+    around_verify_mask_policy,
     choose_mask_policy,
+    drafter_scope,
     choose_worker,
     plan_after_handle_dflash,
+    set_active_config,
 )
 from ddtree.sglang.support import (
     ServerSetup,
@@ -140,3 +143,30 @@ def test_h3_forces_the_tree_mask_for_dflash_and_leaves_dspark_alone():
                               build_custom_mask=False) == ("TritonAttnBackend", False)
     with pytest.raises(UnsupportedSetupError, match="TRTLLMHAAttnBackend"):
         choose_mask_policy(ON, algorithm="DFLASH", backend_name="TRTLLMHAAttnBackend", build_custom_mask=False)
+
+
+def test_h3_leaves_a_draft_runners_backend_alone(monkeypatch):
+    """SGLang asks the mask policy for draft runners too and then passes them no mask
+    (decode_cuda_graph_runner.py:2114-2125): a fa3/fa4/trtllm_mha drafter must not be refused;
+    the same backend for the target still is. (The spec bag is a stand-in: the hook reads only
+    its algorithm.)"""
+    import sys
+    import types
+
+    bag = types.SimpleNamespace(speculative_algorithm="DFLASH")
+    monkeypatch.setitem(sys.modules, "sglang.srt.runtime_context", types.SimpleNamespace(get_spec=lambda: bag))
+    calls = []
+
+    def original(attn_backend):
+        calls.append(attn_backend)
+        return "TRTLLMHAAttnBackend", False
+
+    set_active_config(ON)
+    try:
+        with drafter_scope():  # the worker builds and captures its drafter in here
+            assert around_verify_mask_policy(original, "draft backend") == ("TRTLLMHAAttnBackend", False)
+        with pytest.raises(UnsupportedSetupError, match="TRTLLMHAAttnBackend"):
+            around_verify_mask_policy(original, "target backend")
+    finally:
+        set_active_config(None)
+    assert calls == ["draft backend", "target backend"]

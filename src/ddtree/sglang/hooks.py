@@ -5,11 +5,12 @@ already imported the hooked module.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 from enum import Enum
-from typing import Any
+from typing import Any, Iterator
 
 from ddtree.sglang.config import ENV_DRAFT_BLOCK_SIZE, DDTreeConfig, load_config
 from ddtree.sglang.errors import UnsupportedSetupError
@@ -57,11 +58,27 @@ def choose_worker(config: DDTreeConfig, *, is_dflash: bool, has_platform_worker:
 def choose_mask_policy(
     config: DDTreeConfig, *, algorithm: str, backend_name: str, build_custom_mask: bool
 ) -> tuple[str, bool]:
-    """Pure decision behind H3: DDTree always needs the custom (tree) mask."""
+    """Pure decision behind H3 for the target runner: its verify always needs the custom (tree) mask."""
     if not (config.enabled and algorithm.upper() == "DFLASH"):
         return backend_name, build_custom_mask
     check_attention_backend_class(backend_name)
     return backend_name, True
+
+
+_DRAFTER_SCOPE_DEPTH = 0
+
+
+@contextlib.contextmanager
+def drafter_scope() -> Iterator[None]:
+    """Marks what runs for the drafter (DDTreeWorkerV2 builds and captures it in here): the
+    mask policy H3 is then the drafter's, and SGLang discards it. The target worker is built
+    before ours (scheduler.py:1113-1126), outside this scope."""
+    global _DRAFTER_SCOPE_DEPTH
+    _DRAFTER_SCOPE_DEPTH += 1
+    try:
+        yield
+    finally:
+        _DRAFTER_SCOPE_DEPTH -= 1
 
 
 def plan_after_handle_dflash(config: DDTreeConfig, *, block_size: int, setup: ServerSetup) -> int | None:
@@ -117,10 +134,13 @@ def around_create_worker(original: Any, algorithm: Any, server_args: Any) -> Any
 
 
 def around_verify_mask_policy(original: Any, attn_backend: Any) -> tuple[str, bool]:
-    """H3 (AROUND resolve_dflash_verify_mask_policy): always build the custom (tree) mask."""
+    """H3 (AROUND resolve_dflash_verify_mask_policy): the target always builds the custom (tree)
+    mask. A draft runner's graph capture asks too, but SGLang ignores the answer there (no mask
+    for draft workers, decode_cuda_graph_runner.py:2114-2125), so inside drafter_scope() its
+    backend (fa3, fa4, trtllm_mha via --speculative-draft-attention-backend) is left alone."""
     backend_name, build_custom_mask = original(attn_backend)
     config = active_config()
-    if not config.enabled:
+    if not config.enabled or _DRAFTER_SCOPE_DEPTH:
         return backend_name, build_custom_mask
     from sglang.srt.runtime_context import get_spec
 

@@ -47,6 +47,7 @@ from sglang.srt.model_executor.forward_batch_info import (
 from sglang.srt.runtime_context import get_parallel, get_schedule, get_spec
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+from sglang.srt.speculative.dflash_utils import resolve_dflash_verify_mask_policy
 from sglang.srt.speculative.dflash_worker_v2 import (
     DFlashWorkerV2,
     _is_all_greedy,
@@ -63,9 +64,9 @@ from sglang.srt.speculative.spec_utils import (
 )
 
 from ddtree.sglang.errors import HookSelfCheckError, UnsupportedSetupError
-from ddtree.sglang.hooks import active_config
+from ddtree.sglang.hooks import active_config, drafter_scope
 from ddtree.sglang.round_metrics import RoundMetrics
-from ddtree.sglang.support import check_tensor_parallel_head
+from ddtree.sglang.support import check_attention_backend_class, check_tensor_parallel_head
 from ddtree.sglang.tree_round import (
     HeadShard,
     TreeVerifyView,
@@ -123,7 +124,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     @contextlib.contextmanager
     def _draft_width(self) -> Iterator[None]:
         """Scope in which the spec bag says B: everything that belongs to the drafter."""
-        with get_spec().override(speculative_num_draft_tokens=self.draft_block):
+        with drafter_scope(), get_spec().override(speculative_num_draft_tokens=self.draft_block):
             yield
 
     def _refuse_unsupported_before_init(self) -> None:
@@ -141,6 +142,10 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             reasons.append(f"verify width {self.verify_width} < drafter block size {self.draft_block}")
         if reasons:
             raise UnsupportedSetupError("DDTree does not support: " + "; ".join(reasons))
+        # The target's verify backend, resolved as SGLang resolves it for the mask policy: H3
+        # checks it at graph capture, this also covers --disable-cuda-graph.
+        backend_name, _ = resolve_dflash_verify_mask_policy(self.target_worker.model_runner.attn_backend)
+        check_attention_backend_class(backend_name)
 
     def _refuse_unsupported_after_init(self) -> None:
         reasons = []
