@@ -7,6 +7,14 @@ a small prompt set with each method: autoregressive, DFlash and DDTree at every 
 the stage split, the speedup over AR and whether the tokens equal AR's (T=0), as the `methods`
 table (the rows `ddtree-ops report --baseline` compares) plus flat metrics.
 
+It then measures the target's verify cost (a few forwards at each concurrency level of
+`sglang_concurrency`, default 1 and 8 on a GPU, 1 on a CPU, and at each width the methods
+use) and, with tau, draft time and round overhead from the decodes above, predicts tokens/s
+of AR, DFlash and DDTree at every budget run and the powers of two between them (the
+`predictions` table, `ddtree.throughput_model`): what `report` sets beside sglang-e2e's
+measurements under load. The draft cost is measured at one request and taken as it is at
+every level.
+
 Options (`options.extra`): `max_new_tokens` (256), `temperature` (0.0), `max_prompts` (all),
 `strict` (false: a T=0 token mismatch is reported, true: it fails the stage; bf16 kernels may
 flip near-tied argmaxes between a tree forward and a one-token forward). Skips when no models
@@ -85,6 +93,25 @@ def _encode(items: list[dict[str, Any]], target_dir: Path, torch: Any) -> tuple[
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         stops = [int(tokenizer.eos_token_id)]
     return encoded, stops
+
+
+def _predictions(target: Any, drafter: Any, records: dict[str, list[Any]], budgets: list[int],
+                 levels: list[int], context_len: int) -> list[dict[str, Any]]:
+    """The throughput model calibrated on this host: verify cost from forwards, the rest from
+    the decodes just run (`records`: method key -> DecodeResults)."""
+    from ddtree.cost_probe import measure_verify_costs, round_costs
+    from ddtree.decode import DecodeMethod, method_key
+    from ddtree.throughput_model import HostCosts, budgets_between, prediction_rows
+
+    per_budget = {b: round_costs(records[method_key(DecodeMethod.DDTREE, b)]) for b in budgets}
+    dflash_tau = round_costs(records[method_key(DecodeMethod.DFLASH)])[0]
+    widths = sorted({1, drafter.block_size} | {b + 1 for b in budgets_between(budgets)})
+    costs = HostCosts(
+        verify_s=measure_verify_costs(target, levels, widths, context_len),
+        draft_s={1: sum(c[1] for c in per_budget.values()) / len(per_budget)},
+        build_s={b: c[2] for b, c in per_budget.items()},
+    )
+    return prediction_rows(costs, {b: c[0] for b, c in per_budget.items()}, levels, (dflash_tau, drafter.block_size))
 
 
 def run(ctx: StageContext) -> StageResult:
@@ -167,6 +194,11 @@ def run(ctx: StageContext) -> StageResult:
         ctx.log(f"{summary.method}: tau {summary.tau:.2f}, speedup {summary.speedup or 0:.2f}x")
     differing = [s.method for s in summaries if s.identical_to_ar is not None and s.identical_to_ar < 1.0]
     tables = {"methods": rows}
+    if budgets:
+        levels = [int(c) for c in extra.get("sglang_concurrency", [1, 8] if device == "cuda" else [1])]
+        context_len = sum(int(p.shape[1]) for p in prompts) // len(prompts) + max_new_tokens // 2
+        tables["predictions"] = _predictions(target, drafter, records, budgets, levels, context_len)
+        ctx.log(f"verify cost measured at {levels} concurrent; predictions for {len(tables['predictions'])} cells")
     if differing:
         reason = f"tokens differ from AR at T=0 for {', '.join(differing)} (see the methods table)"
         if extra.get("strict"):

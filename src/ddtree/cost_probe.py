@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ddtree.decode import DecodeConfig, generate_ddtree
+from ddtree.decode import DecodeConfig, DecodeResult, generate_ddtree
 from ddtree.drafters import Drafter
 from ddtree.hf_target import HFTarget
 from ddtree.kvcache import crop_cache
@@ -97,22 +97,25 @@ class DecodeMeasurement:
     tokens_per_s: float  # output tokens over the whole calls' time (prefill included)
 
 
+def round_costs(results: Sequence[DecodeResult]) -> tuple[float, float, float]:
+    """(tau, draft_s, overhead_s) per decode round over the loop's results of one method."""
+    rounds = max(sum(r.decode_rounds for r in results), 1)
+    accepted = sum(sum(r.acceptance_lengths) for r in results)
+    draft = sum(r.stage_times.get("draft", 0.0) for r in results)
+    overhead = sum(r.stage_times.get(name, 0.0) for r in results for name in OVERHEAD_STAGES)
+    return accepted / rounds, draft / rounds, overhead / rounds
+
+
 def measure_decode(target: HFTarget, drafter: Drafter, prompts: Sequence[torch.Tensor], budget: int,
                    max_new_tokens: int, clock: Clock) -> DecodeMeasurement:
-    tokens = rounds = accepted = 0
-    seconds = draft = overhead = 0.0
+    results, seconds = [], 0.0
     for prompt in prompts:  # each [1, n] int64
         began = clock()
-        result = generate_ddtree(target, drafter, prompt, DecodeConfig(max_new_tokens, timer=clock), budget)
+        results.append(generate_ddtree(target, drafter, prompt, DecodeConfig(max_new_tokens, timer=clock), budget))
         seconds += clock() - began
-        tokens += result.num_output_tokens
-        rounds += result.decode_rounds
-        accepted += sum(result.acceptance_lengths)
-        draft += result.stage_times["draft"]
-        overhead += sum(result.stage_times[name] for name in OVERHEAD_STAGES)
-    rounds = max(rounds, 1)
-    return DecodeMeasurement(accepted / rounds, draft / rounds, overhead / rounds,
-                             tokens / seconds if seconds > 0 else math.inf)
+    tokens = sum(r.num_output_tokens for r in results)
+    tau, draft, overhead = round_costs(results)
+    return DecodeMeasurement(tau, draft, overhead, tokens / seconds if seconds > 0 else math.inf)
 
 
 @dataclass(frozen=True)

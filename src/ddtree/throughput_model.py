@@ -128,3 +128,30 @@ def best_ddtree_budget(costs: HostCosts, taus: Curve, budgets: Sequence[int], co
         raise ValueError("no candidate budgets")
     predictions = [predict_ddtree(costs, taus, b, concurrency) for b in sorted(budgets)]
     return max(predictions, key=lambda p: p.tokens_per_s)
+
+
+def budgets_between(measured: Sequence[int]) -> list[int]:
+    """The measured budgets plus every power of two between the smallest and the largest."""
+    if not measured:
+        return []
+    low, high = min(measured), max(measured)
+    powers = [1 << k for k in range(high.bit_length() + 1) if low <= 1 << k <= high]
+    return sorted(set(measured) | set(powers))
+
+
+def prediction_rows(costs: HostCosts, measured_taus: Mapping[int, float], levels: Sequence[int],
+                    dflash: tuple[float, int] | None = None) -> list[dict]:
+    """Predicted throughput per concurrency level: AR, DFlash (`(tau, block_size)`) and DDTree
+    at every measured budget and the powers of two between them (`tau_measured` says which)."""
+    taus = tau_curve(measured_taus)
+    rows = []
+    for level in levels:
+        predictions = [predict_autoregressive(costs, level)]
+        if dflash is not None:
+            predictions.append(predict_dflash(costs, dflash[0], dflash[1], level))
+        predictions += [predict_ddtree(costs, taus, b, level) for b in budgets_between(list(measured_taus))]
+        for p in predictions:
+            rows.append({"concurrency": level, "method": p.method.value, "budget": p.budget, "width": p.width,
+                         "tau": round(p.tau, 4), "tau_measured": p.budget is None or p.budget in measured_taus,
+                         "round_ms": round(p.round_s * 1e3, 4), "tokens_per_s": round(p.tokens_per_s, 2)})
+    return rows

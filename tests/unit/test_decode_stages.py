@@ -104,6 +104,12 @@ def test_decode_bench_measures_every_method(tmp_path, models):
     assert rows["ddtree_tb16"]["budget"] == 16
     assert set(rows["ddtree_tb16"]["stage_split"]) == {"draft", "tree_build", "tree_compile", "verify", "commit"}
     assert result.metrics["tau.baseline"] == 1.0
+    predicted = {(r["method"], r["budget"]): r for r in result.tables["predictions"]}
+    assert set(predicted) == {("ar", None), ("dflash", None), ("ddtree", 4), ("ddtree", 8), ("ddtree", 16)}
+    assert {r["concurrency"] for r in predicted.values()} == {1}  # a CPU host: one request at a time
+    assert predicted[("ddtree", 16)]["tau"] == pytest.approx(rows["ddtree_tb16"]["tau"], abs=1e-4)
+    assert predicted[("ddtree", 8)]["tau_measured"] is False and predicted[("ddtree", 8)]["width"] == 9
+    assert all(r["tokens_per_s"] > 0 and r["round_ms"] > 0 for r in predicted.values())
 
 
 @pytest.mark.parametrize(

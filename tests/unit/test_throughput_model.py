@@ -96,3 +96,17 @@ def test_the_predicted_best_budget_decodes_within_10_percent_of_the_measured_bes
                       for r in rows)
     assert ratio >= 0.9, f"predicted best {pick.budget} decodes at {ratio:.2f}x of measured best {best.budget} ({table})"
     assert len({r.budget for r in rows}) == 5 and all(r.measured_tokens_per_s > 0 for r in rows)
+
+
+def test_prediction_rows_cover_the_budgets_between_the_measured_ones_and_say_which_were_measured():
+    from ddtree.throughput_model import budgets_between, prediction_rows
+
+    assert budgets_between([16, 100]) == [16, 32, 64, 100] and budgets_between([]) == []
+    table = prediction_rows(COSTS, {8: 3.0, 64: 4.5}, levels=[1, 8], dflash=(2.5, 9))
+    assert [(r["concurrency"], r["method"], r["budget"]) for r in table[:5]] == [
+        (1, "ar", None), (1, "dflash", None), (1, "ddtree", 8), (1, "ddtree", 16), (1, "ddtree", 32)]
+    assert len(table) == 2 * 6
+    by = {(r["concurrency"], r["method"], r["budget"]): r for r in table}
+    assert by[(1, "ddtree", 16)]["tau_measured"] is False and by[(8, "ddtree", 64)]["tau_measured"] is True
+    assert by[(8, "dflash", None)]["tokens_per_s"] == pytest.approx(8 * 2.5 / 0.048, abs=0.01)
+    assert by[(1, "ddtree", 64)]["round_ms"] == pytest.approx(24.0)
