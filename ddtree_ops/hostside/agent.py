@@ -287,6 +287,27 @@ def leftover_id(name):
 # ---------------------------------------------------------------- lock
 
 
+def open_own_file(path):
+    """Open (creating it if absent) a file of the layout that is written in place (the lock):
+    never through a link, and only a plain file of the login user's that no one else can
+    write and that has no other name (a hard link to a file elsewhere would be truncated)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise unsafe_path(path, "is a symlink")
+        raise
+    st = os.fstat(fd)
+    why = ("is not a plain file" if not stat.S_ISREG(st.st_mode)
+           else "is owned by another account" if st.st_uid != os.geteuid()
+           else "is writable by group or others" if st.st_mode & 0o022
+           else "has another name (a hard link)" if st.st_nlink != 1 else None)
+    if why is not None:
+        os.close(fd)
+        raise unsafe_path(path, why, st)
+    return fd
+
+
 class Lock(object):
     """An flock() on WORKDIR/lock: released by the kernel if this process dies."""
 
@@ -297,7 +318,7 @@ class Lock(object):
         self.fd = None
 
     def __enter__(self):
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.fd = open_own_file(self.path)
         deadline = time.monotonic() + self.wait_s
         while True:
             try:
