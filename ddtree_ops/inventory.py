@@ -8,6 +8,7 @@ Every error is a `ConfigError` whose message starts with the file and the field:
 from __future__ import annotations
 
 import os
+import reprlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -28,6 +29,18 @@ ALL_HOSTS = "all"
 BUILTIN_WORKDIR = "~/.ddtree-ops"
 BUILTIN_CONNECT_TIMEOUT_S = 10.0
 BUILTIN_COMMAND_TIMEOUT_S = 600.0
+
+# YAML aliases (`*name`) may repeat a value, not multiply one: past this many values added by
+# expanding them, a file is refused (nine nested `[*a, *a, ...]` lines make 10^9 of them).
+ALIAS_EXPANSION_LIMIT = 10_000
+
+
+def quoted(value: Any) -> str:
+    """`value` as an error message quotes it: its repr, bounded however large or deep it is."""
+    shown = reprlib.Repr()
+    shown.maxlevel, shown.maxstring, shown.maxother = 2, 60, 60
+    shown.maxlist = shown.maxdict = shown.maxtuple = shown.maxset = 4
+    return shown.repr(value)
 
 
 class TransportKind(str, Enum):
@@ -145,7 +158,8 @@ class Inventory:
             return list(self.hosts.values())
         words = [w.strip() for item in items for w in item.split(",") if w.strip()]
         if not words:
-            raise UsageError(f"-H/--hosts: empty host selection {','.join(items)!r} (name hosts or groups, or 'all')")
+            raise UsageError(f"-H/--hosts: empty host selection {quoted(','.join(items))} "
+                             "(name hosts or groups, or 'all')")
         if ALL_HOSTS in words:
             return list(self.hosts.values())
         groups = self.groups()
@@ -158,7 +172,7 @@ class Inventory:
             else:
                 known = ", ".join(sorted(set(self.hosts) | set(groups))) or "none"
                 raise UsageError(
-                    f"{self.source}: no host or group named {word!r} (known: {known})"
+                    f"{self.source}: no host or group named {quoted(word)} (known: {known})"
                 )
         return [h for name, h in self.hosts.items() if name in wanted]
 
@@ -196,9 +210,13 @@ def load_inventory(explicit: str | os.PathLike[str] | None = None) -> Inventory:
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: cannot read inventory: {err}") from None
     try:
-        data = yaml.load(text, Loader=_unique_key_loader(yaml))
+        data = yaml.load(text, Loader=_inventory_loader(yaml))
     except _DuplicateKey as err:
-        raise ConfigError(f"{path}: line {err.line}: {err.key!r}: duplicate key (the later entry would win)") from None
+        raise ConfigError(f"{path}: line {err.line}: {quoted(err.key)}: duplicate key (the later entry would win)") from None
+    except _AliasBomb as err:
+        raise ConfigError(f"{path}: {err}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: invalid YAML: values nested too deeply") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""
@@ -213,10 +231,55 @@ class _DuplicateKey(Exception):
         self.key, self.line = key, line
 
 
-def _unique_key_loader(yaml: Any) -> type:
-    """A SafeLoader that refuses a key given twice in one mapping (plain safe_load keeps the last)."""
+class _AliasBomb(Exception):
+    pass
 
-    class UniqueKeyLoader(yaml.SafeLoader):
+
+def _check_alias_expansion(root: Any, yaml: Any) -> None:
+    """Refuse a document whose aliases, expanded, add more than ALIAS_EXPANSION_LIMIT values
+    or refer to themselves. Counted on the node graph (each node once), never by expanding."""
+    expanded: dict[int, int] = {}  # id(node) -> values it stands for, aliases expanded
+    on_path: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if children_done:
+            on_path.discard(key)
+            expanded[key] = 1 + sum(expanded[id(child)] for child in _children(node, yaml))
+            continue
+        if key in expanded:
+            continue
+        if key in on_path:
+            raise _AliasBomb(f"line {node.start_mark.line + 1}: an alias refers to the value that contains it")
+        on_path.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in _children(node, yaml) if id(child) not in expanded)
+    added = expanded[id(root)] - len(expanded)
+    if added > ALIAS_EXPANSION_LIMIT:
+        raise _AliasBomb(f"YAML aliases expand to {added} more values, past the limit of {ALIAS_EXPANSION_LIMIT} "
+                         "(write the values out, or alias fewer)")
+
+
+def _children(node: Any, yaml: Any) -> list[Any]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _inventory_loader(yaml: Any) -> type:
+    """A SafeLoader that refuses an alias bomb (`_check_alias_expansion`) and a key given twice
+    in one mapping (plain safe_load keeps the last)."""
+
+    class InventoryLoader(yaml.SafeLoader):
+        def compose_document(self) -> Any:
+            node = super().compose_document()
+            if node is not None:
+                _check_alias_expansion(node, yaml)
+            return node
+
         def construct_mapping(self, node: Any, deep: bool = False) -> dict:
             seen: set = set()
             for key_node, _ in node.value:
@@ -230,7 +293,7 @@ def _unique_key_loader(yaml: Any) -> type:
                 seen.add(key)
             return super().construct_mapping(node, deep=deep)
 
-    return UniqueKeyLoader
+    return InventoryLoader
 
 
 def parse_inventory(data: Any, *, source: str, base_dir: Path) -> Inventory:
@@ -259,7 +322,7 @@ def _resolve_host(name: str, entry: HostEntry, defaults: _HostKeys, source: str,
     if (not name or name != name.strip() or "," in name or name == ALL_HOSTS
             or "/" in name or "\0" in name or name in (".", "..")):
         raise ConfigError(
-            f"{source}: hosts.{name!r}: invalid host name (no commas, no '/', no outer spaces, not '.', '..' or 'all')"
+            f"{source}: hosts.{quoted(name)}: invalid host name (no commas, no '/', no outer spaces, not '.', '..' or 'all')"
         )
 
     def pick(key: str) -> Any:
@@ -277,7 +340,7 @@ def _resolve_host(name: str, entry: HostEntry, defaults: _HostKeys, source: str,
         python = pick("python") or "python3"
     for group in entry.groups:
         if not group or "," in group or group == ALL_HOSTS:
-            raise ConfigError(f"{source}: hosts.{name}.groups: invalid group name {group!r}")
+            raise ConfigError(f"{source}: hosts.{name}.groups: invalid group name {quoted(group)}")
 
     def local_path(key: str) -> Optional[str]:
         value = pick(key)
@@ -326,7 +389,8 @@ _EXPECTED = {
 def describe_validation_error(err: ValidationError) -> str:
     """The first pydantic error as `dotted.field: what was expected, got 'value'`."""
     first = err.errors(include_url=False)[0]
-    where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    where = ".".join(part if isinstance(part, str) and len(part) <= 60 else quoted(part)
+                     for part in map(str, first["loc"])) or "(top level)"
     kind = first["type"]
     value = first.get("input")
     if kind == "extra_forbidden":
@@ -335,7 +399,7 @@ def describe_validation_error(err: ValidationError) -> str:
         return f"{where}: required key is missing"
     if kind == "enum":
         allowed = ", ".join(repr(k.value) for k in TransportKind)
-        return f"{where}: expected one of {allowed}, got {value!r}"
+        return f"{where}: expected one of {allowed}, got {quoted(value)}"
     if kind in _EXPECTED:
-        return f"{where}: {_EXPECTED[kind]}, got {value!r}"
-    return f"{where}: {first['msg'].lower()}, got {value!r}"
+        return f"{where}: {_EXPECTED[kind]}, got {quoted(value)}"
+    return f"{where}: {first['msg'].lower()}, got {quoted(value)}"

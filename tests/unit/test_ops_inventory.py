@@ -141,3 +141,37 @@ def test_bad_inventory_messages(isolated_cwd, text, message):
     assert str(caught.value).startswith(message), str(caught.value)
     assert "\n" not in str(caught.value)
     assert caught.value.exit_code is ExitCode.CONFIG
+
+
+def _alias_bomb(levels: int) -> str:
+    """A host whose `port` is nested lists where each level repeats the one below ten times."""
+    ladder = ["&a0 [x, x, x, x, x, x, x, x, x, x]"]
+    for level in range(1, levels + 1):
+        ladder.append(f"&a{level} [" + ", ".join([f"*a{level - 1}"] * 10) + "]")
+    return "hosts:\n  h:\n    port: [" + ", ".join(ladder) + "]\n"
+
+
+def test_an_alias_bomb_is_refused_and_the_error_stays_short(isolated_cwd):
+    # 10^6 strings once expanded (kept small so that, unrefused, it costs megabytes, not gigabytes)
+    path = write(isolated_cwd, _alias_bomb(5))
+    with pytest.raises(ConfigError) as caught:
+        load_inventory(str(path))
+    message = str(caught.value)
+    assert message == f"{path}: YAML aliases expand to 1234550 more values, past the limit of 10000 " \
+                      "(write the values out, or alias fewer)"
+    assert caught.value.exit_code == ExitCode.CONFIG
+
+
+def test_a_few_aliases_are_fine_and_a_self_referring_one_is_refused(isolated_cwd):
+    fine = write(isolated_cwd, "hosts: {a: &d {transport: local, groups: &g [x, y]}, b: *d, c: {groups: *g}}\n")
+    assert sorted(load_inventory(str(fine)).hosts) == ["a", "b", "c"]
+    loop = write(isolated_cwd, "hosts:\n  h:\n    groups: &g [a, *g]\n", name="loop.yaml")
+    with pytest.raises(ConfigError, match=r"loop.yaml: line 3: an alias refers to the value that contains it"):
+        load_inventory(str(loop))
+
+
+def test_a_huge_bad_value_is_quoted_short(isolated_cwd):
+    path = write(isolated_cwd, "hosts:\n  h:\n    port: [" + ", ".join(["'" + "p" * 1000 + "'"] * 1000) + "]\n")
+    with pytest.raises(ConfigError, match=r"hosts.h.port: expected an integer, got \['ppp") as caught:
+        load_inventory(str(path))
+    assert len(str(caught.value)) < 500  # the value is a megabyte
