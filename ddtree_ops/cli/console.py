@@ -299,14 +299,19 @@ def run_on_hosts(
     extra_json: Optional[dict[str, Any]] = None,
     deadline_s: Optional[float] = None,
     while_running: Optional[Callable[[], Any]] = None,
+    changed: Optional[Callable[[Any], bool]] = None,
+    rollback_command: Optional[Callable[[list[str]], str]] = None,
 ) -> int:
     """Fan `task(ctx)` out over hosts with live progress; print the summary or the JSON
     document; return the exit code (0/4/5/6) for the command to return.
 
     `row(outcome)` gives the extra summary cells of a host that succeeded (or whose error has
     `.details`, like a failed check that still gathered facts). `while_running()` is called
-    once the hosts are connecting (work the hosts need only later, e.g. the release archive)."""
-    from ddtree_ops.fanout import run_fanout
+    once the hosts are connecting (work the hosts need only later, e.g. the release archive).
+    With `options.rollout` the hosts go in batches (see ddtree_ops.rollout); `changed(outcome)`
+    says whether a host was changed, and `rollback_command(hosts)` undoes exactly those."""
+    from ddtree_ops.fanout import HostState, run_fanout
+    from ddtree_ops.rollout import RolloutPolicy, run_rollout
 
     started = time.monotonic()
     with LiveHostTable(command, [h.name for h in hosts]) as live:
@@ -316,17 +321,25 @@ def run_on_hosts(
             if while_running is not None:
                 while_running()
 
-        result = run_fanout(
-            hosts,
-            task,
-            parallel=options.parallel,
-            fail_fast=options.fail_fast,
-            accept_new_host_keys=options.accept_new_host_keys,
-            deadline_s=deadline_s,
-            on_progress=live.on_progress,
-            on_launched=launched,
-        )
+        def one_batch(batch: list[Any]) -> Any:
+            return run_fanout(
+                batch,
+                task,
+                parallel=options.parallel,
+                fail_fast=options.fail_fast,
+                accept_new_host_keys=options.accept_new_host_keys,
+                deadline_s=deadline_s,
+                on_progress=live.on_progress,
+                on_launched=launched,
+            )
+
+        rollout = run_rollout(hosts, options.rollout or RolloutPolicy(), one_batch)
+        for name in rollout.not_started:
+            live.on_progress(name, HostState.SKIPPED, rollout.result[name].detail)
+    result = rollout.result
     code = result.exit_code()
+    batched = options.rollout is not None and options.rollout.batched
+    changes = _changes(rollout, changed, rollback_command) if batched else {}
     if options.json:
         document = {
             "command": command,
@@ -335,9 +348,38 @@ def run_on_hosts(
             **(extra_json or {}),
             "hosts": {name: outcome_json(o, to_json) for name, o in result.items()},
         }
+        if batched:
+            document["rollout"] = {**rollout.to_dict(), **changes}
         emit_json(document)
     else:
         stdout_console().print(summary_table(command, result, columns, row))
+        if batched and (rollout.stopped or result.failed):
+            _say_changes(command, rollout, changes)
         ok, total = len(result.succeeded), len(result)
         say(f"{command}: {ok}/{total} host(s) ok in {time.monotonic() - started:.1f}s (exit {int(code)})")
     return int(code)
+
+
+def _changes(rollout: Any, changed: Optional[Callable[[Any], bool]],
+             rollback_command: Optional[Callable[[list[str]], str]]) -> dict[str, Any]:
+    """Which hosts this rollout changed, which it did not, and the command that undoes exactly the changed."""
+    if changed is None:
+        return {}
+    hosts = [name for name, outcome in rollout.result.items() if changed(outcome)]
+    return {
+        "changed": hosts,
+        "unchanged": [name for name in rollout.result if name not in hosts],
+        "rollback_command": rollback_command(hosts) if rollback_command is not None and hosts else None,
+    }
+
+
+def _say_changes(command: str, rollout: Any, changes: dict[str, Any]) -> None:
+    if rollout.stopped:
+        say(f"{command}: rollout stopped after {rollout.stopped}")
+    if rollout.not_started:
+        say(f"{command}: not started (untouched): {', '.join(rollout.not_started)}")
+    if "changed" in changes:
+        say(f"{command}: changed: {', '.join(changes['changed']) or 'none'}")
+        say(f"{command}: not changed: {', '.join(changes['unchanged']) or 'none'}")
+    if changes.get("rollback_command"):
+        say(f"{command}: to roll back exactly the changed hosts: {changes['rollback_command']}")

@@ -18,6 +18,7 @@ import typer
 
 if TYPE_CHECKING:  # pragma: no cover - keeps pydantic out of `--help`
     from ddtree_ops.inventory import Host, Inventory
+    from ddtree_ops.rollout import RolloutPolicy
 
 DEFAULT_PARALLEL = 32  # = ddtree_ops.fanout.DEFAULT_PARALLEL (not imported: keeps --help light)
 
@@ -47,6 +48,24 @@ AcceptNewHostKeysOpt = Annotated[
     ),
 ]
 
+SerialOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--serial", metavar="SIZES",
+        help="Roll out in batches, as Ansible's serial: host counts or percentages of the selection, "
+             "e.g. 1,10%,100% (a canary, then 10%, then the rest; the last size repeats).",
+        show_default=False,
+    ),
+]
+MaxFailOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--max-fail-percent", metavar="P",
+        help="Start no further batch once more than P% (0-100) of the hosts so far failed.",
+        show_default=False,
+    ),
+]
+
 SourceOpt = Annotated[
     Optional[Path],
     typer.Option("--source", help="Bundle this checkout instead of the ddtree ddtree-ops runs with.", show_default=False),
@@ -61,6 +80,17 @@ class FanoutOptions:
     parallel: int = DEFAULT_PARALLEL
     fail_fast: bool = False
     accept_new_host_keys: bool = False
+    rollout: Optional["RolloutPolicy"] = None  # --serial / --max-fail-percent; None: one batch
+
+
+def rollout_policy(serial: Optional[str], max_fail_percent: Optional[str],
+                   default_budget: Optional[float] = None) -> "RolloutPolicy":
+    """The batches and the failure budget from --serial / --max-fail-percent (UsageError, exit 2);
+    without --max-fail-percent, `default_budget` (None: every batch runs whatever fails)."""
+    from ddtree_ops.rollout import NO_BUDGET, RolloutPolicy, parse_fail_percent, parse_serial
+
+    budget = NO_BUDGET if default_budget is None else default_budget
+    return RolloutPolicy(parse_serial(serial), parse_fail_percent(max_fail_percent, budget))
 
 
 def select_hosts(inventory: Optional[Path], hosts: Optional[list[str]]) -> tuple["Inventory", list["Host"]]:

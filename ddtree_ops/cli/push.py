@@ -13,8 +13,11 @@ from ddtree_ops.cli.options import (
     HostsOpt,
     InventoryOpt,
     JsonOpt,
+    MaxFailOpt,
     ParallelOpt,
+    SerialOpt,
     SourceOpt,
+    rollout_policy,
     select_hosts,
 )
 
@@ -34,12 +37,15 @@ def push(
     parallel: ParallelOpt = DEFAULT_PARALLEL,
     fail_fast: FailFastOpt = False,
     accept_new_host_keys: AcceptNewHostKeysOpt = False,
+    serial: SerialOpt = None,
+    max_fail_percent: MaxFailOpt = None,
 ) -> int:
     """Send the release (src/ddtree + smoke/) where it is missing, verify it, switch `current`."""
     from ddtree_ops.cli.console import run_on_hosts, say
     from ddtree_ops.release import build_bundle
-    from ddtree_ops.remote_layout import ensure_release
+    from ddtree_ops.remote_layout import PushAction, ensure_release
 
+    policy = rollout_policy(serial, max_fail_percent)
     _, selected = select_hosts(inventory, hosts)
     bundle = build_bundle(source)
     if not json_out:
@@ -53,7 +59,7 @@ def push(
         "push",
         selected,
         task,
-        FanoutOptions(inventory, hosts, json_out, parallel, fail_fast, accept_new_host_keys),
+        FanoutOptions(inventory, hosts, json_out, parallel, fail_fast, accept_new_host_keys, policy),
         columns=["action", "release", "previous", "sent", "pruned", "left (not ours)"],
         row=lambda o: [
             o.value.action.value + (f" (replaced a damaged copy: {o.value.replaced_broken})"
@@ -67,6 +73,7 @@ def push(
         to_json=lambda outcome: outcome.to_dict(),
         extra_json={"release": bundle.release_id, "files": len(bundle.files), "source": bundle.source_root},
         while_running=bundle.archive,  # made while the hosts connect; only a host that lacks the release needs it
+        changed=lambda o: o.ok and o.value.action is not PushAction.UNCHANGED,
     )
 
 
