@@ -126,23 +126,25 @@ def not_started_detail(batch: int) -> str:
     return f"not started: the rollout stopped after batch {batch}"
 
 
-def run_rollout(hosts: Sequence[Any], policy: RolloutPolicy,
-                run_batch: Callable[[list[Any]], FanoutResult]) -> RolloutResult:
-    """Run `run_batch` on each batch in turn (hosts have `.name`); stop once the failures so far
-    exceed the budget. A KeyboardInterrupt propagates (no further batch starts)."""
+def run_rollout(hosts: Sequence[Any], policy: RolloutPolicy, run_batch: Callable[[list[Any]], FanoutResult],
+                failed: Callable[[HostOutcome], bool] = lambda outcome: not outcome.ok) -> RolloutResult:
+    """Run `run_batch` on each batch in turn (hosts have `.name`); stop once the hosts so far
+    that `failed` (default: their task did not succeed) exceed the budget. A KeyboardInterrupt
+    propagates (no further batch starts)."""
     batches = plan_batches(hosts, policy.serial)
     merged = FanoutResult((h.name, HostOutcome(h.name)) for h in hosts)
     rollout = RolloutResult(merged, planned=len(batches))
-    started = failed = 0
+    started = failures = 0
     for number, batch in enumerate(batches, start=1):
         result = run_batch(batch)
         merged.update(result)
-        rollout.batches.append(BatchReport(number, [h.name for h in batch], list(result.failed)))
+        failing = [name for name, outcome in result.items() if failed(outcome)]
+        rollout.batches.append(BatchReport(number, [h.name for h in batch], failing))
         started += len(batch)
-        failed += len(result.failed)
-        if number < len(batches) and failed * 100 > policy.max_fail_percent * started:
-            rollout.stopped = (f"batch {number} of {len(batches)}: {failed} of {started} host(s) so far failed "
-                               f"({100 * failed / started:.0f}% > --max-fail-percent {policy.max_fail_percent:g})")
+        failures += len(failing)
+        if number < len(batches) and failures * 100 > policy.max_fail_percent * started:
+            rollout.stopped = (f"batch {number} of {len(batches)}: {failures} of {started} host(s) so far failed "
+                               f"({100 * failures / started:.0f}% > --max-fail-percent {policy.max_fail_percent:g})")
             for host in (h for later in batches[number:] for h in later):
                 merged[host.name] = HostOutcome(host.name, HostState.SKIPPED, detail=not_started_detail(number))
             break

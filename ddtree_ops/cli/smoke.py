@@ -26,7 +26,10 @@ from ddtree_ops.cli.options import (
     HostsOpt,
     InventoryOpt,
     JsonOpt,
+    MaxFailOpt,
     ParallelOpt,
+    SerialOpt,
+    rollout_policy,
 )
 from ddtree_ops.cli.report import RunsDirOpt
 
@@ -253,12 +256,14 @@ def run_smoke(
     accept_new_host_keys: bool,
     command: str = "smoke",
     run_id: Optional[str] = None,
+    rollout: Any = None,
 ) -> int:
     from ddtree_ops.cli.console import emit_json, stdout_console
     from ddtree_ops.cli.options import select_hosts
     from ddtree_ops.cli.report import render_report
     from ddtree_ops.errors import ExitCode, RemoteStepError
     from ddtree_ops.fanout import HostState, run_fanout
+    from ddtree_ops.rollout import RolloutPolicy, run_rollout
     from ddtree_ops.report import build_report
     from ddtree_ops.results import RUNS_DIR_ENV, RunStore, new_run_id, runs_root
 
@@ -345,11 +350,13 @@ def run_smoke(
             view.phase(name, state.value, detail)  # unreachable / timed out / failed, as the JSON says
 
     interrupted = False
-    fanout = None
+    fanout = batches = None
     with view:
         try:
-            fanout = run_fanout(selected, task, parallel=parallel, on_progress=on_progress,
-                                accept_new_host_keys=accept_new_host_keys)
+            batches = run_rollout(selected, rollout or RolloutPolicy(), lambda batch: run_fanout(
+                batch, task, parallel=parallel, on_progress=on_progress, accept_new_host_keys=accept_new_host_keys),
+                failed=lambda outcome: not outcome.ok or outcome.value != 0)  # the runner's exit: a stage failed
+            fanout = batches.result
         except KeyboardInterrupt:
             stopping.set()
             interrupted = True
@@ -372,9 +379,13 @@ def run_smoke(
         document = report.to_dict()
         document["exit_code"] = int(code)
         document["command"] = command
+        if batches is not None and batches.planned > 1:
+            document["rollout"] = batches.to_dict()
         emit_json(document)
     else:
         render_report(report, stdout_console())
+        if batches is not None and batches.stopped:
+            say(f"{command}: rollout stopped after {batches.stopped}; not started: {', '.join(batches.not_started)}")
         say(f"{command} run {plan.run_id}: exit {int(code)} "
             f"({time.time() - started:.1f}s; `ddtree-ops report {plan.run_id}` to see it again)")
     store.update_run(plan.run_id, exit_code=int(code))
@@ -523,13 +534,16 @@ def smoke(
     parallel: ParallelOpt = DEFAULT_PARALLEL,
     accept_new_host_keys: AcceptNewHostKeysOpt = False,
     settings: SetOpt = None,
+    serial: SerialOpt = None,
+    max_fail_percent: MaxFailOpt = None,
 ) -> int:
     """Push, run the staged smoke tests on every selected host, keep the results, report."""
+    policy = rollout_policy(serial, max_fail_percent)
     return run_smoke(
         inventory=inventory, hosts=hosts, stages=parse_stages(stages),
         options=build_options(budgets, batch_sizes, repeat, seed, settings), keep_going=keep_going,
         json_out=json_out, push=not no_push, source=source, stage_timeout_s=stage_timeout,
-        runs_dir=runs_dir, parallel=parallel, accept_new_host_keys=accept_new_host_keys)
+        runs_dir=runs_dir, parallel=parallel, accept_new_host_keys=accept_new_host_keys, rollout=policy)
 
 
 def register(app: typer.Typer) -> None:

@@ -157,3 +157,27 @@ def test_deploy_a_canary_whose_gate_does_not_pass_stops_the_rollout(sshd_fleet, 
     code, _ = run_printed(doc["rollout"]["rollback_command"], capsys)
     assert code == 0
     assert site_listings(pythons) == before
+
+
+def test_smoke_a_canary_whose_stage_fails_stops_before_the_other_hosts(sshd_fleet, tmp_path, capsys, monkeypatch):
+    from fixtures.checkout import copy_release_files
+
+    monkeypatch.setenv("DDTREE_OPS_RUNS_DIR", str(tmp_path / "runs"))
+    checkout = copy_release_files(tmp_path / "checkout", {
+        "picky": 'NAME = "picky"\nDESCRIPTION = "fails on h0 only"\nfrom smoke.protocol import StageResult\n'
+                 'def run(ctx):\n    if ctx.host["name"] == "h0":\n        return StageResult.failed("canary says no")\n'
+                 '    return StageResult.passed("fine")\n'})
+    fleet = sshd_fleet(3)
+    inventory = str(fleet.write_inventory())
+    code, doc = cli_json(capsys, "smoke", "-i", inventory, "--source", str(checkout), "--stages", "picky",
+                         "--serial", "1,100%", "--max-fail-percent", "0")
+    assert code == 5, doc
+    assert doc["hosts"]["h0"]["outcome"] == "fail"
+    assert doc["rollout"]["batches"] == [{"batch": 1, "hosts": ["h0"], "failed": ["h0"], "ok": []}]
+    assert doc["rollout"]["not_started"] == ["h1", "h2"]
+    assert not fleet.hosts[1].workdir.exists() and not fleet.hosts[2].workdir.exists()
+    # the same rollout with a budget that allows one failure in three runs every batch
+    code, doc = cli_json(capsys, "smoke", "-i", inventory, "--source", str(checkout), "--stages", "picky",
+                         "--serial", "1,100%", "--max-fail-percent", "100")
+    assert code == 6 and doc["rollout"]["stopped"] is None
+    assert {h: doc["hosts"][h]["outcome"] for h in ("h1", "h2")} == {"h1": "pass", "h2": "pass"}
