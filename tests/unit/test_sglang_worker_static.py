@@ -34,8 +34,9 @@ def _resolve(site: Path, module: str, name: str, depth: int = 0) -> tuple[str, a
     if depth < 3:
         for stmt in ast.walk(tree):
             if isinstance(stmt, ast.ImportFrom) and stmt.module and stmt.level == 0:
-                if any((alias.asname or alias.name) == name for alias in stmt.names):
-                    return _resolve(site, stmt.module, name, depth + 1)
+                for alias in stmt.names:
+                    if (alias.asname or alias.name) == name:
+                        return _resolve(site, stmt.module, alias.name, depth + 1)
     return (module, node) if node is not None else None
 
 
@@ -270,3 +271,31 @@ def test_the_verify_mask_is_sized_from_dflashs_host_reservation(site):
     info = (site / "sglang" / "srt" / "speculative" / "dflash_info_v2.py").read_text()
     assert "self.nxt_kv_lens_sum = nxt_kv_lens_sum" in info  # prepare_for_decode
     assert "reserve = 2 * block_size" in info  # >= prefix + N: the window is reserved ahead
+
+
+def _called_names(node: ast.AST) -> set[str]:
+    names = set()
+    for call in ast.walk(node):
+        if isinstance(call, ast.Call):
+            func = call.func
+            names.add(func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else "")
+    return names
+
+
+def test_sampling_memory_is_rehearsed_at_the_verify_width(site):
+    """DFlash rehearses its sampler on [bs*B, V] (dflash_worker_v2.py:799-882) and the scheduler
+    sizes headroom and KV from it (scheduler.py:1166-1180). DDTree's sampled verify is
+    eagle_sample's target-only path at N: the override must rehearse the probability tensors
+    that path allocates (eagle_utils.py:720-750), at the verify width."""
+    upstream = _parse(site, "sglang.srt.speculative.dflash_worker_v2")
+    dflash_prewarm = find_definition(upstream, "DFlashWorkerV2.prewarm_sampling")
+    assert "block_size = int(self.block_size)" in ast.unparse(dflash_prewarm)  # B: why we override
+    eagle = find_definition(_parse(site, "sglang.srt.speculative.eagle_utils"), "eagle_sample")
+    allocating = {"sampling_softmax", "top_k_renorm_prob", "top_p_renorm_prob", "zeros_like"}
+    assert allocating <= _called_names(eagle)
+    ours = _worker_method("prewarm_sampling")
+    assert allocating <= _called_names(ours)
+    text = ast.unparse(ours)
+    assert "width = self.verify_width" in text and "bs = self._prewarm_batch_size(width)" in text
+    assert "rows = bs * width" in text and "torch.zeros((rows, vocab_size)" in text
+    assert "sampling_prewarm_result = result" in text  # where the scheduler reads it

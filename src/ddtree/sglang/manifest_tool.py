@@ -68,6 +68,8 @@ REQUIRED: tuple[tuple[str, str, NameKind, tuple[str, ...], str], ...] = (
     ("srt/speculative/dflash_worker_v2.py", "DFlashWorkerV2.alloc_memory_pool", M, (), "draft-width scope"),
     ("srt/speculative/dflash_worker_v2.py", "DFlashWorkerV2.init_attention_backends", M, (), "draft-width scope"),
     ("srt/speculative/dflash_worker_v2.py", "DFlashWorkerV2.init_cuda_graphs", M, (), "draft-width scope"),
+    ("srt/speculative/dflash_worker_v2.py", "DFlashWorkerV2.prewarm_sampling", M, (), "overridden: rehearsed at N"),
+    ("srt/speculative/dflash_worker_v2.py", "DFlashWorkerV2._prewarm_batch_size", M, (), "sampling rehearsal batch"),
     ("srt/speculative/dflash_worker_v2.py", "DFlashWorkerV2._append_target_hidden_to_draft_kv_by_loc", M, (), "draft KV of the accepted path"),
     ("srt/speculative/dflash_worker_v2.py", "DFlashWorkerV2._draft_write_ids", M, (), "draft KV write ids"),
     ("srt/speculative/dflash_worker_v2.py", "DFlashWorkerV2._ensure_draft_block_buffers", M, (), "draft block buffers"),

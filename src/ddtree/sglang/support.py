@@ -6,6 +6,7 @@ instead of serving linear DFlash or garbage.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ddtree.sglang.errors import UnsupportedSetupError
 
@@ -91,3 +92,46 @@ def check_tensor_parallel_head(*, tp_size: int, vocab_parallel: bool) -> None:
             f"DDTree: tensor parallelism {tp_size} needs a vocab-parallel target lm_head (with "
             "shard_indices) for the sharded top-K merge"
         )
+
+
+class StaticBuffer(NamedTuple):
+    what: str
+    nbytes: int
+
+
+_GIB = 1 << 30
+
+
+def verify_graph_buffers(
+    *, backend_class: str, max_bs: int, width: int, vocab_size: int, context_len: int
+) -> tuple[StaticBuffer, ...]:
+    """The target's CUDA-graph buffers that grow with the verify width N, as SGLang 0.5.23 sizes
+    them for max_num_token = max_bs * N rows (decode_cuda_graph_runner.py:424-429)."""
+    rows = max_bs * width
+    buffers = [StaticBuffer(f"graph logits [max_bs*N={rows}, V={vocab_size}] fp32", rows * vocab_size * 4)]
+    if backend_class == "FlashInferAttnBackend":  # flashinfer_backend.py:1134-1138, uint8
+        buffers.append(StaticBuffer(f"FlashInfer graph mask [{rows} x context {context_len}] uint8", rows * context_len))
+    elif backend_class == "TritonAttnBackend":  # triton_backend.py:1224-1246
+        buffers.append(StaticBuffer(f"Triton graph KV indices [{rows} x context {context_len}] int64", rows * context_len * 8))
+        buffers.append(StaticBuffer(
+            f"Triton verify mask [{max_bs} x N={width} x (context {context_len} + N)] uint8",
+            max_bs * width * (context_len + width),
+        ))
+    return tuple(buffers)
+
+
+def check_verify_buffers_fit(
+    buffers: tuple[StaticBuffer, ...], *, free_bytes: int, budget: int, max_bs: int, context_len: int
+) -> None:
+    """Refuse at startup, naming the numbers, when the N-wide verify graph buffers alone exceed
+    the device memory left after the KV pool: graph capture would run out of memory. (A
+    necessary bound: activations need room too.)"""
+    total = sum(b.nbytes for b in buffers)
+    if total <= free_bytes:
+        return
+    parts = "; ".join(f"{b.what} = {b.nbytes / _GIB:.2f} GiB" for b in buffers)
+    raise UnsupportedSetupError(
+        f"DDTree: the verify CUDA-graph buffers need {total / _GIB:.2f} GiB ({parts}) but only "
+        f"{free_bytes / _GIB:.2f} GiB is free after the KV pool; lower DDTREE_BUDGET ({budget}, "
+        f"N = {budget + 1}), --cuda-graph-max-bs ({max_bs}) or --context-length ({context_len})"
+    )

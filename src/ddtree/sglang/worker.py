@@ -44,7 +44,8 @@ from sglang.srt.model_executor.forward_batch_info import (
     ForwardMode,
     enable_num_token_non_padded,
 )
-from sglang.srt.runtime_context import get_parallel, get_schedule, get_spec
+from sglang.srt.model_executor.model_runner import SamplingPrewarmResult
+from sglang.srt.runtime_context import get_exec, get_parallel, get_schedule, get_spec
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.dflash_utils import resolve_dflash_verify_mask_policy
@@ -53,7 +54,12 @@ from sglang.srt.speculative.dflash_worker_v2 import (
     _is_all_greedy,
     _resolve_dflash_embedding_module,
 )
-from sglang.srt.speculative.eagle_utils import eagle_sample
+from sglang.srt.speculative.eagle_utils import (  # the sampling ops eagle_sample itself uses
+    eagle_sample,
+    sampling_softmax,
+    top_k_renorm_prob,
+    top_p_renorm_prob,
+)
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 from sglang.srt.speculative.spec_utils import (
@@ -66,7 +72,12 @@ from sglang.srt.speculative.spec_utils import (
 from ddtree.sglang.errors import HookSelfCheckError, UnsupportedSetupError
 from ddtree.sglang.hooks import active_config, drafter_scope
 from ddtree.sglang.round_metrics import RoundMetrics
-from ddtree.sglang.support import check_attention_backend_class, check_tensor_parallel_head
+from ddtree.sglang.support import (
+    check_attention_backend_class,
+    check_tensor_parallel_head,
+    check_verify_buffers_fit,
+    verify_graph_buffers,
+)
 from ddtree.sglang.tree_round import (
     HeadShard,
     TreeVerifyView,
@@ -142,10 +153,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             reasons.append(f"verify width {self.verify_width} < drafter block size {self.draft_block}")
         if reasons:
             raise UnsupportedSetupError("DDTree does not support: " + "; ".join(reasons))
-        # The target's verify backend, resolved as SGLang resolves it for the mask policy: H3
-        # checks it at graph capture, this also covers --disable-cuda-graph.
-        backend_name, _ = resolve_dflash_verify_mask_policy(self.target_worker.model_runner.attn_backend)
-        check_attention_backend_class(backend_name)
 
     def _refuse_unsupported_after_init(self) -> None:
         reasons = []
@@ -164,12 +171,68 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._head_shard = None if shard is None else HeadShard(*(int(getattr(shard, f)) for f in HeadShard._fields))
         self._head_segments = head_vocab_segments(self._head_shard, int(lm_head.weight.shape[0]))
 
+    def _refuse_unsupported_target_verify(self) -> None:
+        runner = self.target_worker.model_runner
+        # The target's verify backend, resolved as SGLang resolves it for the mask policy: H3
+        # checks it at graph capture; this also covers --disable-cuda-graph.
+        backend_name, _ = resolve_dflash_verify_mask_policy(runner.attn_backend)
+        check_attention_backend_class(backend_name)
+        decode_graphs = get_exec().graph.cuda_graph_config.decode
+        if decode_graphs.backend == "disabled" or not decode_graphs.bs or torch.device(self.device).type != "cuda":
+            return
+        # get_batch_sizes_to_capture: the configured sizes, capped by the request pool.
+        max_bs = min(max(decode_graphs.bs), int(runner.req_to_token_pool.size))
+        buffers = verify_graph_buffers(
+            backend_class=backend_name, max_bs=max_bs, width=self.verify_width,
+            vocab_size=int(runner.model_config.vocab_size), context_len=self._context_len,
+        )
+        free_bytes, _total = torch.cuda.mem_get_info(self.device)
+        check_verify_buffers_fit(
+            buffers, free_bytes=free_bytes, budget=self.ddtree.budget, max_bs=max_bs, context_len=self._context_len
+        )
+
     def _maybe_build_draft_sampler(self):
         # DFlash folds an argmax head into the draft CUDA graph; DDTree needs per-position
         # top-K log-probs (_draft_top_k), computed eagerly after the draft forward.
         return None
 
+    def prewarm_sampling(self) -> SamplingPrewarmResult:
+        """The sampled verify's memory, measured at the width it runs at. DFlash rehearses its
+        chain sampler on [bs*B, V]; DDTree's eagle_sample target-only path holds fp32
+        [bs*N, V] probabilities (softmax, top-k renorm, top-p renorm, zeros_like draft probs,
+        eagle_utils.py:720-750), so the scheduler's headroom and KV sizing need them at N."""
+        if torch.device(self.device).type != "cuda":
+            return self.model_runner.prewarm_sampling()
+        width = self.verify_width  # N, not DFlash's block size B
+        vocab_size = int(self.target_worker.model_runner.model_config.vocab_size)
+        bs = self._prewarm_batch_size(width)  # the largest batch an N-wide verify can see
+        rows = bs * width
+        logits = torch.zeros((rows, vocab_size), dtype=torch.float32, device=self.device)  # [bs*N, V]
+        temperatures = torch.ones((rows, 1), dtype=torch.float32, device=self.device)
+        top_ks = torch.full((rows,), vocab_size // 2, dtype=torch.int32, device=self.device)
+        top_ps = torch.full((rows,), 0.95, dtype=torch.float32, device=self.device)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base_bytes = torch.cuda.memory_stats()["allocated_bytes.all.current"]
+        probs = sampling_softmax(logits, temperatures=temperatures)
+        probs = top_k_renorm_prob(probs, top_ks)
+        probs = top_p_renorm_prob(probs, top_ps)
+        draft_probs = torch.zeros_like(probs)
+        torch.cuda.synchronize()
+        peak_bytes = torch.cuda.memory_stats()["allocated_bytes.all.peak"] - base_bytes
+        del probs, draft_probs
+        input_bytes = logits.numel() * logits.element_size()
+        result = SamplingPrewarmResult(sampling_input_bytes=input_bytes, sampling_headroom_bytes=peak_bytes + input_bytes)
+        self.model_runner.sampling_prewarm_result = result
+        if get_parallel().tp_rank == 0:
+            logger.info("DDTree sampling pre-warm at verify width %d: bs=%d peak=%d B headroom=%d B",
+                        width, bs, peak_bytes, result.sampling_headroom_bytes)
+        return result
+
     def init_attention_backends(self):
+        # The scheduler calls this after the target's backends and every KV pool exist and
+        # before any CUDA graph is captured (scheduler.py:1128-1146): the last moment to refuse.
+        self._refuse_unsupported_target_verify()
         with self._draft_width():
             super().init_attention_backends()
         if self._need_mamba_verify_commit:

@@ -45,6 +45,8 @@ MANIFEST = Manifest(
         RequiredName('srt/speculative/dflash_worker_v2.py', 'DFlashWorkerV2.alloc_memory_pool', NameKind.METHOD, '(memory_pool_config=, req_to_token_pool=, token_to_kv_pool_allocator=)', (), None, 'draft-width scope'),
         RequiredName('srt/speculative/dflash_worker_v2.py', 'DFlashWorkerV2.init_attention_backends', NameKind.METHOD, '()', (), None, 'draft-width scope'),
         RequiredName('srt/speculative/dflash_worker_v2.py', 'DFlashWorkerV2.init_cuda_graphs', NameKind.METHOD, '()', (), None, 'draft-width scope'),
+        RequiredName('srt/speculative/dflash_worker_v2.py', 'DFlashWorkerV2.prewarm_sampling', NameKind.METHOD, '()', (), None, 'overridden: rehearsed at N'),
+        RequiredName('srt/speculative/dflash_worker_v2.py', 'DFlashWorkerV2._prewarm_batch_size', NameKind.METHOD, '(block_size)', (), None, 'sampling rehearsal batch'),
         RequiredName('srt/speculative/dflash_worker_v2.py', 'DFlashWorkerV2._append_target_hidden_to_draft_kv_by_loc', NameKind.METHOD, '(*, target_hidden, cache_loc, positions, cache_loc_2d=, commit_lens=, extend_lens=)', (), None, 'draft KV of the accepted path'),
         RequiredName('srt/speculative/dflash_worker_v2.py', 'DFlashWorkerV2._draft_write_ids', NameKind.METHOD, '(plan)', (), None, 'draft KV write ids'),
         RequiredName('srt/speculative/dflash_worker_v2.py', 'DFlashWorkerV2._ensure_draft_block_buffers', NameKind.METHOD, '(bs)', (), None, 'draft block buffers'),
