@@ -94,6 +94,8 @@ def check_row(facts: dict[str, Any]) -> list[str]:
     else:
         torch_text, cuda_text = "MISSING", "-"
     sglang_text = f"{sglang.get('version') or '?'} ({sglang.get('path')})" if sglang.get("installed") else "absent"
+    if sglang.get("plugins_problem"):
+        sglang_text += f"; {sglang['plugins_problem']}"
     return [
         f"{facts.get('os', '?')} / {facts.get('kernel', '?')}",
         facts.get("python", {}).get("version", "?"),
@@ -119,6 +121,10 @@ def check_task(ctx: Any, deep: bool = False) -> dict[str, Any]:
 
     ctx.report(f"probing with {ctx.host.python}")
     facts = probe_host(ctx.transport, ctx.host, deep=deep, timeout=ctx.host.command_timeout)
+    from ddtree.sglang.config import plugins_filter_problem
+
+    sglang = facts.get("sglang", {})
+    sglang["plugins_problem"] = plugins_filter_problem(sglang.get("plugins_env"))
     torch = facts.get("torch", {})
     if not torch.get("installed"):
         raise HostNotReady(

@@ -714,15 +714,17 @@ def torch_facts():
 
 
 def sglang_facts():
-    """Version and install path without running sglang's (heavy) package __init__."""
+    """Version and install path without running sglang's (heavy) package __init__, and the
+    SGLANG_PLUGINS allow-list SGLang's processes started from this environment would see."""
     import importlib.util
 
+    plugins = os.environ.get("SGLANG_PLUGINS")
     try:
         spec = importlib.util.find_spec("sglang")
     except Exception as err:  # noqa: BLE001
-        return {"installed": False, "error": str(err)}
+        return {"installed": False, "error": str(err), "plugins_env": plugins}
     if spec is None:
-        return {"installed": False}
+        return {"installed": False, "plugins_env": plugins}
     version = None
     try:
         from importlib import metadata
@@ -731,7 +733,8 @@ def sglang_facts():
     except Exception:  # noqa: BLE001 - present on sys.path but without dist metadata
         pass
     locations = list(spec.submodule_search_locations or [])
-    return {"installed": True, "version": version, "path": locations[0] if locations else spec.origin}
+    return {"installed": True, "version": version, "path": locations[0] if locations else spec.origin,
+            "plugins_env": plugins}
 
 
 def free_disk(workdir):

@@ -31,6 +31,7 @@ def _deployed_release() -> str | None:
 
 
 def run(ctx: StageContext) -> StageResult:
+    from ddtree.sglang.config import ENV_SGLANG_PLUGINS, plugins_filter_problem
     from ddtree.sglang.gate import find_package_dir, run_gate
 
     package_dir = find_package_dir()
@@ -45,9 +46,12 @@ def run(ctx: StageContext) -> StageResult:
         return StageResult.failed(f"gate refuses sglang {gate.version}: {gate.findings[0].line()}", metrics=metrics)
     deployed = _deployed_release()
     metrics["deployed_release"] = deployed
+    filtered_out = plugins_filter_problem(os.environ.get(ENV_SGLANG_PLUGINS))
+    metrics["plugins_problem"] = filtered_out
     if deployed is None:
         return StageResult.skipped(f"gate passes for sglang {gate.version}; the plugin is not deployed in "
-                                   f"{sys.executable} (run `ddtree-ops deploy`)", metrics=metrics)
+                                   f"{sys.executable} (run `ddtree-ops deploy`)"
+                                   + (f"; also: {filtered_out}" if filtered_out else ""), metrics=metrics)
     # A fresh interpreter without the release on its path: what SGLang's processes see.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("DDTREE_")}
     env["PYTHONDONTWRITEBYTECODE"] = "1"

@@ -132,3 +132,19 @@ def test_check_says_when_the_active_release_is_damaged(tmp_path, capsys):
     facts = json.loads(capsys.readouterr().out)["hosts"]["local"]["result"]
     assert facts["active_release"] is None
     assert facts["release_problem"] == f"current -> {tmp_path / 'elsewhere'}: not a release push made here"
+
+
+def test_check_names_an_sglang_plugins_list_without_ddtree(tmp_path, capsys, monkeypatch):
+    """SGLang skips every plugin SGLANG_PLUGINS does not name: hosts check says so, per host."""
+    path = inventory(tmp_path, {"local": {"transport": "local", "workdir": str(tmp_path / "w")}})
+    monkeypatch.setenv("SGLANG_PLUGINS", "someone_else")
+    assert main(["hosts", "check", "-i", str(path), "--json"]) == 0
+    sglang = json.loads(capsys.readouterr().out)["hosts"]["local"]["result"]["sglang"]
+    assert sglang["plugins_env"] == "someone_else"
+    assert sglang["plugins_problem"].startswith("SGLANG_PLUGINS='someone_else' does not list ddtree")
+    from ddtree_ops.cli.hosts import check_row
+
+    assert "SGLANG_PLUGINS='someone_else' does not list ddtree" in check_row({"sglang": sglang})[4]
+    monkeypatch.setenv("SGLANG_PLUGINS", "someone_else, ddtree")
+    assert main(["hosts", "check", "-i", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["hosts"]["local"]["result"]["sglang"]["plugins_problem"] is None

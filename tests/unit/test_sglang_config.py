@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddtree.sglang.config import DEFAULT_BUDGET, DDTreeConfig, load_config
+from ddtree.sglang.config import DEFAULT_BUDGET, DDTreeConfig, load_config, plugins_filter_problem
 from ddtree.sglang.errors import PluginConfigError, UnsupportedSetupError
 from ddtree.sglang.hooks import (
     WorkerChoice,
@@ -170,3 +170,24 @@ def test_h3_leaves_a_draft_runners_backend_alone(monkeypatch):
     finally:
         set_active_config(None)
     assert calls == ["draft backend", "target backend"]
+
+
+@pytest.mark.parametrize("value, names_a_problem", [
+    (None, False), ("", False), ("ddtree", False), (" other , ddtree ", False),
+    ("other", True), ("ddtree2,other", True), (",", True), (" ", True),
+])
+def test_sglang_plugins_without_ddtree_is_named(value, names_a_problem):
+    """SGLang: a non-empty SGLANG_PLUGINS is split on commas and stripped; any plugin it does not
+    name is skipped (a value of only separators allows none)."""
+    problem = plugins_filter_problem(value)
+    assert (problem is not None) is names_a_problem
+    if problem:
+        assert problem.startswith(f"SGLANG_PLUGINS={value!r} does not list ddtree") and "\n" not in problem
+
+
+def test_the_sglang_plugins_rule_is_sglangs():
+    from sglang_plugin.dist import sglang_package_dir
+
+    loader = (sglang_package_dir() / "srt" / "plugins" / "__init__.py").read_text()
+    assert "allowed_set = {x.strip() for x in allowed_str.split(\",\") if x.strip()}" in loader
+    assert "if allowed_set is not None and ep.name not in allowed_set:" in loader

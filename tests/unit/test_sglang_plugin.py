@@ -112,6 +112,16 @@ def test_probe_fails_when_sglang_plugins_excludes_us():
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["verdict"] == "failed"
     assert "the plugin's self-check did not run (register() was not called by load_plugins)" in result["reasons"]
+    assert result["reasons"][0].startswith("SGLANG_PLUGINS='someone_else' does not list ddtree: SGLang skips")
+
+
+def test_probe_accepts_an_sglang_plugins_list_that_names_us():
+    """SGLang's real loader honours the list (srt/plugins/__init__.py:51-70): naming ddtree among
+    others loads it as if the variable were unset."""
+    done = run_python("from ddtree.sglang.probe import main; raise SystemExit(main())",
+                      env={"SGLANG_PLUGINS": " someone_else , ddtree"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["verdict"] == "static-only"
 
 
 APPLY_ON_A_RESOLVABLE_TARGET = BYPASS_SGLANG_INIT + """

@@ -9,6 +9,7 @@ import pytest
 from smoke.protocol import SmokeOptions, StageContext, Status
 from smoke.stages import plugin as plugin_stage
 from smoke.stages import sglang_e2e as e2e
+from sglang_plugin.dist import sglang_package_dir
 
 
 def _ctx(tmp_path: Path, device: str = "cpu", host: dict | None = None, extra: dict | None = None) -> StageContext:
@@ -24,6 +25,15 @@ def test_plugin_stage_skips_without_sglang(tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sglang" else real(name, *a))
     result = plugin_stage.run(_ctx(tmp_path))
     assert result.status is Status.SKIP and result.reason.startswith("sglang is not installed in ")
+
+
+def test_plugin_stage_names_an_sglang_plugins_list_without_ddtree(tmp_path, monkeypatch):
+    monkeypatch.setenv("SGLANG_PLUGINS", "someone_else")
+    monkeypatch.setattr(plugin_stage, "_deployed_release", lambda: None)
+    monkeypatch.setattr("ddtree.sglang.gate.find_package_dir", lambda: sglang_package_dir())
+    result = plugin_stage.run(_ctx(tmp_path))
+    assert result.status is Status.SKIP and "also: SGLANG_PLUGINS='someone_else' does not list ddtree" in result.reason
+    assert result.metrics["plugins_problem"].startswith("SGLANG_PLUGINS='someone_else'")
 
 
 @pytest.mark.parametrize("device, host, reason", [

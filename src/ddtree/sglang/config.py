@@ -26,6 +26,11 @@ KNOWN_VARIABLES = frozenset(
     {ENV_ENABLE, ENV_BUDGET, ENV_TOPK, ENV_STRICT, ENV_METRICS_INTERVAL, ENV_DRAFT_BLOCK_SIZE}
 )
 
+# SGLang's own allow-list of plugin entry-point names (srt/plugins/__init__.py:51-70): when it
+# is set, every plugin it does not name is skipped, ours included.
+ENV_SGLANG_PLUGINS = "SGLANG_PLUGINS"
+PLUGIN_NAME = "ddtree"  # our entry point's name in the sglang.srt.plugins group
+
 DEFAULT_BUDGET = 32
 DEFAULT_METRICS_INTERVAL = 50  # verify rounds between two metric log lines
 # Verify width N = budget + 1 is a CUDA-graph capture width and a mask side; keep it sane.
@@ -122,3 +127,17 @@ def load_config(env: Mapping[str, str] | None = None) -> DDTreeConfig:
         enabled=enabled, budget=budget, topk=topk, strict=strict, metrics_interval=interval,
         draft_block_size=block,
     )
+
+
+def plugins_filter_problem(value: str | None) -> str | None:
+    """One line naming the problem when SGLANG_PLUGINS (its raw value, None when unset) makes
+    SGLang skip DDTree, else None. SGLang splits a non-empty value on commas and strips each
+    name; a value of only separators allows nothing at all."""
+    if not value:
+        return None
+    allowed = {name.strip() for name in value.split(",") if name.strip()}
+    if PLUGIN_NAME in allowed:
+        return None
+    return (f"{ENV_SGLANG_PLUGINS}={value!r} does not list {PLUGIN_NAME}: SGLang skips every plugin it does "
+            f"not name, so DDTree never registers and DDTREE_ENABLE=1 serves plain DFlash; add "
+            f"{PLUGIN_NAME} to it or unset it")

@@ -26,8 +26,9 @@ import types
 from enum import Enum
 from typing import Any
 
+from ddtree.sglang.config import ENV_SGLANG_PLUGINS, PLUGIN_NAME, plugins_filter_problem
+
 PLUGIN_GROUP = "sglang.srt.plugins"
-PLUGIN_NAME = "ddtree"
 PLUGIN_VALUE = "ddtree.sglang.plugin:register"
 
 
@@ -68,10 +69,14 @@ def entry_point_info() -> dict[str, Any]:
 
 def classify(
     entry_point: dict[str, Any], gate: dict[str, Any], self_check: dict[str, Any] | None,
-    load_error: str | None, *, allow_gate_findings: bool,
+    load_error: str | None, *, allow_gate_findings: bool, plugins_filter: str | None = None,
 ) -> tuple[Verdict, list[str]]:
-    """Pure: the verdict and its reasons from the probe's observations."""
+    """Pure: the verdict and its reasons from the probe's observations (plugins_filter: the
+    raw SGLANG_PLUGINS this environment gives SGLang's processes, None when unset)."""
     reasons: list[str] = []
+    filtered_out = plugins_filter_problem(plugins_filter)
+    if filtered_out:
+        reasons.append(filtered_out)
     if not entry_point.get("found"):
         reasons.append(f"entry point {PLUGIN_GROUP}:{PLUGIN_NAME} not discoverable")
     elif entry_point.get("value") != PLUGIN_VALUE:
@@ -133,7 +138,8 @@ def probe(*, allow_gate_findings: bool = False) -> dict[str, Any]:
     report = selfcheck.LAST_REPORT.to_dict() if selfcheck.LAST_REPORT is not None else None
     result["self_check"] = report
     verdict, reasons = classify(
-        result["entry_point"], result["gate"], report, load_error, allow_gate_findings=allow_gate_findings
+        result["entry_point"], result["gate"], report, load_error, allow_gate_findings=allow_gate_findings,
+        plugins_filter=os.environ.get(ENV_SGLANG_PLUGINS),
     )
     result["verdict"], result["reasons"] = verdict.value, reasons
     return result
