@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from ddtree.runsummary import AUTOREGRESSIVE_KEY, MethodSummary, summarize_methods
-from ddtree_ops.errors import BaselineFileError, UsageError
+from ddtree_ops.errors import BaselineFileError, UsageError, quoted
 from ddtree_ops.results import sha256_file
 
 BASELINE_FORMAT = "ddtree-ops-baseline/1"
@@ -39,6 +39,17 @@ DATASET_KEYS = {
 }
 PAPER_METHODS = {"DFlash": "dflash", "DDTree": "ddtree_best"}
 REQUIRED_RECORD_FIELDS = ("acceptance_lengths", "time_per_output_token", "output_ids", "num_input_tokens", "stage_times")
+
+# Bounds on a reference run file, checked before anything is inflated, materialised or walked: a
+# crafted file can be small on disk (a deflated member, a stride-0 view, one record referenced a
+# million times) and huge in memory. Real runs sit far below them (MATH-500 x 8 methods x 16K
+# tokens is 64M token ids).
+MAX_ARCHIVE_BYTES = 1 << 30  # everything inside the torch.save archive, inflated
+MAX_RESPONSES = 100_000  # prompts in one run
+MAX_METHODS = 1_000  # methods per response
+MAX_FIELD_ITEMS = 4_000_000  # output_ids / acceptance_lengths of one record
+MAX_STAGE_TIMES = 10_000  # stage_times entries of one record
+MAX_TOTAL_ITEMS = 64_000_000  # the above over all records of the file (each reference counted)
 
 
 def short_model_name(name: str) -> str:
@@ -60,6 +71,7 @@ def load_reference_run(path: Path) -> dict[str, Any]:
         raise BaselineFileError(f"{path}: a folder; give the reference run files in it (e.g. {path}/*.pt)")
     if not path.is_file():
         raise BaselineFileError(f"{path}: no such file")
+    _check_archive(path)
     try:
         with torch.serialization.safe_globals([types.SimpleNamespace]), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # protocol notes on odd files: the error below says it all
@@ -78,6 +90,28 @@ def load_reference_run(path: Path) -> dict[str, Any]:
         raise BaselineFileError(f"{path}: not a torch.save file: {type(err).__name__}: {_first_line(err)}") from None
     _check_run_layout(path, data)
     return data
+
+
+def _check_archive(path: Path) -> None:
+    """Only a torch.save archive is read, and only if its members inflate to at most
+    MAX_ARCHIVE_BYTES (torch allocates each member at its declared size; torch.save never
+    compresses, so a deflated member is a crafted one). Torch's legacy format is refused: its
+    storages declare sizes that cannot be checked before torch allocates them."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+    except (OSError, zipfile.BadZipFile, ValueError):
+        raise BaselineFileError(f"{path}: not a reference run file we can read safely ({_pickle_kind(path)}; "
+                                "nothing from the file was run)") from None
+    total = 0
+    for member in members:
+        total += member.file_size
+        if total > MAX_ARCHIVE_BYTES:
+            raise BaselineFileError(
+                f"{path}: archive member {quoted(member.filename)}: the archive inflates past the limit of "
+                f"{MAX_ARCHIVE_BYTES} bytes ({member.file_size} bytes in this member); refused before reading it")
 
 
 def _pickle_kind(path: Path) -> str:
@@ -112,28 +146,42 @@ def _check_run_layout(path: Path, data: Any) -> None:
             raise BaselineFileError(f"{path}: not a reference run: args has no {key!r}")
     if not isinstance(responses, list) or not responses:
         raise BaselineFileError(f"{path}: not a reference run: 'responses' must be a non-empty list")
+    if len(responses) > MAX_RESPONSES:
+        raise BaselineFileError(f"{path}: responses: {len(responses)} responses, past the limit of {MAX_RESPONSES}")
     _check_args(path, args)
     methods = None
+    budget = _ItemBudget(path)
     for index, response in enumerate(responses):
         if not isinstance(response, dict) or not response:
             raise BaselineFileError(f"{path}: responses[{index}]: expected a dict of method -> record")
+        if len(response) > MAX_METHODS:
+            raise BaselineFileError(f"{path}: responses[{index}]: {len(response)} methods, past the limit of {MAX_METHODS}")
         if methods is None:
             methods = set(response)
         elif set(response) != methods:
-            raise BaselineFileError(
-                f"{path}: responses[{index}]: methods {sorted(response)} differ from responses[0]'s {sorted(methods)}"
-            )
+            raise BaselineFileError(f"{path}: responses[{index}]: methods {quoted(list(response))} differ from "
+                                    f"responses[0]'s {quoted(list(methods))}")
         for method, record in response.items():
-            where = f"{path}: responses[{index}][{method!r}]"
+            where = f"{path}: responses[{index}][{quoted(method)}]"
             missing = [name for name in REQUIRED_RECORD_FIELDS if not hasattr(record, name)]
             if missing:
                 raise BaselineFileError(f"{where}: missing {', '.join(missing)}")
-            _check_record(where, record)
+            _check_record(where, record, budget)
 
 
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+class _ItemBudget:
+    """Counts the items the summaries will walk, over every record as often as it is referenced."""
+
+    def __init__(self, path: Path):
+        self.path, self.used = path, 0
+
+    def take(self, where: str, field_name: str, count: int, limit: int = MAX_FIELD_ITEMS) -> None:
+        if count > limit:
+            raise BaselineFileError(f"{where}.{field_name}: {count} items, past the limit of {limit}")
+        self.used += count
+        if self.used > MAX_TOTAL_ITEMS:
+            raise BaselineFileError(f"{self.path}: {where.split(': ', 1)[-1]}.{field_name}: the file's records hold "
+                                    f"more than the limit of {MAX_TOTAL_ITEMS} items in all")
 
 
 def _is_real(value: Any) -> bool:
@@ -143,42 +191,47 @@ def _is_real(value: Any) -> bool:
 def _check_args(path: Path, args: Mapping[str, Any]) -> None:
     for key in ("dataset", "model_name_or_path"):
         if not isinstance(args[key], str) or not args[key]:
-            raise BaselineFileError(f"{path}: args.{key}: expected a name, got {_shown(args[key])}")
+            raise BaselineFileError(f"{path}: args.{key}: expected a name, got {quoted(args[key])}")
     temperature = args["temperature"]
     if not _is_real(temperature) or not math.isfinite(temperature) or temperature < 0:
-        raise BaselineFileError(f"{path}: args.temperature: expected a finite number >= 0, got {_shown(temperature)}")
+        raise BaselineFileError(f"{path}: args.temperature: expected a finite number >= 0, got {quoted(temperature)}")
 
 
-def _check_record(where: str, record: Any) -> None:
+def _check_record(where: str, record: Any, budget: _ItemBudget) -> None:
     """One method's record of one request, in the shapes the summary reads (the reference's
     benchmark.py writes them so); BaselineFileError naming the field otherwise, so that no
-    odd value reaches the arithmetic (a NaN would end up in the baseline file)."""
+    odd value reaches the arithmetic (a NaN would end up in the baseline file). Sizes are
+    checked before any field is walked or materialised."""
     import torch
 
     lengths = record.acceptance_lengths  # list[int], as both the reference and DecodeResult hold them
     if not isinstance(lengths, (list, tuple)):
         raise BaselineFileError(f"{where}.acceptance_lengths: expected a list of whole numbers >= 1, "
-                                f"got {_shown(lengths)}")
+                                f"got {quoted(lengths)}")
+    budget.take(where, "acceptance_lengths", len(lengths))
     for length in lengths:  # a round accepts at least the root
         if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-            raise BaselineFileError(f"{where}.acceptance_lengths: expected whole numbers >= 1, got {_shown(length)}")
+            raise BaselineFileError(f"{where}.acceptance_lengths: expected whole numbers >= 1, got {quoted(length)}")
     tpot = record.time_per_output_token
     if not _is_real(tpot) or not math.isfinite(tpot) or tpot < 0:
-        raise BaselineFileError(f"{where}.time_per_output_token: expected a finite number >= 0, got {_shown(tpot)}")
+        raise BaselineFileError(f"{where}.time_per_output_token: expected a finite number >= 0, got {quoted(tpot)}")
     ids = record.output_ids  # [1, n] int64 (or [n])
     if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.dtype == torch.bool or \
             not (ids.dim() == 1 or (ids.dim() == 2 and ids.shape[0] == 1)):
-        got = f"a {ids.dtype} tensor of shape {tuple(ids.shape)}" if isinstance(ids, torch.Tensor) else _shown(ids)
+        got = f"a {ids.dtype} tensor of shape {tuple(ids.shape)}" if isinstance(ids, torch.Tensor) else quoted(ids)
         raise BaselineFileError(f"{where}.output_ids: expected a [1, n] integer tensor, got {got}")
+    budget.take(where, "output_ids", ids.numel())  # a stride-0 view is small on disk, not here
     prompt = record.num_input_tokens
     if isinstance(prompt, bool) or not isinstance(prompt, int) or not 0 <= prompt <= ids.shape[-1]:
         raise BaselineFileError(f"{where}.num_input_tokens: expected a whole number from 0 to the "
-                                f"{ids.shape[-1]} output_ids, got {_shown(prompt)}")
+                                f"{ids.shape[-1]} output_ids, got {quoted(prompt)}")
     stage_times = record.stage_times
+    if isinstance(stage_times, Mapping):
+        budget.take(where, "stage_times", len(stage_times), MAX_STAGE_TIMES)
     if not isinstance(stage_times, Mapping) or not all(
             isinstance(k, str) and _is_real(v) and math.isfinite(v) and v >= 0 for k, v in stage_times.items()):
         raise BaselineFileError(f"{where}.stage_times: expected an object of stage -> finite seconds >= 0, "
-                                f"got {_shown(stage_times)}")
+                                f"got {quoted(stage_times)}")
 
 
 def summarize_reference_run(path: Path, data: Mapping[str, Any]) -> list[MethodSummary]:
@@ -227,7 +280,7 @@ class Baseline:
         """The parsed JSON document; every error names `where` and the entry."""
         if not isinstance(body, dict) or body.get("format") != BASELINE_FORMAT:
             got = body.get("format") if isinstance(body, dict) else type(body).__name__
-            raise BaselineFileError(f"{where}: not a ddtree-ops baseline (format {got!r}, expected {BASELINE_FORMAT!r})")
+            raise BaselineFileError(f"{where}: not a ddtree-ops baseline (format {quoted(got)}, expected {BASELINE_FORMAT!r})")
         raw_entries = body.get("entries", [])
         if not isinstance(raw_entries, list):
             raise BaselineFileError(f"{where}: entries: expected a list, got {type(raw_entries).__name__}")
@@ -239,7 +292,7 @@ class Baseline:
                 raise BaselineFileError(f"{where}: entries[{index}]: {err}") from None
         sources = body.get("sources", [])
         if not isinstance(sources, list) or not all(isinstance(s, dict) for s in sources):
-            raise BaselineFileError(f"{where}: sources: expected a list of objects, got {sources!r:.60}")
+            raise BaselineFileError(f"{where}: sources: expected a list of objects, got {quoted(sources)}")
         return cls(entries=entries, sources=sources)
 
 

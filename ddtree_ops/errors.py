@@ -5,7 +5,38 @@ below raises them with a one-line message that names the file, field, host or va
 """
 from __future__ import annotations
 
+import reprlib
 from enum import IntEnum
+from typing import Any
+
+
+class _BoundedRepr(reprlib.Repr):
+    """reprlib's bounded containers and strings; any other object (whose own repr could walk
+    anything) is named by its type."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel, self.maxstring, self.maxother = 2, 60, 60
+        self.maxlist = self.maxdict = self.maxtuple = self.maxset = self.maxfrozenset = self.maxdeque = 6
+
+    def repr_int(self, obj: int, level: int) -> str:
+        if abs(obj) >= 10 ** 60:  # a huge int's digits cost time (and past 4300, an error)
+            return f"<int of {obj.bit_length()} bits>"
+        return super().repr_int(obj, level)
+
+    def repr_instance(self, obj: Any, level: int) -> str:
+        if obj is None or isinstance(obj, (bool, float, complex)):
+            return super().repr_instance(obj, level)
+        shape, dtype = getattr(type(obj), "shape", None), getattr(type(obj), "dtype", None)
+        if shape is not None and dtype is not None:  # a tensor or array: what it is, not its values
+            return f"a {obj.dtype} tensor of shape {tuple(obj.shape)}"
+        return f"<{type(obj).__name__}>"
+
+
+def quoted(value: Any) -> str:
+    """`value` as an error message quotes it: its repr, bounded in length and in the work it
+    takes however large, deep or self-repeating the value is (values come from files and hosts)."""
+    return _BoundedRepr().repr(value)
 
 
 class ExitCode(IntEnum):

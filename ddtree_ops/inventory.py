@@ -8,7 +8,6 @@ Every error is a `ConfigError` whose message starts with the file and the field:
 from __future__ import annotations
 
 import os
-import reprlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -18,7 +17,7 @@ from typing import Annotated, Any, Optional
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticCustomError
 
-from ddtree_ops.errors import ConfigError, UsageError
+from ddtree_ops.errors import ConfigError, UsageError, quoted
 
 INVENTORY_ENV = "DDTREE_OPS_INVENTORY"
 DEFAULT_INVENTORY_NAME = "hosts.yaml"
@@ -34,13 +33,6 @@ BUILTIN_COMMAND_TIMEOUT_S = 600.0
 # expanding them, a file is refused (nine nested `[*a, *a, ...]` lines make 10^9 of them).
 ALIAS_EXPANSION_LIMIT = 10_000
 
-
-def quoted(value: Any) -> str:
-    """`value` as an error message quotes it: its repr, bounded however large or deep it is."""
-    shown = reprlib.Repr()
-    shown.maxlevel, shown.maxstring, shown.maxother = 2, 60, 60
-    shown.maxlist = shown.maxdict = shown.maxtuple = shown.maxset = 4
-    return shown.repr(value)
 
 
 class TransportKind(str, Enum):

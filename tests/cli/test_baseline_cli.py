@@ -131,3 +131,63 @@ def test_a_raw_pickle_is_refused_with_our_own_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.splitlines() == [f"ddtree-ops: error: {raw}: not a reference run file we can read safely "
                                 "(a raw pickle, not torch.save's archive; nothing from the file was run)"]
+
+
+def _record(output_ids, lengths):
+    return types.SimpleNamespace(
+        output_ids=output_ids, num_input_tokens=2, num_output_tokens=2, time_to_first_token=0.0,
+        time_per_output_token=0.01, acceptance_lengths=lengths, decode_rounds=1, stage_times={},
+        round_timestamps=[], round_trees=None)
+
+
+def _save_run(path, responses):
+    torch.save({"responses": responses, "block_size": 16,
+                "args": {"dataset": "gsm8k", "model_name_or_path": "Qwen/Qwen3-4B", "temperature": 0.0}}, path)
+    return path
+
+
+def _refusal(path, capsys):
+    out = path.parent / "baseline.json"
+    assert main(["baseline", "import", str(path), "-o", str(out)]) == 3
+    assert not out.exists()
+    [line] = capsys.readouterr().err.splitlines()
+    return line
+
+
+def test_a_stride_0_view_is_refused_by_its_size_before_it_is_materialised(tmp_path, capsys):
+    # 8 bytes on disk, 5M token ids (40 MB, and 24 GB at 3e9) once read out
+    view = torch.zeros(1, 1, dtype=torch.int64).expand(1, 5_000_000)
+    path = _save_run(tmp_path / "view.pt", [{"baseline": _record(view, [1]), "dflash": _record(view, [1])}])
+    assert path.stat().st_size < 4096
+    assert _refusal(path, capsys) == (f"ddtree-ops: error: {path}: responses[0]['baseline'].output_ids: "
+                                      "5000000 items, past the limit of 4000000")
+
+
+def test_one_record_referenced_many_times_is_counted_each_time(tmp_path, capsys):
+    view = torch.zeros(1, 1, dtype=torch.int64).expand(1, 3_900_000)
+    record = _record(view, [1] * 1000)
+    path = _save_run(tmp_path / "shared.pt", [{"baseline": record, "dflash": record}] * 5_000)
+    assert path.stat().st_size < 64 * 1024  # the pickle stores the record once
+    assert _refusal(path, capsys) == (f"ddtree-ops: error: {path}: responses[8]['baseline'].output_ids: the file's "
+                                      "records hold more than the limit of 64000000 items in all")
+    many = _save_run(tmp_path / "many.pt", [{"baseline": _record(torch.tensor([[1, 2, 3]]), [1])}] * 100_001)
+    assert _refusal(many, capsys) == f"ddtree-ops: error: {many}: responses: 100001 responses, past the limit of 100000"
+
+
+def test_an_archive_that_inflates_past_the_limit_is_refused_unread(tmp_path, capsys, monkeypatch):
+    import zipfile
+
+    from ddtree_ops import baselines
+
+    plain = run_file(tmp_path / "plain.pt")
+    crafted = tmp_path / "deflated.pt"
+    with zipfile.ZipFile(plain) as source, zipfile.ZipFile(crafted, "w", zipfile.ZIP_DEFLATED) as target:
+        for member in source.infolist():
+            target.writestr(member.filename, source.read(member))
+        prefix = source.infolist()[0].filename.split("/")[0]
+        target.writestr(f"{prefix}/data/99", bytes(3 << 20))  # 3 MiB of zeros deflate to a few KB
+    monkeypatch.setattr(baselines, "MAX_ARCHIVE_BYTES", 2 << 20)  # the real limit is 1 GiB
+    assert crafted.stat().st_size < 64 * 1024
+    line = _refusal(crafted, capsys)
+    assert line == (f"ddtree-ops: error: {crafted}: archive member '{prefix}/data/99': the archive inflates past "
+                    f"the limit of {2 << 20} bytes ({3 << 20} bytes in this member); refused before reading it")

@@ -46,7 +46,8 @@ BROKEN = [  # (mutation, the message after "<file>: ")
                  "responses[0]['dflash'].acceptance_lengths: expected a list of whole numbers >= 1, got None",
                  id="none-lengths"),
     pytest.param(set_field(0, "dflash", "acceptance_lengths", torch.tensor([3, 1])),
-                 "responses[0]['dflash'].acceptance_lengths: expected a list of whole numbers >= 1, got tensor([3, 1])",
+                 "responses[0]['dflash'].acceptance_lengths: expected a list of whole numbers >= 1, got a torch.int64 tensor "
+                 "of shape (2,)",
                  id="tensor-lengths"),
     pytest.param(set_field(0, "dflash", "output_ids", [[1, 2, 3, 5, 6]]),
                  "responses[0]['dflash'].output_ids: expected a [1, n] integer tensor, got [[1, 2, 3, 5, 6]]",
