@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ddtree_ops.errors import ConfigError
+from ddtree_ops.noise import GPU_BUSY_LIMIT_PCT, LOAD_PER_CPU_LIMIT, SPREAD_LIMIT, Noise, cell_noise, load_problem
 from ddtree_ops.tolerances import DEFAULT_TAU_TOLERANCE
 from ddtree_ops.results import HostOutcome, RunRecord, StageStatus, hosts_exit_code
 
@@ -40,6 +41,10 @@ SWEEP_STAGE = "tree-bench"
 SWEEP_TABLE = "sweep"
 DECODE_STAGE = "decode-bench"
 DECODE_TABLE = "methods"  # one row per method: method, budget, tau, speedup, ... (runsummary)
+TIMINGS_TABLE = "timings"  # a timed stage's min / median / max per cell (smoke/protocol.py)
+# What the report adds to a decode-bench row (its timing spread and noise verdict): not part
+# of the row the host wrote, so taken off again before the row is read as a method summary.
+DECODE_NOISE_KEYS = ("tpot_min_ms", "tpot_median_ms", "tpot_max_ms", "spread", "noisy", "noisy_why")
 
 
 # ----------------------------------------------------------------------------- the model
@@ -69,10 +74,20 @@ class Report:
     sweep: list[dict[str, Any]]  # tree-bench rows, each with its `host`
     decode: list[dict[str, Any]] = field(default_factory=list)  # decode-bench rows + `host`
     meta: dict[str, Any] = field(default_factory=dict)
+    loads: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> timed stage -> load
+    timings: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # host -> "stage.cell" -> row
 
     @property
     def exit_code(self) -> int:
         return int(hosts_exit_code(self.outcomes.values()))
+
+    def noise(self, host: str, stage: str, cell: str) -> Noise | None:
+        """The noise verdict on a timed value (`stage`'s `timings` has `cell`), else None: a
+        value that does not depend on time (tau, a status) is judged as it is."""
+        timing = self.timings.get(host, {}).get(f"{stage}.{cell}")
+        if timing is None:
+            return None
+        return cell_noise(timing, self.loads.get(host, {}).get(stage))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -82,14 +97,29 @@ class Report:
             "hosts": {h: {"outcome": self.outcomes[h].value,
                           "stages": {s: {"status": self.statuses[h].get(s),
                                          "duration_s": self.durations[h].get(s),
-                                         "reason": self.reasons[h].get(s)}
+                                         "reason": self.reasons[h].get(s),
+                                         **self._load_dict(h, s)}
                                      for s in self.stages if s in self.statuses[h]}}
                       for h in self.hosts},
+            "noise_rule": {"spread_limit": SPREAD_LIMIT, "load_per_cpu_limit": LOAD_PER_CPU_LIMIT,
+                           "gpu_busy_limit_pct": GPU_BUSY_LIMIT_PCT},
             "failures": [f.to_dict() for f in self.failures],
             "sweep": self.sweep,
             "decode": self.decode,
             "run_exit_code": self.exit_code,  # the run's verdict; `exit_code` is the command's
         }
+
+    def _load_dict(self, host: str, stage: str) -> dict[str, Any]:
+        """A timed stage's host load and timing cells, with the noise verdict on each."""
+        load = self.loads.get(host, {}).get(stage)
+        prefix = f"{stage}."
+        cells = {name[len(prefix):]: row for name, row in self.timings.get(host, {}).items()
+                 if name.startswith(prefix)}
+        if load is None and not cells:
+            return {}
+        judged = {cell: {**row, "noisy": cell_noise(row, load).noisy,
+                         "noisy_why": cell_noise(row, load).why or None} for cell, row in cells.items()}
+        return {"load": load, "load_problem": load_problem(load) or None, "timings": judged}
 
 
 def shown_value(value: Any) -> str:
@@ -120,6 +150,8 @@ def build_report(run: RunRecord) -> Report:
     failures: list[Failure] = []
     sweep: list[dict[str, Any]] = []
     decode: list[dict[str, Any]] = []
+    loads: dict[str, dict[str, Any]] = {}
+    timings: dict[str, dict[str, dict[str, Any]]] = {}
     for name, host in run.hosts.items():
         statuses[name] = {s: r.status.value for s, r in host.stages.items()}
         durations[name] = {s: r.duration_s for s, r in host.stages.items()}
@@ -130,16 +162,45 @@ def build_report(run: RunRecord) -> Report:
             if record.status is StageStatus.FAIL:
                 detail = _last_line(record.traceback) or _last_line(record.output_tail)
                 failures.append(Failure(name, stage, record.reason, detail))
+        for stage, record in host.stages.items():
+            if record.load is not None:
+                loads.setdefault(name, {})[stage] = record.load
+            for row in record.tables.get(TIMINGS_TABLE, []):
+                if isinstance(row.get("cell"), str):
+                    timings.setdefault(name, {})[f"{stage}.{row['cell']}"] = row
         bench = host.stages.get(SWEEP_STAGE)
         if bench is not None:
             sweep += [{"host": name, **row} for row in bench.tables.get(SWEEP_TABLE, [])]
         decoded = host.stages.get(DECODE_STAGE)
         if decoded is not None:
             decode += [{"host": name, **row} for row in decoded.tables.get(DECODE_TABLE, [])]
-    return Report(run_id=run.run_id, stages=stages, hosts=list(run.hosts),
-                  outcomes={h: r.outcome for h, r in run.hosts.items()}, statuses=statuses,
-                  durations=durations, reasons=reasons, failures=failures, sweep=sweep,
-                  decode=decode, meta=run.meta)
+    report = Report(run_id=run.run_id, stages=stages, hosts=list(run.hosts),
+                    outcomes={h: r.outcome for h, r in run.hosts.items()}, statuses=statuses,
+                    durations=durations, reasons=reasons, failures=failures, sweep=sweep,
+                    decode=decode, meta=run.meta, loads=loads, timings=timings)
+    for row in sweep:
+        cell = f"build_ms.{row.get('builder')}.bs{row.get('batch_size')}.b{row.get('budget')}"
+        _mark_noise(row, report.timings.get(row["host"], {}).get(f"{SWEEP_STAGE}.{cell}"),
+                    report.noise(row["host"], SWEEP_STAGE, cell), "ms")
+    for row in decode:
+        cell = f"tpot_ms.{row.get('method')}"
+        _mark_noise(row, report.timings.get(row["host"], {}).get(f"{DECODE_STAGE}.{cell}"),
+                    report.noise(row["host"], DECODE_STAGE, cell), "tpot_ms", prefix="tpot_")
+    return report
+
+
+def _mark_noise(row: dict[str, Any], timing: dict[str, Any] | None, noise: Noise | None, unit: str,
+                prefix: str = "") -> None:
+    """A table row gains its cell's min / median / max, spread and noise verdict."""
+    if timing is not None:
+        if prefix:
+            row.update({f"{prefix}min_ms": timing.get("min"), f"{prefix}median_ms": timing.get("median"),
+                        f"{prefix}max_ms": timing.get("max")})
+        else:
+            row.update({f"min_{unit}": timing.get("min"), f"max_{unit}": timing.get("max")})
+    row["spread"] = None if noise is None or noise.spread is None else round(noise.spread, 4)
+    row["noisy"] = None if noise is None else noise.noisy
+    row["noisy_why"] = None if noise is None else (noise.why or None)
 
 
 def sweep_pivot(rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
@@ -153,6 +214,8 @@ def sweep_pivot(rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, A
         key = (row.get("host"), row.get("batch_size"), row.get("budget"))
         entry = table.setdefault(key, {"host": key[0], "batch_size": key[1], "budget": key[2]})
         entry[builder] = row.get("per_request_ms")
+        if row.get("noisy"):
+            entry.setdefault("noisy_builders", []).append(builder)
         if row.get("nodes") is not None:
             entry["nodes"] = row["nodes"]
     ordered = sorted(table.values(), key=lambda r: (str(r["host"]), r["batch_size"] or 0,
@@ -193,15 +256,25 @@ class Comparison:
     measured: Any
     ok: bool
     why: str
-    # False for a check of a host this run did not select (`-H` a subset of a fleet baseline):
-    # neither passed nor a regression, and shown as such
+    # False for a check of a host this run did not select (`-H` a subset of a fleet baseline),
+    # or of a timed value too noisy to judge (`noisy`): neither passed nor a regression
     checked: bool = True
+    noisy: bool = False
+
+    @property
+    def verdict(self) -> str:
+        if self.noisy:
+            return "not judged"
+        if not self.checked:
+            return "not checked"
+        return "ok" if self.ok else "regression"
 
     def to_dict(self) -> dict[str, Any]:
         return {"metric": self.check.metric, "host": self.host,
                 "expected": self.check.expected, "measured": self.measured,
                 "tolerance": self.check.tolerance, "abs_tolerance": self.check.abs_tolerance,
-                "better": self.check.better.value, "ok": self.ok, "why": self.why, "checked": self.checked}
+                "better": self.check.better.value, "ok": self.ok, "why": self.why, "checked": self.checked,
+                "noisy": self.noisy, "verdict": self.verdict}
 
     def line(self) -> str:
         return (f"{self.check.metric}{_on_host(self.host)}: expected {shown_value(self.check.expected)}"
@@ -379,9 +452,24 @@ def compare_with_baseline(run: RunRecord, checks: list[MetricCheck]) -> list[Com
                 results.append(Comparison(check, host, None, False, "host not in this run: not checked", checked=False))
                 continue
             measured = record.metric(check.stage, check.name)
+            noise = _metric_noise(record.stages.get(check.stage), check.name)
+            if noise is not None and noise.noisy:  # a verdict on noise would be a guess
+                results.append(Comparison(check, host, measured, False, f"not judged: noisy, {noise.why}",
+                                          checked=False, noisy=True))
+                continue
             ok, why = judge(check, measured)
             results.append(Comparison(check, host, measured, ok, why))
     return results
+
+
+def _metric_noise(record: Any, name: str) -> Noise | None:
+    """The noise verdict on a stage's metric when it is a timed value (its `timings` has it)."""
+    if record is None:
+        return None
+    for row in record.tables.get(TIMINGS_TABLE, []):
+        if row.get("cell") == name:
+            return cell_noise(row, record.load)
+    return None
 
 
 # ----------------------------------------------------------------------------- decode baselines
@@ -448,7 +536,8 @@ def _cell_name(key: tuple[Any, ...]) -> str:
 def _run_summaries(report: Report, host: str) -> list[Any]:
     from ddtree_ops.baselines import summaries_from_rows
 
-    rows = [{k: v for k, v in row.items() if k != "host"} for row in report.decode if row["host"] == host]
+    rows = [{k: v for k, v in row.items() if k != "host" and k not in DECODE_NOISE_KEYS}
+            for row in report.decode if row["host"] == host]
     return summaries_from_rows(rows, f"run {report.run_id}: {host}: {DECODE_STAGE} {DECODE_TABLE}")
 
 
@@ -637,16 +726,17 @@ def plot_decode(report: Report, out_dir: Path,
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     for axis, key, label in ((axes[0], "tau", "acceptance length tau"),
                              (axes[1], "speedup", "speedup over autoregressive")):
-        for host in sorted({r["host"] for r in rows}):
-            points = sorted((r["budget"], r[key]) for r in rows
-                            if r["host"] == host and _as_number(r.get(key)) is not None)
+        hosts = sorted({r["host"] for r in rows})
+        for number, host in enumerate(hosts):
+            points = sorted((r["budget"], r[key], None, None, bool(r.get("noisy")) and key == "speedup")
+                            for r in rows if r["host"] == host and _as_number(r.get(key)) is not None)
             if points:
-                axis.plot([p[0] for p in points], [p[1] for p in points], marker="o",
-                          label=f"{host} · DDTree")
+                _plot_series(axis, points, f"{host} · DDTree", series_style(0, number))
             for flat in report.decode:
                 if flat["host"] == host and flat.get("method") == "dflash" and \
                         _as_number(flat.get(key)) is not None:
-                    axis.axhline(flat[key], linestyle="--", alpha=0.6, label=f"{host} · DFlash")
+                    axis.axhline(flat[key], alpha=0.6, label=f"{host} · DFlash",
+                                 **{**series_style(1, number), "linestyle": "--"})
         _overlay_baseline(axis, baseline or [], key)
         axis.set_xscale("log", base=2)
         axis.set_xlabel("tree budget (draft nodes)")
@@ -674,27 +764,59 @@ def plot_sweep(report: Report, out_dir: Path) -> list[Path]:
     for batch_size in sorted({r.get("batch_size") for r in report.sweep}):
         rows = [r for r in report.sweep if r.get("batch_size") == batch_size]
         fig, axis = plt.subplots(figsize=(7, 4.5))
-        for host in sorted({r["host"] for r in rows}):
-            for builder in sorted({r["builder"] for r in rows if r["host"] == host}):
-                points = sorted((r["budget"], r["per_request_ms"]) for r in rows
+        hosts = sorted({r["host"] for r in report.sweep})
+        builders = sorted({r["builder"] for r in report.sweep})
+        for host in hosts:
+            for builder in builders:
+                points = sorted((r["budget"], r["per_request_ms"], r.get("min_ms"), r.get("max_ms"),
+                                 bool(r.get("noisy"))) for r in rows
                                 if r["host"] == host and r["builder"] == builder
                                 and _as_number(r.get("per_request_ms")) is not None)
                 if points:
-                    axis.plot([p[0] for p in points], [p[1] for p in points], marker="o",
-                              label=f"{host} · {builder}")
+                    _plot_series(axis, points, f"{host} · {builder}", series_style(builders.index(builder),
+                                                                                 hosts.index(host)))
         axis.set_xscale("log", base=2)
         axis.set_yscale("log")
         axis.set_xlabel("tree budget (draft nodes)")
         axis.set_ylabel("tree build time per request (ms)")
         axis.set_title(f"DDTree tree build vs budget · batch {batch_size} · run {report.run_id}")
         axis.grid(True, which="both", alpha=0.3)
-        axis.legend(fontsize=7)
+        axis.legend(fontsize=7, title=NOISY_LEGEND, title_fontsize=7)
         fig.tight_layout()
         path = out_dir / f"tree-build-vs-budget-bs{batch_size}.png"
         fig.savefig(path, dpi=120)
         plt.close(fig)
         written.append(path)
     return written
+
+
+NOISY_LEGEND = "hollow marker: noisy; band: min-max"
+LINE_STYLES = ("-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (5, 5)))
+
+
+def series_style(series: int, host: int) -> dict[str, Any]:
+    """One colour per builder (or method) and one line style per host, so that no two
+    series of a chart look alike until the styles run out (20 colours x 8 styles)."""
+    import matplotlib
+
+    colours = matplotlib.colormaps["tab20"].colors
+    return {"color": colours[(2 * series) % 20 + (series // 10) % 2],
+            "linestyle": LINE_STYLES[host % len(LINE_STYLES)]}
+
+
+def _plot_series(axis: Any, points: list[tuple], label: str, style: dict[str, Any]) -> None:
+    """(x, median, min, max, noisy) points: a line, a min-max band where both were recorded,
+    and hollow markers on noisy points."""
+    xs = [p[0] for p in points]
+    axis.plot(xs, [p[1] for p in points], marker="o", label=label, markersize=4, **style)
+    banded = [p for p in points if _as_number(p[2]) is not None and _as_number(p[3]) is not None]
+    if banded:
+        axis.fill_between([p[0] for p in banded], [p[2] for p in banded], [p[3] for p in banded],
+                          color=style["color"], alpha=0.15, linewidth=0)
+    noisy = [p for p in points if p[4]]
+    if noisy:
+        axis.plot([p[0] for p in noisy], [p[1] for p in noisy], linestyle="none", marker="o", markersize=8,
+                  markerfacecolor="white", markeredgecolor=style["color"])
 
 
 def _overlay_baseline(axis: Any, rows: list[dict[str, Any]], key: str) -> None:

@@ -263,6 +263,7 @@ class StageRecord:
     tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     traceback: str | None = None
     output_tail: str | None = None
+    load: dict[str, Any] | None = None  # timed stages: host-load samples {before, after}
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> "StageRecord":
@@ -286,16 +287,21 @@ class StageRecord:
         for name in ("traceback", "output_tail"):
             if not isinstance(record.get(name), (str, type(None))):
                 raise ValueError(f"stage_end.{name}: expected a string, got {record.get(name)!r:.60}")
+        load = record.get("load")
+        if not isinstance(load, (dict, type(None))) or not all(
+                isinstance(sample, dict) for sample in (load or {}).values()):
+            raise ValueError(f"stage_end.load: expected {{before, after}} samples, got {load!r:.60}")
         return cls(stage=str(record.get("stage")), index=index, status=status,
                    reason=str(record.get("reason") or ""), duration_s=float(duration),
                    metrics=dict(metrics), tables=dict(tables),
-                   traceback=record.get("traceback"), output_tail=record.get("output_tail"))
+                   traceback=record.get("traceback"), output_tail=record.get("output_tail"),
+                   load=load)
 
     def to_dict(self) -> dict[str, Any]:
         return {"stage": self.stage, "index": self.index, "status": self.status.value,
                 "reason": self.reason, "duration_s": self.duration_s, "metrics": self.metrics,
                 "tables": self.tables, "traceback": self.traceback,
-                "output_tail": self.output_tail}
+                "output_tail": self.output_tail, "load": self.load}
 
 
 @dataclass

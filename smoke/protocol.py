@@ -61,7 +61,8 @@ class EventKind(str, Enum):
     HEARTBEAT   stage (or null), elapsed_s (in the current stage)
     STAGE_END   stage, index, status, reason, duration_s, metrics {..}, tables {name: [rows]},
                 traceback (str|null), output_tail (str|null: the stage's last output when it
-                crashed or hung)
+                crashed or hung), load (timed stages: {before, after} host-load samples, see
+                runner.host_load; null otherwise)
     RUN_END     status ("pass" | "fail" | "interrupted" | "error"), counts {status: n},
                 duration_s, exit_code
     """
@@ -198,6 +199,22 @@ def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"smoke options: {name}: expected an integer >= 1, got {value!r}")
     return value
+
+
+# A timed stage's `timings` table: one row per measured value (a cell), named like the metric it
+# backs (`build_ms.public.bs1.b256`), with the fastest, median and slowest of its samples. The
+# operator side judges from these and the stage's host load whether the value can be trusted.
+TIMINGS_TABLE = "timings"
+
+
+def timing_row(cell: str, samples: list[float], unit: str, digits: int = 4) -> dict[str, Any]:
+    """The `timings` row of one cell: min / median / max of its samples (same unit)."""
+    import statistics
+
+    ordered = sorted(samples)
+    return {"cell": cell, "unit": unit, "samples": len(ordered),
+            "min": round(ordered[0], digits), "median": round(statistics.median(ordered), digits),
+            "max": round(ordered[-1], digits)}
 
 
 @dataclass

@@ -265,8 +265,12 @@ def _run_stages(conn: Any, plan: dict[str, Any], stages: list[str]) -> None:
         )
         started = time.monotonic()
         trace = None
+        load: dict[str, Any] = {}
         try:
-            status, reason, result_metrics, tables = _checked_result(stage, load_stage(stage).run(ctx))
+            module = load_stage(stage)
+            if getattr(module, "TIMED", False):  # its figures are read against the host's load
+                load["before"] = host_load()
+            status, reason, result_metrics, tables = _checked_result(stage, module.run(ctx))
             metrics.update(result_metrics)
         except _Terminated:
             raise  # stopped by the runner: its `finally` blocks ran; nothing more to report
@@ -274,16 +278,56 @@ def _run_stages(conn: Any, plan: dict[str, Any], stages: list[str]) -> None:
             trace = traceback.format_exc()
             print(trace, file=sys.stderr, flush=True)
             status, reason, tables = Status.FAIL, f"{type(err).__name__}: {err}", {}
+        duration = time.monotonic() - started
+        if load:
+            load["after"] = host_load()
         sys.stdout.flush()
         sys.stderr.flush()
         conn.send(("end", stage, {
-            "status": status.value, "reason": reason,
-            "duration_s": round(time.monotonic() - started, 6),
-            "metrics": metrics, "tables": tables, "traceback": trace,
+            "status": status.value, "reason": reason, "duration_s": round(duration, 6),
+            "metrics": metrics, "tables": tables, "traceback": trace, "load": load or None,
         }))
         if status is Status.FAIL and not plan["keep_going"]:
             break
     conn.send(("done", None, None))
+
+
+# ----------------------------------------------------------------------------- host load
+
+GPU_QUERY_TIMEOUT_S = 10.0
+
+
+def host_load() -> dict[str, Any]:
+    """What else the host was doing, sampled before and after a timed stage: the 1-minute
+    load average (system-wide, so against the system's CPU count) and, where `nvidia-smi`
+    exists, the utilisation of the GPU the stage uses (CUDA_VISIBLE_DEVICES' first, else 0)."""
+    sample: dict[str, Any] = {"time": round(time.time(), 3), "cpus": os.cpu_count()}
+    try:
+        sample["loadavg_1m"] = round(os.getloadavg()[0], 2)
+    except OSError:  # not offered by this system
+        sample["loadavg_1m"] = None
+    gpu = _gpu_utilisation_pct()
+    if gpu is not None:
+        sample["gpu_util_pct"] = gpu
+    return sample
+
+
+def _gpu_utilisation_pct() -> float | None:
+    import shutil
+    import subprocess
+
+    tool = shutil.which("nvidia-smi")
+    if tool is None:
+        return None
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+    argv = [tool, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"]
+    if first.isdigit():
+        argv.insert(1, f"--id={first}")
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=GPU_QUERY_TIMEOUT_S)
+        return float(done.stdout.split()[0]) if done.returncode == 0 and done.stdout.split() else None
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None  # a wedged or odd nvidia-smi: no figure rather than no stage
 
 
 # ----------------------------------------------------------------------------- the parent

@@ -1,7 +1,7 @@
 """`ddtree-ops report [RUN_ID]`: the host x stage table, each failure's reason, the budget
 sweep and decode-bench tables; `--json` for scripts, `--baseline FILE` to compare with a
-metrics baseline or a decode baseline (told apart by content; exit 5 on a regression, 3 for a
-file that is neither), `--plot DIR` for PNG charts. Also the renderer `smoke` and `bench` end with."""
+metrics baseline or a decode baseline (told apart by content; exit 5 on a regression, 6 when
+no regression was found but a timed value was too noisy to judge, 3 for a file that is neither), `--plot DIR` for PNG charts. Also the renderer `smoke` and `bench` end with."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -36,7 +36,8 @@ def _styled(text: str, styles: dict[str, str]) -> Any:
 
 _VERDICT_MARK = {"ok": ("ok", "green"), "regression": ("REGRESSION", "bold red"),
                  "outside tolerance": ("OUTSIDE TOLERANCE", "bold red"),
-                 "not checked": ("not checked", "yellow"), None: ("-", "dim")}
+                 "not checked": ("not checked", "yellow"), "not judged": ("not judged", "yellow"),
+                 None: ("-", "dim")}
 
 
 def _mark(verdict: Optional[str], width: int = 0) -> Any:
@@ -50,10 +51,45 @@ def _ratio(slow: Any, fast: Any) -> str:
     return f"{slow / fast:.2f}x" if numbers and fast > 0 else "-"
 
 
-def _ms(value: Any) -> str:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return f"{value:.3f}" if value < 10 else f"{value:.1f}"
-    return "-" if value is None else str(value)
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def column_format(values: list[Any], suffix: str = "") -> Any:
+    """One number format for a whole column: as many decimals as its largest value needs for
+    three significant digits (0.12 beside 12.30, never 0.123 beside 12.3); `-` for none."""
+    largest = max((abs(v) for v in values if _is_number(v)), default=0.0)
+    decimals = 3 if largest < 10 else 2 if largest < 100 else 1 if largest < 1000 else 0
+
+    def shown(value: Any) -> str:
+        if not _is_number(value):
+            return "-" if value is None else str(value)
+        return f"{value:.{decimals}f}{suffix}"
+
+    return shown
+
+
+def _noisy(text: str, noisy: bool) -> Any:
+    """A table cell, marked `noisy` (ddtree_ops/noise.py) when its figure cannot be trusted."""
+    if not noisy:
+        return text
+    from rich.text import Text
+
+    return Text.assemble(text, " ", styled("noisy", "yellow"))
+
+
+SWEEP_NOTES = (
+    "batch: requests per call; budget: draft-tree nodes asked for; nodes: nodes in the tree (batch 1)",
+    "heap: the reference-exact heap builder; public: build_ddtree_tree_from_logits, the default; batched: one "
+    "call for the whole batch; graphed: batched, replayed as a CUDA graph",
+    "floor: torch.topk(k=budget) + logsumexp over the same logits: the least any builder pays",
+    "heap/public: heap time / public time (medians of the same run): how much faster the public builder is",
+)
+DECODE_NOTE = ("tau: tokens accepted per target forward; speedup: AR's time per output token / the method's "
+               "(same run); ms/token: mean time per output token; same as AR: share of requests "
+               "token-identical to autoregressive at T=0")
+NOISY_NOTE = ("noisy: the median cannot be trusted: the cell's samples spread over more than {spread:.0%} of "
+              "it, or the host was busy (load per CPU > {load:g}, or GPU > {gpu:g}% busy before the stage)")
 
 
 def render_report(report: "Report", console: "Console") -> None:
@@ -91,6 +127,7 @@ def render_report(report: "Report", console: "Console") -> None:
     for host, stage, reason in skips:
         console.print(styled("skip", "yellow"), inert(f"{host} / {stage}: {reason}", one_line=True),
                       soft_wrap=True)
+    noisy_seen = False
     if report.sweep:
         builders, rows = sweep_pivot(report.sweep)
         sweep = Table(title="tree-bench: build time per request (ms, median)",
@@ -102,32 +139,63 @@ def render_report(report: "Report", console: "Console") -> None:
         speedup = "heap" in builders and "public" in builders  # the public builder vs the oracle
         if speedup:
             sweep.add_column("heap/public", justify="right")
+        formats = {b: column_format([row.get(b) for row in rows]) for b in builders}
         for row in rows:
-            cells = [_ms(row.get(b)) for b in builders]
+            noisy = set(row.get("noisy_builders", ()))
+            noisy_seen |= bool(noisy)
+            cells = [_noisy(formats[b](row.get(b)), b in noisy) for b in builders]
             if speedup:
                 cells.append(_ratio(row.get("heap"), row.get("public")))
             sweep.add_row(str(row["host"]), str(row["batch_size"]), str(row["budget"]),
                           str(row.get("nodes", "-")), *cells)
         console.print(sweep)
+        for note in SWEEP_NOTES:
+            console.print(f"  {note}", soft_wrap=True)
     if report.decode:
         decode = Table(title="decode-bench: per method", title_justify="left")
         for column in ("host", "method", "budget", "tau", "speedup", "ms/token", "same as AR"):
             decode.add_column(column, justify="left" if column in ("host", "method") else "right")
-        for row in report.decode:
-            tpot = row.get("time_per_output_token")
+        tpots = [row["time_per_output_token"] * 1e3 if _is_number(row.get("time_per_output_token")) else None
+                 for row in report.decode]
+        tau_shown = column_format([row.get("tau") for row in report.decode])
+        speedup_shown = column_format([row.get("speedup") for row in report.decode], "x")
+        tpot_shown = column_format(tpots)
+        for row, tpot in zip(report.decode, tpots):
             same = row.get("identical_to_ar")
+            noisy = bool(row.get("noisy"))
+            noisy_seen |= noisy
             decode.add_row(str(row["host"]), str(row.get("method")),
                            str(row.get("budget") if row.get("budget") is not None else "-"),
-                           _ms(row.get("tau")), _ms(row.get("speedup")),
-                           _ms(tpot * 1e3) if isinstance(tpot, (int, float)) else "-",
+                           tau_shown(row.get("tau")), _noisy(speedup_shown(row.get("speedup")), noisy),
+                           _noisy(tpot_shown(tpot), noisy),
                            f"{same:.0%}" if isinstance(same, (int, float)) else "-")
         console.print(decode)
+        console.print(f"  {DECODE_NOTE}", soft_wrap=True)
+    if noisy_seen:
+        from ddtree_ops.noise import GPU_BUSY_LIMIT_PCT, LOAD_PER_CPU_LIMIT, SPREAD_LIMIT
+
+        console.print("  " + NOISY_NOTE.format(spread=SPREAD_LIMIT, load=LOAD_PER_CPU_LIMIT, gpu=GPU_BUSY_LIMIT_PCT),
+                      soft_wrap=True)
+    render_loads(report, console)
+
+
+def render_loads(report: "Report", console: "Console") -> None:
+    """One line per timed stage of each host: its load before -> after, and why it was noisy."""
+    from ddtree_ops.noise import describe_load, load_problem
+
+    for host in report.hosts:
+        for stage, load in report.loads.get(host, {}).items():
+            problem = load_problem(load)
+            line = inert(f"load {host} / {stage}: {describe_load(load)}", one_line=True)
+            if problem:
+                console.print(line, styled("noisy", "yellow"), inert(f"({problem})", one_line=True), soft_wrap=True)
+            else:
+                console.print(line, soft_wrap=True)
 
 
 def render_comparisons(comparisons: "list[Comparison]", console: "Console") -> None:
     for item in comparisons:
-        verdict = "not checked" if not item.checked else "ok" if item.ok else "regression"
-        console.print(_mark(verdict, 10), inert(item.line(), one_line=True))
+        console.print(_mark(item.verdict, 10), inert(item.line(), one_line=True))
 
 
 def render_decode_comparison(comparison: "DecodeComparison", console: "Console") -> None:
@@ -139,12 +207,15 @@ def render_decode_comparison(comparison: "DecodeComparison", console: "Console")
                    "same as AR", "baseline cell", "verdict"):
         table.add_column(column, justify="left" if column in ("host", "method", "baseline cell", "verdict")
                          else "right")
+    tau_shown = column_format([v for row in comparison.rows for v in (row.get("tau"), row.get("baseline_tau"))])
+    speedup_shown = column_format([v for row in comparison.rows
+                                   for v in (row.get("speedup"), row.get("baseline_speedup"))], "x")
     for row in comparison.rows:
         same = row.get("identical_to_ar")
         table.add_row(str(row["host"]), str(row["method"]),
                       "-" if row.get("budget") is None else str(row["budget"]),
-                      _ms(row.get("tau")), _ms(row.get("baseline_tau")), _ms(row.get("speedup")),
-                      _ms(row.get("baseline_speedup")),
+                      tau_shown(row.get("tau")), tau_shown(row.get("baseline_tau")),
+                      speedup_shown(row.get("speedup")), speedup_shown(row.get("baseline_speedup")),
                       f"{same:.0%}" if isinstance(same, (int, float)) else "-",
                       row.get("baseline_cell") or "no cell", _mark(row.get("verdict")))
     console.print(table)
@@ -159,7 +230,7 @@ def report(
                                                     show_default=False)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
     baseline: Annotated[Optional[Path], typer.Option(
-        "--baseline", help="Compare with this file (exit 5 on a regression): a metrics baseline "
+        "--baseline", help="Compare with this file (exit 5 on a regression, 6 if a value was too noisy to judge): a metrics baseline "
         "(`metrics:` list) or a decode baseline from `ddtree-ops baseline import|paper`.",
         show_default=False)] = None,
     tau_tolerance: Annotated[Optional[float], typer.Option(
@@ -215,20 +286,23 @@ def report(
                                 dataset=baseline_dataset, model=baseline_model)
         comparisons = list(decode.checks)
     regressions = [c for c in comparisons if not c.ok and getattr(c, "checked", True)]
-    unchecked = [c for c in comparisons if not getattr(c, "checked", True)]
+    noisy = [c for c in comparisons if getattr(c, "noisy", False)]
+    unchecked = [c for c in comparisons if not getattr(c, "checked", True) and c not in noisy]
     plots: list[str] = []
     if plot is not None:
         overlay = decode_baseline_overlay(model, loaded, baseline_dataset, baseline_model) \
             if kind is BaselineKind.DECODE and model.decode else None
         plots = [str(p) for p in plot_run(model, plot, decode_baseline=overlay)]
-    code = ExitCode.REMOTE if regressions else ExitCode.OK
+    # a regression: 5; else a timed value too noisy to judge: 6 (the verdict is partial); else 0
+    code = ExitCode.REMOTE if regressions else ExitCode.PARTIAL if noisy else ExitCode.OK
     if json_out:
         document = model.to_dict()
         document["exit_code"] = int(code)  # this command's (0, or 5 on a regression)
         if kind is BaselineKind.METRICS:
             document["baseline"] = {"file": str(baseline), "kind": kind.value,
                                     "comparisons": [c.to_dict() for c in comparisons],
-                                    "regressions": len(regressions), "not_checked": len(unchecked)}
+                                    "regressions": len(regressions), "not_checked": len(unchecked),
+                                    "not_judged_noisy": len(noisy)}
         elif decode is not None:
             document["baseline"] = {"file": str(baseline), "kind": BaselineKind.DECODE.value,
                                     "baseline_dataset": baseline_dataset, "baseline_model": baseline_model,
@@ -249,6 +323,9 @@ def report(
             say("no tree-bench or decode-bench results in this run: nothing to plot")
     for item in regressions:  # a tau far above the baseline is no loss: said as it is (still exit 5)
         say(f"{getattr(item, 'verdict', 'regression')}: {item.line()}")
+    if noisy:
+        say(f"{len(noisy)} baseline check(s) not judged: the measured value is noisy (exit 6 unless "
+            "a regression was found; rerun on a quiet host, or with more --repeat)")
     if unchecked:
         hosts = sorted({item.host for item in unchecked})
         say(f"{len(unchecked)} baseline check(s) not made: host(s) {', '.join(hosts)} not in this run")

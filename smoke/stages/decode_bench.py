@@ -28,10 +28,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from smoke.protocol import StageContext, StageResult
+from smoke.protocol import TIMINGS_TABLE, StageContext, StageResult, timing_row
 
 NAME = "decode-bench"
 DESCRIPTION = "AR vs DFlash vs DDTree budgets on the host's target + drafter: tau, speedup, stage split"
+TIMED = True  # the runner samples the host's load around it
 
 DATASET_NAME = "ddtree-ops-prompts"
 # A small mixed prompt set (math, code, chat), shipped so every host measures the same thing.
@@ -193,7 +194,16 @@ def run(ctx: StageContext) -> StageResult:
         metrics[f"tpot_ms.{summary.method}"] = round((summary.time_per_output_token or 0.0) * 1e3, 4)
         ctx.log(f"{summary.method}: tau {summary.tau:.2f}, speedup {summary.speedup or 0:.2f}x")
     differing = [s.method for s in summaries if s.identical_to_ar is not None and s.identical_to_ar < 1.0]
-    tables = {"methods": rows}
+    # per method, the spread of its requests' time per output token (ms)
+    timings = [timing_row(f"tpot_ms.{key}", [float(r.time_per_output_token) * 1e3 for r in found], "ms")
+               for key, found in records.items() if found]
+    reference = records[method_key(DecodeMethod.AUTOREGRESSIVE)]
+    for key, found in records.items():  # speedup per prompt: AR's and the method's on the same prompt
+        pairs = [float(ar.time_per_output_token) / float(r.time_per_output_token)
+                 for ar, r in zip(reference, found) if float(r.time_per_output_token) > 0]
+        if pairs:
+            timings.append(timing_row(f"speedup.{key}", pairs, "x"))
+    tables = {"methods": rows, TIMINGS_TABLE: timings}
     if budgets:
         levels = [int(c) for c in extra.get("sglang_concurrency", [1, 8] if device == "cuda" else [1])]
         context_len = sum(int(p.shape[1]) for p in prompts) // len(prompts) + max_new_tokens // 2

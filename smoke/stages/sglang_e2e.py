@@ -43,10 +43,11 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from smoke.protocol import StageContext, StageResult
+from smoke.protocol import TIMINGS_TABLE, StageContext, StageResult, timing_row
 
 NAME = "sglang-e2e"
 DESCRIPTION = "SGLang end to end: no speculation vs DFlash vs DFlash+DDTree (tokens, acceptance, tokens/s)"
+TIMED = True  # the runner samples the host's load around it
 
 SHIPPED_PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number iteratively.",
@@ -123,6 +124,7 @@ class VariantRun:
     wall_s: float = 0.0
     start_s: float = 0.0
     load: list[LoadLevel] = field(default_factory=list)
+    prompt_s: list[float] = field(default_factory=list)  # wall time of each /generate call
 
 
 def select_budgets(models: dict[str, Any], options_budgets: list[int], extra: dict[str, Any]) -> list[int]:
@@ -326,7 +328,9 @@ def run_variant(ctx: StageContext, variant: ServerVariant, models: dict[str, Any
                 payload = {"text": prompt, "sampling_params": sampling}
                 if variant.mode is ServerMode.NO_SPEC:
                     payload.update(return_logprob=True, top_logprobs_num=2)
+                asked = time.monotonic()
                 reply = _http_json(f"http://127.0.0.1:{port}/generate", payload, timeout=600)
+                run.prompt_s.append(time.monotonic() - asked)
                 if "output_ids" not in reply:
                     raise RuntimeError(f"{variant.name}: /generate reply has no output_ids (keys {sorted(reply)})")
                 run.outputs.append([int(t) for t in reply["output_ids"]])
@@ -401,10 +405,13 @@ def run(ctx: StageContext) -> StageResult:
                             f"(expected {d.expected}, got {d.got}, top-2 gap {d.gap})")
         ctx.emit_metric(f"{run_.variant.name}.tokens_per_s", row["tokens_per_s"])
         ctx.emit_metric(f"{run_.variant.name}.acceptance_length", row["acceptance_length"])
+    timings = [timing_row(f"{r.variant.name}.tokens_per_s", [len(out) / sec for out, sec in
+                                                           zip(r.outputs, r.prompt_s) if sec > 0], "tok/s", 2)
+               for r in runs if any(sec > 0 for sec in r.prompt_s)]
     base = table[0]["tokens_per_s"] or 0
     for row in table:
         row["speedup_vs_no_spec"] = round(row["tokens_per_s"] / base, 3) if base and row["tokens_per_s"] else None
-    tables = {"sglang_e2e": table, "sglang_load": load_rows(runs)}
+    tables = {"sglang_e2e": table, "sglang_load": load_rows(runs), TIMINGS_TABLE: timings}
     if failures:
         return StageResult.failed("; ".join(failures[:3]), tables=tables)
     best = max(table[2:], key=lambda r: r["tokens_per_s"] or 0)

@@ -9,7 +9,8 @@ call), the batched device builder (one call per batch; on CUDA also replayed as 
 options.repeat timed calls after one warm-up; CUDA is synchronised around each call.
 
 Metrics: `build_ms.<builder>.bs<B>.b<budget>` (per request, median) and the `sweep` table
-(which also keeps the fastest call: on a shared machine it is the steadier figure).
+(which also keeps the fastest call: on a shared machine it is the steadier figure); the
+`timings` table keeps min / median / max of every cell, so the report can tell noise from data.
 """
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ import statistics
 import time
 from typing import Any, Callable, NamedTuple
 
-from smoke.protocol import StageContext, StageResult
+from smoke.protocol import TIMINGS_TABLE, StageContext, StageResult, timing_row
 
 NAME = "tree-bench"
 DESCRIPTION = "tree-build time vs budget (heap, public, batched, topk floor), batch 1 and 16"
+TIMED = True  # the runner samples the host's load around it
 
 DEFAULT_VOCAB = 32000
 DEFAULT_DEPTH = 15  # block size 16 drafters
@@ -29,6 +31,7 @@ DEFAULT_DEPTH = 15  # block size 16 drafters
 class Timing(NamedTuple):
     median_ms: float
     min_ms: float  # the least disturbed call: steadier than the median on a shared machine
+    samples_ms: list[float]  # every timed call, in order
 
 
 def _timed(fn: Callable[[], Any], repeat: int, sync: Callable[[], None]) -> Timing:
@@ -41,7 +44,7 @@ def _timed(fn: Callable[[], Any], repeat: int, sync: Callable[[], None]) -> Timi
         fn()
         sync()
         samples.append((time.perf_counter() - started) * 1e3)
-    return Timing(statistics.median(samples), min(samples))
+    return Timing(statistics.median(samples), min(samples), samples)
 
 
 def drafter_like_logits(torch: Any, batch: int, depth: int, vocab: int, seed: int,
@@ -69,6 +72,7 @@ def run(ctx: StageContext) -> StageResult:
     device = ctx.device
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     rows: list[dict[str, Any]] = []
+    timings: list[dict[str, Any]] = []
     metrics: dict[str, Any] = {"device": device, "vocab": vocab, "depth": depth,
                                "repeat": repeat}
     if device == "cuda":
@@ -81,6 +85,8 @@ def run(ctx: StageContext) -> StageResult:
                      "per_request_ms": round(per_request, 4),
                      "per_request_min_ms": round(timing.min_ms / batch, 4), "nodes": nodes})
         metrics[f"build_ms.{builder}.bs{batch}.b{budget}"] = round(per_request, 4)
+        timings.append(timing_row(f"build_ms.{builder}.bs{batch}.b{budget}",
+                                  [ms / batch for ms in timing.samples_ms], "ms"))
 
     for batch in ctx.options.batch_sizes:
         logits = drafter_like_logits(torch, batch, depth, vocab, ctx.options.seed, device)
@@ -115,9 +121,15 @@ def run(ctx: StageContext) -> StageResult:
         public = metrics.get(f"build_ms.public.bs1.b{budget}")
         if heap and public:
             metrics[f"speedup.public_vs_heap.b{budget}"] = round(heap / public, 3)
+            spans = {t["cell"]: t for t in timings}
+            heap_t, public_t = spans[f"build_ms.heap.bs1.b{budget}"], spans[f"build_ms.public.bs1.b{budget}"]
+            if heap_t["min"] > 0 and public_t["min"] > 0:  # the ratio's range from its parts' ranges
+                ratio = timing_row(f"speedup.public_vs_heap.b{budget}", [
+                    heap_t["min"] / public_t["max"], heap / public, heap_t["max"] / public_t["min"]], "x", 3)
+                timings.append({**ratio, "samples": repeat})
     note = "" if batched is not None else " (no batched builder in this release)"
     largest = max(ctx.options.budgets, default=0)
     summary = metrics.get(f"build_ms.public.bs1.b{largest}")
     headline = f"public builder {summary:.3f} ms at budget {largest}" if summary else "swept"
     return StageResult.passed(f"{headline} on {device}{note}", metrics=metrics,
-                              tables={"sweep": rows})
+                              tables={"sweep": rows, TIMINGS_TABLE: timings})
