@@ -23,7 +23,7 @@ def test_runner_runs_device_stages_on_cuda(tmp_path):
          "env,golden,invariants,tree-bench", "--options",
          json.dumps({"budgets": [16, 256, 1024], "batch_sizes": [1, 16], "repeat": 5})],
         capture_output=True, text=True, timeout=600)
-    ends = {r["stage"]: r for r in map(json.loads, proc.stdout.splitlines())
+    ends = {r["stage"]: r for r in map(json.loads, filter(str.strip, proc.stdout.splitlines()))
             if r["event"] == "stage_end"}
     assert proc.returncode == 0, {s: r["reason"] for s, r in ends.items()}
     assert ends["env"]["metrics"]["device"] == "cuda" and ends["env"]["metrics"]["gpu_count"] >= 1
