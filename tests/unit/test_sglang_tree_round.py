@@ -28,8 +28,10 @@ from ddtree.sglang.tree_round import (
     mask_prefix_bound,
     pack_for_gather,
     pack_round_inputs,
+    pack_trees,
     trees_from_top_k,
     unpack_gathered,
+    unpack_trees,
 )
 from sglang_plugin.host_reads import HostReads
 
@@ -234,6 +236,59 @@ def test_real_collective_gives_every_rank_the_unsharded_trees():
     for tokens, parents, ref_tokens, ref_parents in by_rank.values():
         assert (tokens, parents) == (ref_tokens, ref_parents)
     assert by_rank[0] == by_rank[1]
+
+
+def _diverging_rank(rank: int, world: int, port: int, results) -> None:
+    """One TP rank whose trees differ from rank 0's (as a tie order or another GPU could make
+    them); the worker's broadcast of rank 0's packed trees must leave every rank with those."""
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        logits = torch.randn(3, 4, 40, generator=torch.Generator().manual_seed(5 + rank)) * 3  # rank-dependent
+        trees = build_round_trees(logits, 12, 12)
+        own = [t.tolist() for t in (trees.token_ids, trees.parents)]
+        packed = pack_trees(trees)
+        dist.broadcast(packed, src=0)  # GroupCoordinator.broadcast(src=0) on CPU
+        agreed = unpack_trees(packed, 12, 4)
+        results.put((rank, own, [getattr(agreed, f).tolist() for f in _TREE_FIELDS]))
+    finally:
+        dist.destroy_process_group()
+
+
+_TREE_FIELDS = ("token_ids", "depths", "parents", "num_nodes", "scores", "visibility")
+
+
+def test_every_rank_verifies_rank_zeros_trees():
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    results = mp.get_context("spawn").Queue()
+    mp.start_processes(_diverging_rank, args=(2, port, results), nprocs=2, start_method="spawn")
+    by_rank = dict((r[0], r[1:]) for r in (results.get(timeout=60) for _ in range(2)))
+    assert by_rank[0][0] != by_rank[1][0]  # the ranks really built different trees
+    rank0 = build_round_trees(torch.randn(3, 4, 40, generator=torch.Generator().manual_seed(5)) * 3, 12, 12)
+    for rank in (0, 1):
+        assert by_rank[rank][1] == [getattr(rank0, f).tolist() for f in _TREE_FIELDS], rank
+
+
+@pytest.mark.parametrize("bs, depth, budget", [(1, 1, 1), (3, 5, 12), (2, 15, 64)])
+def test_packed_trees_round_trip_bit_for_bit(bs, depth, budget):
+    logits = torch.randn(bs, depth, 30, generator=torch.Generator().manual_seed(budget)) * 3
+    logits[0, 1:] = float("-inf") if depth > 1 else logits[0, 1:]  # a ragged, shallow request
+    trees = build_round_trees(logits, budget, budget)
+    packed = pack_trees(trees)
+    assert packed.dtype == torch.int64 and packed.shape == (bs, 4 * budget + 2) and packed.is_contiguous()
+    back = unpack_trees(packed, budget, depth)
+    for field in _TREE_FIELDS:
+        assert torch.equal(getattr(back, field), getattr(trees, field)), field
 
 
 def test_head_segments_skip_padding_rows():

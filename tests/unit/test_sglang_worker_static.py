@@ -299,3 +299,12 @@ def test_sampling_memory_is_rehearsed_at_the_verify_width(site):
     assert "width = self.verify_width" in text and "bs = self._prewarm_batch_size(width)" in text
     assert "rows = bs * width" in text and "torch.zeros((rows, vocab_size)" in text
     assert "sampling_prewarm_result = result" in text  # where the scheduler reads it
+
+
+def test_tensor_parallel_ranks_verify_rank_zeros_trees():
+    """Trees go through _rank0_trees (a broadcast of the packed trees from rank 0 over the TP
+    group, GroupCoordinator.broadcast(input_, src=0)) before anything is built from them."""
+    text = ast.unparse(_worker_method("forward_batch_generation"))
+    assert "trees = self._rank0_trees(trees_from_top_k(top, self.ddtree.budget))" in text
+    rank0 = ast.unparse(_worker_method("_rank0_trees"))
+    assert "tp_group.broadcast(packed, src=0)" in rank0 and "unpack_trees(packed, trees.budget, self.draft_block - 1)" in rank0

@@ -97,6 +97,7 @@ REQUIRED: tuple[tuple[str, str, NameKind, tuple[str, ...], str], ...] = (
      ("org_vocab_start_index", "org_vocab_end_index", "padded_org_vocab_start_index", "padded_org_vocab_end_index",
       "added_vocab_start_index", "added_vocab_end_index"), "token ids of the local lm_head rows (HeadShard)"),
     ("srt/distributed/parallel_state.py", "GroupCoordinator.all_gather", M, (), "TP > 1: gathers per-rank top-K"),
+    ("srt/distributed/parallel_state.py", "GroupCoordinator.broadcast", M, (), "rank 0's trees to every TP rank"),
     ("srt/speculative/spec_tp_sync.py", "SpecTpSync.sync", M, (), "TP > 1: rank 0's accept decision"),
     ("srt/speculative/spec_tp_sync.py", "SpecTpSyncSite", NameKind.FIELDS,
      ("DFLASH_ACCEPT_GREEDY", "DFLASH_ACCEPT_SAMPLE"), "TP sync sites of the accept step"),

@@ -19,6 +19,7 @@ import torch
 from ddtree.batched import TreeBatch, build_trees_from_top_log_probs
 from ddtree.commit import keep_indices_batch
 from ddtree.topk import ShardTopK, merge_top_k, shard_top_k, stack_shards
+from ddtree.tree import ancestor_visibility
 from ddtree.verify import MaskLayout, VerifyInputs, build_verify_inputs, pack_custom_mask
 
 
@@ -124,6 +125,24 @@ def trees_from_top_k(top: ShardTopK, budget: int) -> TreeBatch:
     every depth at K candidates (DDTREE_TOPK)."""
     log_probs, ids = top.log_probs()
     return build_trees_from_top_log_probs(log_probs, ids, budget)
+
+
+def pack_trees(trees: TreeBatch) -> torch.Tensor:
+    """[bs, 4*budget + 2] int64, one contiguous tensor for one broadcast: token ids, depths,
+    parents, node count, and the float64 scores' bits (visibility is rebuilt from parents)."""
+    return torch.cat([
+        trees.token_ids, trees.depths, trees.parents, trees.num_nodes.unsqueeze(1), trees.scores.view(torch.int64),
+    ], dim=1).contiguous()
+
+
+def unpack_trees(packed: torch.Tensor, budget: int, depth_limit: int) -> TreeBatch:
+    """The TreeBatch of pack_trees (depth_limit D: no node is deeper; a static bound, no sync)."""
+    token_ids, depths, parents, num_nodes, score_bits = torch.split(packed, [budget, budget, budget + 1, 1, budget], dim=1)
+    return TreeBatch(
+        token_ids=token_ids, depths=depths, parents=parents, num_nodes=num_nodes.squeeze(1),
+        scores=score_bits.contiguous().view(torch.float64),
+        visibility=ancestor_visibility(parents, depth_limit),
+    )
 
 
 def build_round_trees(draft_logits: torch.Tensor, budget: int, topk: int) -> TreeBatch:

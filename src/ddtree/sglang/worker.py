@@ -89,8 +89,10 @@ from ddtree.sglang.tree_round import (
     mask_prefix_bound,
     pack_for_gather,
     pack_round_inputs,
+    pack_trees,
     trees_from_top_k,
     unpack_gathered,
+    unpack_trees,
 )
 from ddtree.topk import ShardTopK, merge_top_k
 
@@ -272,7 +274,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         timer = _EventTimer(self.device)
         with draft_tp_context(self.draft_parallel_layout):  # as DFlash's greedy head does
             top = self._draft_top_k(draft_hidden)  # [bs, B-1, K] global top-K + logsumexp
-        trees = trees_from_top_k(top, self.ddtree.budget)
+        trees = self._rank0_trees(trees_from_top_k(top, self.ddtree.budget))
         prefix_bound = mask_prefix_bound(draft_input.nxt_kv_lens_sum, bs, self._context_len)
         inputs, custom_mask = pack_round_inputs(trees, draft_input.bonus_tokens, prefix_lens, width, prefix_bound)
         build_ms = timer.stop()
@@ -364,6 +366,19 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         floats, ids = pack_for_gather(local)  # [bs, D, K+1] float32, [bs, D, K] int64
         gathered = unpack_gathered(tp_group.all_gather(floats, dim=0), tp_group.all_gather(ids, dim=0), world)
         return merge_top_k(gathered, k)
+
+    def _rank0_trees(self, trees):
+        """TP > 1: every rank verifies rank 0's trees. Ranks build them from identical gathered
+        top-K, but a tie order in topk/sort or a different GPU could still diverge, and ranks
+        verifying different tokens would silently corrupt the sharded forward and the KV.
+        One broadcast of [bs, 4*budget + 2] int64 per round (SGLang's eagle_sample broadcasts
+        only its decisions, eagle_utils.py:797-805)."""
+        tp_group = get_parallel().tp_group
+        if int(tp_group.world_size) == 1:
+            return trees
+        packed = pack_trees(trees)  # [bs, 4*budget + 2] int64
+        tp_group.broadcast(packed, src=0)
+        return unpack_trees(packed, trees.budget, self.draft_block - 1)
 
     def _draft_block_hidden(self, batch, draft_input, window_locs, bs: int) -> torch.Tensor:
         """Run the drafter over [bonus, mask x (B-1)] at positions prefix..prefix+B-1, writing
