@@ -270,6 +270,38 @@ def push_outcome(host: Host, bundle: ReleaseBundle, reply: dict[str, Any], bytes
     )
 
 
+@dataclass(frozen=True)
+class PushPlan:
+    """What `push` would do on a host (`push --dry-run`); nothing was changed there."""
+
+    release_id: str
+    action: str  # upload | activate | unchanged
+    previous: Optional[str]
+    workdir: str
+    bytes_to_send: int  # the archive, when it would be uploaded
+    pruned: tuple[str, ...] = ()  # releases that would be removed
+    foreign: tuple[str, ...] = ()  # what would be left there, not ours
+    replaces_broken: Optional[str] = None  # why the copy there would be replaced
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"release": self.release_id, "action": self.action, "previous": self.previous,
+                "workdir": self.workdir, "bytes_to_send": self.bytes_to_send, "pruned": list(self.pruned),
+                "foreign": list(self.foreign), "replaces_broken": self.replaces_broken}
+
+
+def plan_push(transport: Transport, host: Host, bundle: ReleaseBundle, *, keep: int = DEFAULT_KEEP) -> PushPlan:
+    """Ask the host what `ensure_release` would do, touching nothing there (no lock, no folder)."""
+    reply = call_agent(transport, host, "plan-push", bundle.release_id, str(keep), timeout=host.command_timeout)
+    action = reply["status"]
+    return PushPlan(
+        release_id=bundle.release_id, action=action,
+        previous=check_optional_host_id(host.name, IdKind.RELEASE, reply.get("previous"), "push plan: previous"),
+        workdir=reply["workdir"], bytes_to_send=len(bundle.archive()) if action == "upload" else 0,
+        pruned=tuple(check_host_id(host.name, IdKind.RELEASE, p, "push plan: pruned") for p in reply.get("pruned", ())),
+        foreign=tuple(reply.get("foreign") or ()), replaces_broken=reply.get("replaces_broken"),
+    )
+
+
 def remote_workdir(transport: Transport, host: Host) -> str:
     """The host's workdir as an absolute path (`~` resolved there)."""
     return call_agent(transport, host, "whereis")["workdir"]

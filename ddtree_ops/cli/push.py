@@ -39,6 +39,9 @@ def push(
     accept_new_host_keys: AcceptNewHostKeysOpt = False,
     serial: SerialOpt = None,
     max_fail_percent: MaxFailOpt = None,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", "--check",
+        help="Say per host what would be sent, activated and pruned, and the size; change nothing.")] = False,
 ) -> int:
     """Send the release (src/ddtree + smoke/) where it is missing, verify it, switch `current`."""
     from ddtree_ops.cli.console import run_on_hosts, say
@@ -49,7 +52,11 @@ def push(
     _, selected = select_hosts(inventory, hosts)
     bundle = build_bundle(source)
     if not json_out:
-        say(f"release {bundle.release_id}: {len(bundle.files)} files, {_size(bundle.total_bytes)} from {bundle.source_root}")
+        say(f"{'plan for ' if dry_run else ''}release {bundle.release_id}: {len(bundle.files)} files, "
+            f"{_size(bundle.total_bytes)} from {bundle.source_root}")
+    if dry_run:
+        return _plan(selected, bundle, keep, FanoutOptions(inventory, hosts, json_out, parallel, fail_fast,
+                                                           accept_new_host_keys, policy))
 
     def task(ctx: Any) -> Any:
         ctx.report(f"release {bundle.release_id}")
@@ -74,6 +81,34 @@ def push(
         extra_json={"release": bundle.release_id, "files": len(bundle.files), "source": bundle.source_root},
         while_running=bundle.archive,  # made while the hosts connect; only a host that lacks the release needs it
         changed=lambda o: o.ok and o.value.action is not PushAction.UNCHANGED,
+    )
+
+
+def _plan(selected: list[Any], bundle: Any, keep: int, options: FanoutOptions) -> int:
+    from ddtree_ops.cli.console import run_on_hosts
+    from ddtree_ops.remote_layout import plan_push
+
+    def task(ctx: Any) -> Any:
+        ctx.report(f"planning release {bundle.release_id}")
+        return plan_push(ctx.transport, ctx.host, bundle, keep=keep)
+
+    return run_on_hosts(
+        "push",
+        selected,
+        task,
+        options,
+        columns=["would", "release", "previous", "send", "prune", "left (not ours)"],
+        row=lambda o: [
+            o.value.action + (f" (replacing a damaged copy: {o.value.replaces_broken})" if o.value.replaces_broken else ""),
+            o.value.release_id,
+            o.value.previous or "-",
+            _size(o.value.bytes_to_send),
+            ", ".join(o.value.pruned) or "-",
+            "; ".join(o.value.foreign) or "-",
+        ],
+        to_json=lambda plan: plan.to_dict(),
+        extra_json={"release": bundle.release_id, "files": len(bundle.files), "source": bundle.source_root,
+                    "dry_run": True},
     )
 
 

@@ -425,10 +425,20 @@ def prune(workdir, keep):
     this tool installed count and are removed: a folder whose manifest hashes to its name
     and that holds nothing else (no file added, none edited; bytecode caches aside).
     Returns (pruned ids, ["NAME: why it was left"] for everything else found there)."""
-    active = active_release(workdir)
+    doomed, foreign = prune_plan(workdir, keep, active_release(workdir))
+    for name in doomed:
+        remove_tree(os.path.join(releases_dir(workdir), name))
+    return doomed, foreign
+
+
+def prune_plan(workdir, keep, active, arriving=None):
+    """What `prune` would remove and leave, removing nothing: (ids, ["NAME: why it was left"]).
+    `arriving`: a release not there yet that would be the newest (a push's dry run)."""
     base = releases_dir(workdir)
-    ours, foreign = [], []
+    ours, foreign = ([arriving] if arriving else []), []
     for name in sorted(os.listdir(base)):
+        if name == arriving:
+            continue  # a damaged copy the push replaces
         if leftover_id(name) is not None and is_real_dir(os.path.join(base, name)):
             continue  # a push in flight elsewhere cannot hold the lock: clean_incoming's
         why = not_ours(os.path.join(base, name), name)
@@ -436,22 +446,22 @@ def prune(workdir, keep):
             ours.append(name)
         else:
             foreign.append("%s: %s" % (name, why))
-    ours.sort(key=lambda n: os.lstat(os.path.join(base, n)).st_mtime, reverse=True)
+    ours.sort(key=lambda n: float("inf") if n == arriving else os.lstat(os.path.join(base, n)).st_mtime,
+              reverse=True)
     kept = [n for n in ours if n == active][:1]
     for name in ours:
         if name != active and len(kept) < max(int(keep), 1):
             kept.append(name)
-    pruned = []
+    doomed = []
     for name in ours:
         if name in kept:
             continue
         why = verify_release(os.path.join(base, name), name, allow_missing=True)
         if why is None:
-            remove_tree(os.path.join(base, name))
-            pruned.append(name)
+            doomed.append(name)
         else:
             foreign.append("%s: %s since push" % (name, why))
-    return pruned, sorted(foreign)
+    return doomed, sorted(foreign)
 
 
 def set_aside_broken(workdir, release_id):
@@ -478,6 +488,11 @@ def activate_if_present(workdir, release_id, keep):
                         "previous": previous, "workdir": workdir}, workdir, keep), None
 
 
+def refuse_foreign(directory, why):
+    raise AgentError("foreign", "%s: %s, so not a release ddtree-ops installed; push leaves it:"
+                                " move it out of the way" % (directory, why))
+
+
 def damaged_copy(directory, release_id):
     """None when releases/<id> is an intact copy. A damaged copy of ours is set aside and
     removed (why is returned); a link there is removed (only the link); anything else there
@@ -487,8 +502,7 @@ def damaged_copy(directory, release_id):
         return "%s: not a folder" % directory
     why = not_ours(directory, release_id)
     if why is not None:
-        raise AgentError("foreign", "%s: %s, so not a release ddtree-ops installed; push leaves it:"
-                                    " move it out of the way" % (directory, why))
+        refuse_foreign(directory, why)
     problem = verify_release(directory, release_id)
     if problem is not None:
         set_aside_broken(os.path.dirname(os.path.dirname(directory)), release_id)  # never activated
@@ -612,6 +626,29 @@ def op_hold_lock(workdir, owner, lock_wait):
         while sys.stdin.buffer.read(CHUNK):
             pass
     return {"status": "released", "workdir": workdir}
+
+
+def op_plan_push(workdir, release_id, keep):
+    """What `push` would do here, touching nothing (no folder made, no lock, nothing removed):
+    upload / activate / unchanged, the damaged copy it would replace, what it would prune."""
+    check_id(release_id, "release id")
+    directory = os.path.join(releases_dir(workdir), release_id)
+    problem = None
+    if os.path.islink(directory):
+        problem = "%s: not a folder" % directory
+    elif os.path.lexists(directory):
+        why = not_ours(directory, release_id)
+        if why is not None:
+            refuse_foreign(directory, why)  # as push would
+        problem = verify_release(directory, release_id)
+    present = os.path.lexists(directory) and problem is None
+    previous = active_release(workdir)
+    status = ("unchanged" if previous == release_id else "activate") if present else "upload"
+    pruned, foreign = ([], [])
+    if os.path.isdir(releases_dir(workdir)):
+        pruned, foreign = prune_plan(workdir, keep, release_id, arriving=None if present else release_id)
+    return {"status": status, "previous": previous, "workdir": workdir, "replaces_broken": problem,
+            "pruned": pruned, "foreign": foreign}
 
 
 def op_whereis(workdir):
@@ -949,6 +986,7 @@ def op_collect(workdir, run_id):
 
 OPERATIONS = {
     "push": op_push,
+    "plan-push": op_plan_push,
     "install": op_install,
     "hold-lock": op_hold_lock,
     "whereis": op_whereis,
