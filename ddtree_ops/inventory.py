@@ -18,6 +18,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic_core import PydanticCustomError
 
 from ddtree_ops.errors import ConfigError, UsageError, quoted
+from ddtree_ops.host_patterns import has_range
 
 INVENTORY_ENV = "DDTREE_OPS_INVENTORY"
 DEFAULT_INVENTORY_NAME = "hosts.yaml"
@@ -133,6 +134,7 @@ class Host:
 class Inventory:
     source: str  # the file as the operator named it, or EMBEDDED_INVENTORY_NAME
     hosts: dict[str, Host] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # what the file sets that is not used (Ansible variables)
 
     def groups(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
@@ -143,8 +145,10 @@ class Inventory:
 
     def select(self, selection: str | Sequence[str] | None) -> list[Host]:
         """Hosts named by `a,b,group` (names or groups, in inventory order; several `-H` values
-        add up); all when nothing is given. A selection given but empty (`-H ""`, as from an
-        unset variable) is refused: it must never widen to the whole fleet."""
+        add up; `gpu-[01:16]` ranges and `gpu-*` wildcards as in Ansible); all when nothing is
+        given. A selection given but empty (`-H ""`, as from an unset variable) is refused: it
+        must never widen to the whole fleet, nor may a range silently narrow (a name in it
+        that is no host or group is an error)."""
         items = [selection] if isinstance(selection, str) else list(selection or [])
         if not items:
             return list(self.hosts.values())
@@ -161,12 +165,38 @@ class Inventory:
                 wanted.add(word)
             elif word in groups:
                 wanted.update(groups[word])
+            elif has_range(word) or any(c in word for c in "*?"):
+                for name in self._pattern(word, groups):
+                    wanted.update(groups.get(name, [name]))
             else:
                 known = ", ".join(sorted(set(self.hosts) | set(groups))) or "none"
                 raise UsageError(
                     f"{self.source}: no host or group named {quoted(word)} (known: {known})"
                 )
         return [h for name, h in self.hosts.items() if name in wanted]
+
+    def _pattern(self, word: str, groups: dict[str, list[str]]) -> list[str]:
+        """Host and group names a range or wildcard names; UsageError when it names none, or a
+        range names something that is neither."""
+        import fnmatch
+
+        from ddtree_ops.host_patterns import RangeError, expand
+
+        known = list(self.hosts) + list(groups)
+        if has_range(word):
+            try:
+                names = expand(word)
+            except RangeError as err:
+                raise UsageError(f"-H/--hosts: {err}") from None
+            missing = [n for n in names if n not in self.hosts and n not in groups]
+            if missing:
+                raise UsageError(f"{self.source}: -H {quoted(word)}: no host or group named "
+                                 f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+            return names
+        names = [n for n in known if fnmatch.fnmatchcase(n, word)]
+        if not names:
+            raise UsageError(f"{self.source}: -H {quoted(word)}: matches no host or group")
+        return names
 
 
 EMBEDDED_INVENTORY: dict[str, Any] = {"hosts": {"local": {"transport": "local"}}}
@@ -201,6 +231,10 @@ def load_inventory(explicit: str | os.PathLike[str] | None = None) -> Inventory:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: cannot read inventory: {err}") from None
+    from ddtree_ops import ansible_inventory as ansible
+
+    if ansible.is_ini(text):
+        return _from_ansible(ansible.parse_ini(text, str(path)), path)
     try:
         data = yaml.load(text, Loader=_inventory_loader(yaml))
     except _DuplicateKey as err:
@@ -214,7 +248,18 @@ def load_inventory(explicit: str | os.PathLike[str] | None = None) -> Inventory:
         where = f"line {mark.line + 1}: " if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ConfigError(f"{path}: {where}invalid YAML: {problem}") from None
+    if ansible.is_ansible_yaml(data):
+        return _from_ansible(ansible.parse_yaml(data, str(path)), path)
     return parse_inventory(data, source=str(path), base_dir=path.resolve().parent)
+
+
+def _from_ansible(parsed: Any, path: Path) -> Inventory:
+    from ddtree_ops.ansible_inventory import to_our_inventory
+
+    data, notes = to_our_inventory(parsed)
+    inventory = parse_inventory(data, source=str(path), base_dir=path.resolve().parent)
+    inventory.notes = notes
+    return inventory
 
 
 class _DuplicateKey(Exception):

@@ -1,6 +1,8 @@
 """`ddtree-ops hosts list` (the resolved inventory) and `hosts check` (what each host has)."""
 from __future__ import annotations
 
+import sys
+from enum import Enum
 from typing import Annotated, Any
 
 import typer
@@ -29,14 +31,34 @@ class HostNotReady(RemoteStepError):
         self.details = details
 
 
+class ListFormat(str, Enum):
+    TABLE = "table"
+    ANSIBLE = "ansible"
+
+
 @hosts_app.command("list")
-def list_hosts(inventory: InventoryOpt = None, hosts: HostsOpt = None, json_out: JsonOpt = False) -> int:
+def list_hosts(
+    inventory: InventoryOpt = None,
+    hosts: HostsOpt = None,
+    json_out: JsonOpt = False,
+    output_format: Annotated[ListFormat, typer.Option(
+        "--format", help="table, or ansible: the hosts as an Ansible YAML inventory on stdout "
+                         "(for ansible-playbook -i / AWX).")] = ListFormat.TABLE,
+) -> int:
     """Print the resolved inventory (defaults applied, ssh_config not yet consulted)."""
     from rich.table import Table
 
     from ddtree_ops.cli.console import emit_json, say, stdout_console
 
     loaded, selected = select_hosts(inventory, hosts)
+    if output_format is ListFormat.ANSIBLE and not json_out:
+        import yaml
+
+        from ddtree_ops.ansible_inventory import export
+
+        sys.stdout.write(f"# Ansible inventory of {len(selected)} host(s) from {loaded.source} (ddtree-ops hosts list --format ansible)\n")
+        sys.stdout.write(yaml.safe_dump(export(selected), sort_keys=False))
+        return 0
     if json_out:
         emit_json(
             {

@@ -10,6 +10,7 @@ then `FanoutOptions(...)` bundles them for `console.run_on_hosts`.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -98,4 +99,6 @@ def select_hosts(inventory: Optional[Path], hosts: Optional[list[str]]) -> tuple
     from ddtree_ops.inventory import load_inventory
 
     loaded = load_inventory(inventory)
+    for note in loaded.notes:  # stderr: stdout may carry the one JSON document
+        sys.stderr.write(f"ddtree-ops: note: {note}\n")
     return loaded, loaded.select(hosts)
