@@ -151,15 +151,20 @@ def test_inputs_walk_mask_and_commit_match_sglang(case):
         assert rows[:, :prefix[b]].all() and torch.equal(rows[:, prefix[b]:], inputs.tree_mask[b])
 
     target = target_that_mostly_follows_the_tree(inputs, gen)
-    view = TreeVerifyView.from_inputs(inputs, full)
+    # The accept width is the drafter's block B (no node deeper than B-1), here as tight as the
+    # trees allow; a walk over all N steps must never accept past it.
+    block = int(trees.depths.max()) + 1 if trees.depths.numel() else 1
+    view = TreeVerifyView.from_inputs(inputs, full, accept_width=block)
     depth = view.max_tree_depth
+    assert depth == block
     predict, accept_index, accepted = greedy_tree_walk(view.draft_token.view(bs, width), view.retrieve_index,
                                                        view.retrieve_next_token, view.retrieve_next_sibling,
                                                        target, depth)
     accept_lens = accepted + 1
     our_index, our_accepted, our_bonus = walk_retrieve_arrays(
         inputs.input_ids, inputs.retrieve_index, inputs.retrieve_next_token, inputs.retrieve_next_sibling, target)
-    assert torch.equal(our_index, accept_index.long()) and torch.equal(our_accepted, accepted.long())
+    assert torch.equal(our_index[:, :block], accept_index.long()) and (our_index[:, block:] == -1).all()
+    assert torch.equal(our_accepted, accepted.long())
     out_tokens, next_bonus = committed_tokens_and_bonus(predict, accept_index, accept_lens)
     assert torch.equal(our_bonus, next_bonus)
     for b in range(bs):
@@ -182,7 +187,7 @@ def test_inputs_walk_mask_and_commit_match_sglang(case):
     flat = accept_index.view(-1)
     pool[front] = pool[slots[flat[flat >= 0].long()]].clone()
     hidden = (torch.arange(bs * width, dtype=torch.float) + 0.5).unsqueeze(1)
-    ours = accepted_rows_first(hidden, accept_index, width).view(bs, width)
+    ours = accepted_rows_first(hidden, accept_index, width).view(bs, block)
     for b in range(bs):
         length = int(accept_lens[b])
         assert torch.equal(pool[slots.view(bs, width)[b, :length]], ours[b, :length])

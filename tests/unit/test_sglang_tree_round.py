@@ -21,8 +21,8 @@ from ddtree.sglang.tree_round import (
     accepted_rows_first,
     build_round_trees,
     committed_tokens_and_bonus,
+    draft_kv_rewrite,
     draft_logits_from_hidden,
-    front_positions,
     head_vocab_segments,
     local_draft_top_k,
     mask_prefix_bound,
@@ -102,12 +102,16 @@ def test_accepted_hidden_rows_move_to_the_front_in_order():
     for b in range(3):
         for j in range(int(accept_lens[b])):
             assert torch.equal(front[b, j], hidden[int(accept_index[b, j])])
-    block = 5  # depth 4 + the bonus position
-    positions = front_positions(prefix, width, block).view(3, width)
+    block = 5  # depth 4 + the bonus position: accept_index needs only B columns
+    assert (accept_index[:, block:] == -1).all()
+    write_ids = torch.arange(3 * width) + 1000
+    rewrite = draft_kv_rewrite(hidden, accept_index[:, :block], write_ids, prefix, width)
+    assert torch.equal(rewrite.target_hidden.view(3, block, hidden_size), front[:, :block])
+    assert torch.equal(rewrite.cache_loc_2d, write_ids.view(3, width)[:, :block]) and rewrite.cache_loc_2d.is_contiguous()
+    assert torch.equal(rewrite.cache_loc, rewrite.cache_loc_2d.view(-1))
     for b in range(3):
-        start = int(prefix[b])
-        assert positions[b].tolist() == [start + min(j, block - 1) for j in range(width)]
-        assert int(accept_lens[b]) <= block  # every committed row keeps prefix + j
+        assert rewrite.positions.view(3, block)[b].tolist() == list(range(int(prefix[b]), int(prefix[b]) + block))
+        assert int(accept_lens[b]) <= block  # every committed row is among the B rewritten
 
 
 def test_full_mask_is_sglangs_layout():
@@ -119,8 +123,8 @@ def test_full_mask_is_sglangs_layout():
         for b in range(3)
     ])
     assert torch.equal(mask, expected)
-    view = TreeVerifyView.from_inputs(inputs, mask)
-    assert (view.max_tree_depth, view.tree_topk, view.draft_token_num) == (8, -1, 8)
+    view = TreeVerifyView.from_inputs(inputs, mask, accept_width=4)
+    assert (view.max_tree_depth, view.tree_topk, view.draft_token_num) == (4, -1, 8)
     assert view.draft_token.shape == (24,) and view.positions.shape == (24,)
     assert torch.equal(view.positions.view(3, 8)[:, 0], prefix)
 
@@ -340,13 +344,13 @@ def test_the_round_between_sglangs_forwards_reads_nothing_back_to_the_host(bs, b
         top = merge_top_k(unpack_gathered(*gathered, world), budget)
         trees = trees_from_top_k(top, budget)
         inputs, mask = pack_round_inputs(trees, bonus, prefix, width, mask_prefix_bound(reserved_kv_sum, bs, context_len))
-        view = TreeVerifyView.from_inputs(inputs, mask)
+        view = TreeVerifyView.from_inputs(inputs, mask, accept_width=block)
         predict = torch.randint(0, vocab, (bs * width,), generator=gen, dtype=torch.int32)
-        accept_index = torch.full((bs, width), -1, dtype=torch.int32)
+        accept_index = torch.full((bs, block), -1, dtype=torch.int32)
         accept_index[:, 0] = view.retrieve_index[:, 0].to(torch.int32)
         accept_lens = torch.ones(bs, dtype=torch.int32)
         committed_tokens_and_bonus(predict, accept_index, accept_lens)
-        accepted_rows_first(torch.randn(bs * width, hidden_size, generator=gen), accept_index, width)
-        front_positions(prefix, width, block)
+        draft_kv_rewrite(torch.randn(bs * width, hidden_size, generator=gen), accept_index,
+                         torch.arange(bs * width), prefix, width)
     assert reads.seen == []
     assert mask.numel() == width * (min(reserved_kv_sum, bs * context_len) + bs * width)

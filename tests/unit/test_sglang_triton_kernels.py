@@ -16,7 +16,8 @@ os.environ["TRITON_INTERPRET"] = "1"
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from ddtree.sglang.tree_round import front_positions  # noqa: E402
+from ddtree.sglang.tree_round import build_round_trees, draft_kv_rewrite  # noqa: E402
+from ddtree.verify import build_verify_inputs, walk_retrieve_arrays  # noqa: E402
 from sglang_plugin.dist import sglang_package_dir  # noqa: E402
 
 pytest.importorskip("triton", reason="the Triton interpreter runs SGLang's kernels on CPU (test extra)")
@@ -29,6 +30,35 @@ def load_sglang_kernel_module(relative: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_sglang_functions(tmp_path, relative: str, names: tuple[str, ...]):
+    """Some functions of an SGLang file whose module imports the server's platform layer (not
+    importable on CPU): their own source, cut from the real file with ast, in a module of
+    their own with the torch/triton imports they use."""
+    import ast
+
+    source = (sglang_package_dir() / relative).read_text()
+    tree = ast.parse(source)
+    picked = [ast.get_source_segment(source, node, padded=False) for node in tree.body
+              if isinstance(node, ast.FunctionDef) and node.name in names]
+    assert len(picked) == len(names), f"{relative}: expected {names}"
+    decorated = []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name in names:
+            lines = source.splitlines()[node.decorator_list[0].lineno - 1 if node.decorator_list else node.lineno - 1:
+                                        node.end_lineno]
+            decorated.append("\n".join(lines))
+    path = tmp_path / f"sglang_cut_{path_stem(relative)}.py"
+    path.write_text("import torch\nimport triton\nimport triton.language as tl\n\n\n" + "\n\n\n".join(decorated) + "\n")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def path_stem(relative: str) -> str:
+    return relative.rsplit("/", 1)[-1].removesuffix(".py")
 
 
 def with_nan_canary(table: torch.Tensor, spare_rows: int) -> torch.Tensor:
@@ -58,7 +88,11 @@ def test_draft_kv_rewrite_stays_inside_dflashs_rope_table(prefix):
     context_len, block, width = 32, 4, 9  # B = 4, N = 9 > B
     layers, heads, head_dim = 2, 2, 8
     prefix_lens = torch.tensor(prefix, dtype=torch.int64)
-    positions = front_positions(prefix_lens, width, block)  # [bs*N]
+    bs = len(prefix)
+    accept_index = torch.full((bs, block), -1, dtype=torch.int32)  # the worker's accept width: B
+    accept_index[:, 0] = torch.arange(bs, dtype=torch.int32) * width
+    rewrite = draft_kv_rewrite(torch.zeros(bs * width, 1), accept_index, torch.arange(bs * width), prefix_lens, width)
+    positions = rewrite.positions  # what the worker hands the writer
     rows = positions.numel()
     gen = torch.Generator().manual_seed(3)
     cos_sin = with_nan_canary(torch.randn(context_len + block, head_dim, generator=gen), spare_rows=width)
@@ -71,6 +105,38 @@ def test_draft_kv_rewrite_stays_inside_dflashs_rope_table(prefix):
     assert torch.isfinite(k_out).all(), "a row read past the RoPE table (NaN canary reached the output)"
     k_raw = kv[:, 0, : heads * head_dim].view(rows, heads, head_dim)
     k_normed = k_raw * torch.rsqrt(k_raw.pow(2).mean(-1, keepdim=True) + 1e-6)
-    exact = torch.arange(rows) % width < block  # rows a round can commit
-    expected = neox_rope_reference(k_normed[exact], cos_sin, (prefix_lens.repeat_interleave(width) + torch.arange(rows) % width)[exact])
-    torch.testing.assert_close(k_out[0][exact], expected, rtol=1e-5, atol=1e-5)
+    assert rows == bs * block  # every row a round can commit, and no more
+    expected = neox_rope_reference(k_normed, cos_sin, prefix_lens.repeat_interleave(block) + torch.arange(rows) % block)
+    torch.testing.assert_close(k_out[0], expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bs, depth, budget, vocab", [(1, 1, 1, 5), (1, 15, 64, 3), (3, 4, 12, 6), (4, 7, 20, 2)])
+def test_sglangs_greedy_tree_walk_needs_only_b_accept_columns(tmp_path, bs, depth, budget, vocab):
+    """SGLang's greedy tree verify (its Triton kernel, spec_tree.py) run on DDTree's verify
+    inputs with accept_index [bs, B] (B = depth + 1, the accept width the worker declares)
+    accepts exactly what our N-step walk accepts: no tree is deeper than B-1. Ragged trees
+    (one request has a single likely depth), tiny vocabularies so the target follows long
+    paths, budget and N well above B."""
+    kernels = load_sglang_functions(tmp_path, "kernels/ops/speculative/spec_tree.py",
+                                    ("verify_tree_greedy_kernel_triton", "verify_tree_greedy_triton"))
+    gen = torch.Generator().manual_seed(bs * 1000 + budget)
+    logits = torch.randn(bs, depth, vocab, generator=gen) * 4
+    logits[..., 0] += 20  # a dominant token per depth: the best-first tree holds a full-depth chain
+    if bs > 1:
+        logits[1, 1:] = float("-inf")  # this request's tree stops at depth 1
+    trees = build_round_trees(logits, budget, budget)
+    width, block = budget + 1, depth + 1
+    inputs = build_verify_inputs(trees, torch.zeros(bs, dtype=torch.int64), torch.full((bs,), 7), width=width)
+    # A target that follows the tree's first child at every node: the longest accepted paths.
+    child = inputs.retrieve_next_token.clamp(min=0)
+    target = torch.where(inputs.retrieve_next_token >= 0, torch.gather(inputs.input_ids, 1, child), 1)
+    predicts = torch.zeros(bs * width, dtype=torch.int32)
+    accept_index = torch.full((bs, block), -1, dtype=torch.int32)
+    accept_num = torch.zeros(bs, dtype=torch.int32)
+    kernels.verify_tree_greedy_triton(predicts, accept_index, accept_num, inputs.input_ids, inputs.retrieve_index,
+                                      inputs.retrieve_next_token, inputs.retrieve_next_sibling, target)
+    ours, accepted, _bonus = walk_retrieve_arrays(inputs.input_ids, inputs.retrieve_index, inputs.retrieve_next_token,
+                                                 inputs.retrieve_next_sibling, target)  # N steps
+    assert (ours[:, block:] == -1).all()
+    assert torch.equal(accept_index.long(), ours[:, :block]) and torch.equal(accept_num.long(), accepted)
+    assert int(accepted[0]) == depth  # the walk really went B-1 deep: the last column is used

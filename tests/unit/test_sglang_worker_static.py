@@ -202,8 +202,13 @@ def test_tensor_parallel_names_exist(site):
     sites = class_fields(find_definition(_parse(site, "sglang.srt.speculative.spec_tp_sync"), "SpecTpSyncSite"))
     used = {node.attr for node in ast.walk(WORKER_TREE)
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "SpecTpSyncSite"}
-    assert used == {"DFLASH_ACCEPT_GREEDY", "DFLASH_ACCEPT_SAMPLE"}
-    assert used <= sites
+    assert used == {"DFLASH_ACCEPT_GREEDY"} and used <= sites
+    # The sampled path is not synced again: eagle_sample broadcasts its decisions from rank 0
+    # after the sampling kernel (and its CUDA greedy path does not, hence the greedy sync).
+    sample = ast.unparse(find_definition(_parse(site, "sglang.srt.speculative.eagle_utils"), "eagle_sample"))
+    after_sampling = sample[sample.index("sampling_fn(predicts=predict"):]
+    for decision in ("predict", "accept_index", "num_correct_drafts"):
+        assert f"tp_group.broadcast({decision}, src=0)" in after_sampling
 
     dflash_stores = {node.attr for node in ast.walk(_dflash_class(site))
                      if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)}
@@ -308,3 +313,22 @@ def test_tensor_parallel_ranks_verify_rank_zeros_trees():
     assert "trees = self._rank0_trees(trees_from_top_k(top, self.ddtree.budget))" in text
     rank0 = ast.unparse(_worker_method("_rank0_trees"))
     assert "tp_group.broadcast(packed, src=0)" in rank0 and "unpack_trees(packed, trees.budget, self.draft_block - 1)" in rank0
+
+
+def test_the_accept_width_is_the_drafters_block(site):
+    """accept_index is [bs, max_tree_depth] (eagle_utils.py:633-635) and a logprob request
+    gathers accept_index.shape[1] rows per request (logprob_processor.py:401-404): B, not N.
+    The scheduler reads next_token_ids with speculative_output_stride when it is given
+    (batch_result_processor.py:86-93), so out_tokens [bs, B] is read with stride B."""
+    text = ast.unparse(_worker_method("forward_batch_generation"))
+    assert "TreeVerifyView.from_inputs(inputs, custom_mask, accept_width=self.draft_block)" in text
+    assert "speculative_output_stride=self.draft_block" in text
+    eagle = ast.unparse(find_definition(_parse(site, "sglang.srt.speculative.eagle_utils"), "eagle_sample"))
+    assert "accept_index = torch.full((bs, verify_input.max_tree_depth), -1" in eagle
+    logprobs = ast.unparse(find_definition(_parse(site, "sglang.srt.layers.logprob_processor"), "compute_spec_logprobs"))
+    assert "max_accept = accept_index.shape[1]" in logprobs
+    processor = _parse(site, "sglang.srt.managers.scheduler_components.batch_result_processor")
+    stride = ast.unparse(find_definition(processor, "_get_speculative_output_stride"))
+    assert "stride = result.speculative_output_stride" in stride
+    assert "speculative_output_stride" in class_fields(find_definition(_parse(site, "sglang.srt.managers.utils"),
+                                                                        "GenerationBatchResult"))

@@ -100,7 +100,7 @@ REQUIRED: tuple[tuple[str, str, NameKind, tuple[str, ...], str], ...] = (
     ("srt/distributed/parallel_state.py", "GroupCoordinator.broadcast", M, (), "rank 0's trees to every TP rank"),
     ("srt/speculative/spec_tp_sync.py", "SpecTpSync.sync", M, (), "TP > 1: rank 0's accept decision"),
     ("srt/speculative/spec_tp_sync.py", "SpecTpSyncSite", NameKind.FIELDS,
-     ("DFLASH_ACCEPT_GREEDY", "DFLASH_ACCEPT_SAMPLE"), "TP sync sites of the accept step"),
+     ("DFLASH_ACCEPT_GREEDY",), "TP sync site of the greedy accept step"),
     ("srt/speculative/dflash_worker_v2.py", "_is_all_greedy", F, (), "picks the TP sync site"),
 )
 

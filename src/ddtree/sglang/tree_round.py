@@ -179,7 +179,7 @@ def pack_round_inputs(
 @dataclass
 class TreeVerifyView:
     """The attributes eagle_sample() reads from a verify input, for an irregular tree
-    (as NgramVerifyInput provides them): tree_topk = -1, max_tree_depth = N."""
+    (as NgramVerifyInput provides them): tree_topk = -1, max_tree_depth = the accept width."""
 
     draft_token: torch.Tensor  # [bs*N] int64
     custom_mask: torch.Tensor  # flat bool, FULL layout
@@ -188,19 +188,22 @@ class TreeVerifyView:
     retrieve_next_token: torch.Tensor  # [bs, N] int64
     retrieve_next_sibling: torch.Tensor  # [bs, N] int64
     draft_token_num: int  # N
+    accept_width: int  # B: a path holds the root and at most B-1 drafted depths
     draft_probs: Optional[torch.Tensor] = None  # rejection sampling is refused at startup
 
     @property
     def max_tree_depth(self) -> int:
-        # A chain can use every node of the budget, so accept_index is [bs, N] wide.
-        return self.draft_token_num
+        # eagle_sample sizes accept_index [bs, max_tree_depth] and the greedy kernel walks that
+        # many steps; logprob requests gather [bs * max_tree_depth, V]. No tree is deeper than
+        # the drafter's B-1 positions, so B rows hold every accepted path (not N).
+        return self.accept_width
 
     @property
     def tree_topk(self) -> int:
         return -1
 
     @classmethod
-    def from_inputs(cls, inputs: VerifyInputs, custom_mask: torch.Tensor) -> "TreeVerifyView":
+    def from_inputs(cls, inputs: VerifyInputs, custom_mask: torch.Tensor, accept_width: int) -> "TreeVerifyView":
         return cls(
             draft_token=inputs.draft_tokens(),
             custom_mask=custom_mask,
@@ -209,15 +212,16 @@ class TreeVerifyView:
             retrieve_next_token=inputs.retrieve_next_token,
             retrieve_next_sibling=inputs.retrieve_next_sibling,
             draft_token_num=inputs.width,
+            accept_width=accept_width,
         )
 
 
 def committed_tokens_and_bonus(
     predict: torch.Tensor,  # [bs*N] int: the target's token written at each accepted row
-    accept_index: torch.Tensor,  # [bs, N] int flat rows, -1 padded
+    accept_index: torch.Tensor,  # [bs, S] int flat rows, -1 padded (S = the accept width)
     accept_lens: torch.Tensor,  # [bs] int accepted tree indices, root included (>= 1)
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out_tokens [bs, N] int64, bonus [bs] int64). Row b's first accept_lens[b] entries are
+    """(out_tokens [bs, S] int64, bonus [bs] int64). Row b's first accept_lens[b] entries are
     the tokens this round commits: the accepted drafts, then the target's token after the
     last accepted index, which is also next round's root (the bonus)."""
     index = accept_index.to(torch.int64)
@@ -229,23 +233,49 @@ def committed_tokens_and_bonus(
 
 def accepted_rows_first(
     hidden: torch.Tensor,  # [bs*N, H] target hidden states of the verify window
-    accept_index: torch.Tensor,  # [bs, N] int flat rows, -1 padded
+    accept_index: torch.Tensor,  # [bs, S] int flat rows, -1 padded
     width: int,  # N
 ) -> torch.Tensor:
-    """[bs*N, H]: row j of request b is the hidden state of its j-th accepted tree index
-    (rows past the accepted count repeat index 0 and are never committed). Feeds the draft
-    KV writer, which writes the first commit_lens rows of each request."""
-    keep, _counts = keep_indices_batch(accept_index.to(torch.int64), width)  # [bs, N] local rows
+    """[bs*S, H]: row j of request b is the hidden state of its j-th accepted tree index
+    (rows past the accepted count repeat index 0 and are never committed)."""
+    keep, _counts = keep_indices_batch(accept_index.to(torch.int64), width)  # [bs, S] local rows
     bs = keep.shape[0]
     base = torch.arange(bs, device=keep.device).unsqueeze(1) * width
     rows = (keep.clamp(min=0) + base).reshape(-1)
     return hidden.index_select(0, rows)
 
 
-def front_positions(prefix_lens: torch.Tensor, width: int, block: int) -> torch.Tensor:
-    """[bs*N] int64 positions for the draft-KV rewrite of the window's front rows after the
-    move: prefix + min(j, B-1). Only the first commit_lens <= B rows are written, and those keep
-    prefix + j; the rest are clamped because SGLang's writer still ropes every row, and its
-    fused RoPE table is sized for context_len + B (DFlashWorkerV2's max_position_hint), not N."""
-    offsets = torch.arange(width, device=prefix_lens.device, dtype=torch.int64).clamp(max=block - 1)
+def front_positions(prefix_lens: torch.Tensor, rows: int) -> torch.Tensor:
+    """[bs*rows] int64: the positions of the window's first `rows` rows (prefix + j)."""
+    offsets = torch.arange(rows, device=prefix_lens.device, dtype=torch.int64)
     return (prefix_lens.to(torch.int64).unsqueeze(1) + offsets).reshape(-1)
+
+
+class DraftKvRewrite(NamedTuple):
+    """What DFlash's _append_target_hidden_to_draft_kv_by_loc takes for the committed rows."""
+
+    target_hidden: torch.Tensor  # [bs*B, H] accepted rows first
+    cache_loc: torch.Tensor  # [bs*B] draft-pool write ids of the window's first B slots
+    cache_loc_2d: torch.Tensor  # [bs, B] the same ids, contiguous
+    positions: torch.Tensor  # [bs*B] int64 prefix + j
+
+
+def draft_kv_rewrite(
+    hidden: torch.Tensor,  # [bs*N, H] target hidden states of the verify window (real rows)
+    accept_index: torch.Tensor,  # [bs, B] int flat rows, -1 padded
+    write_ids: torch.Tensor,  # [bs*N] draft-pool write ids of the window
+    prefix_lens: torch.Tensor,  # [bs] int64
+    width: int,  # N
+) -> DraftKvRewrite:
+    """The draft KV rewrite, B rows per request: a round commits at most B rows (root + B-1
+    depths), and the writer (fused or not) projects and ropes every row it is given, with a
+    RoPE table sized for context_len + B (DFlashWorkerV2's max_position_hint,
+    dflash_worker_v2.py:1074-1075): N rows near the end of the context would read past it."""
+    bs, block = accept_index.shape
+    cache_loc_2d = write_ids.view(bs, width)[:, :block].contiguous()
+    return DraftKvRewrite(
+        target_hidden=accepted_rows_first(hidden, accept_index, width),
+        cache_loc=cache_loc_2d.view(-1),
+        cache_loc_2d=cache_loc_2d,
+        positions=front_positions(prefix_lens, block),
+    )

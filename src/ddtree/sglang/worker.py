@@ -81,9 +81,8 @@ from ddtree.sglang.support import (
 from ddtree.sglang.tree_round import (
     HeadShard,
     TreeVerifyView,
-    accepted_rows_first,
     committed_tokens_and_bonus,
-    front_positions,
+    draft_kv_rewrite,
     head_vocab_segments,
     local_draft_top_k,
     mask_prefix_bound,
@@ -299,17 +298,15 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             # eagle_sample applies penalties, bias and grammar but not these; DFlash's own
             # verify applies them to each of a request's rows first, and so do we (N rows).
             apply_custom_logit_processor(logits_output.next_token_logits, sampling_info, num_tokens_in_batch=width)
-        view = TreeVerifyView.from_inputs(inputs, custom_mask)
+        view = TreeVerifyView.from_inputs(inputs, custom_mask, accept_width=self.draft_block)
         predict, accept_lens, accept_index = eagle_sample(
             view, batch, logits_output, grammar_mask, watermark_state=self.model_runner.watermark_state,
-        )  # [bs*N] int32, [bs] int32 (root included), [bs, N] int32 flat rows
-        # TP > 1: every rank must commit the same path; sampling draws from each rank's RNG.
-        site = (
-            SpecTpSyncSite.DFLASH_ACCEPT_GREEDY if _is_all_greedy(batch.sampling_info)
-            else SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE
-        )
-        for decision in (predict, accept_lens, accept_index):
-            self._tp_sync.sync(site, decision)
+        )  # [bs*N] int32, [bs] int32 (root included), [bs, B] int32 flat rows
+        # TP > 1: every rank must commit rank 0's path. eagle_sample's sampled path broadcasts
+        # its decisions itself (eagle_utils.py:797-805); its CUDA greedy path does not.
+        if _is_all_greedy(batch.sampling_info):
+            for decision in (predict, accept_lens, accept_index):
+                self._tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_GREEDY, decision)
         out_tokens, bonus = committed_tokens_and_bonus(predict, accept_index, accept_lens)
         new_seq_lens = prefix_lens + accept_lens.to(prefix_lens.dtype)
 
@@ -328,13 +325,14 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if hidden is None:
             raise RuntimeError("DDTree verify requires target hidden states, but got None")
         # Graph replay may append padding rows: only the bs*N real rows are ours.
-        front_hidden = accepted_rows_first(hidden[: bs * width], accept_index, width)
-        cache_loc = self._draft_write_ids(self._target_plan)
+        rewrite = draft_kv_rewrite(
+            hidden[: bs * width], accept_index, self._draft_write_ids(self._target_plan), prefix_lens, width
+        )  # B rows per request
         self._append_target_hidden_to_draft_kv_by_loc(
-            target_hidden=front_hidden,
-            cache_loc=cache_loc,
-            cache_loc_2d=cache_loc.view(bs, width),
-            positions=front_positions(prefix_lens, width, self.draft_block),
+            target_hidden=rewrite.target_hidden,
+            cache_loc=rewrite.cache_loc,
+            cache_loc_2d=rewrite.cache_loc_2d,
+            positions=rewrite.positions,
             commit_lens=accept_lens.to(torch.int32),
         )
         logits_output.hidden_states = None
@@ -347,6 +345,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             can_run_cuda_graph=can_run_cuda_graph,
             next_draft_input=self._make_next_draft_input_decode(bonus_tokens=bonus, new_seq_lens=new_seq_lens),
             speculative_num_draft_tokens=width,
+            speculative_output_stride=self.draft_block,  # out_tokens is [bs, B]
             new_seq_lens=new_seq_lens,
             routed_experts_output=target_out.routed_experts_output,
             indexer_topk_output=target_out.indexer_topk_output,

@@ -72,7 +72,7 @@ MANIFEST = Manifest(
         RequiredName('srt/distributed/parallel_state.py', 'GroupCoordinator.all_gather', NameKind.METHOD, '(input_, dim=, output_tensor_list=)', (), None, 'TP > 1: gathers per-rank top-K'),
         RequiredName('srt/distributed/parallel_state.py', 'GroupCoordinator.broadcast', NameKind.METHOD, '(input_, src=)', (), None, "rank 0's trees to every TP rank"),
         RequiredName('srt/speculative/spec_tp_sync.py', 'SpecTpSync.sync', NameKind.METHOD, '(site, values)', (), None, "TP > 1: rank 0's accept decision"),
-        RequiredName('srt/speculative/spec_tp_sync.py', 'SpecTpSyncSite', NameKind.FIELDS, None, ('DFLASH_ACCEPT_GREEDY', 'DFLASH_ACCEPT_SAMPLE'), None, 'TP sync sites of the accept step'),
+        RequiredName('srt/speculative/spec_tp_sync.py', 'SpecTpSyncSite', NameKind.FIELDS, None, ('DFLASH_ACCEPT_GREEDY',), None, 'TP sync site of the greedy accept step'),
         RequiredName('srt/speculative/dflash_worker_v2.py', '_is_all_greedy', NameKind.FUNCTION, '(sampling_info)', (), None, 'picks the TP sync site'),
     ),
 )
