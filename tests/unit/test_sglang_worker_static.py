@@ -332,3 +332,58 @@ def test_the_accept_width_is_the_drafters_block(site):
     assert "stride = result.speculative_output_stride" in stride
     assert "speculative_output_stride" in class_fields(find_definition(_parse(site, "sglang.srt.managers.utils"),
                                                                         "GenerationBatchResult"))
+
+
+# Where SGLang 0.5.23 reads the spec bag's draft width in the code a draft forward runs through:
+# every one is construction, capture or warm-up time (inside the worker's build scope), none
+# is on the forward path. A new reader in a later version fails this list.
+BAG_WIDTH_READERS = {
+    ("srt/layers/attention/triton_backend.py", "__init__"),
+    ("srt/model_executor/model_runner.py", "decode_num_tokens_per_req"),
+    ("srt/model_executor/model_runner.py", "maybe_init_hisparse_coordinator"),
+    ("srt/model_executor/runner/decode_cuda_graph_runner.py", "__init__"),
+}
+# Callers of decode_num_tokens_per_req() / max_speculative_num_draft_tokens() there: all
+# build, capture, warm-up or autotune time.
+DECODE_WIDTH_CALLERS = {
+    ("srt/layers/attention/triton_backend.py", "__init__"),
+    ("srt/model_executor/model_runner.py", "max_decode_logits_rows"),
+    ("srt/model_executor/runner/eager_runner.py", "__init__"),
+    ("srt/model_executor/runner/eager_runner.py", "_autotune_buffers"),
+    ("srt/model_executor/runner/decode_cuda_graph_runner.py", "__init__"),
+    ("srt/model_executor/runner/base_runner.py", "_widest_decode_rows"),
+    ("srt/model_executor/runner/base_runner.py", "_dummy_run"),
+}
+FORWARD_FILES = (
+    "srt/layers/attention/flashinfer_backend.py", "srt/layers/attention/triton_backend.py",
+    "srt/model_executor/model_runner.py", "srt/model_executor/runner/eager_runner.py",
+    "srt/model_executor/runner/decode_cuda_graph_runner.py", "srt/model_executor/runner/base_runner.py",
+    "srt/model_executor/forward_batch_info.py", "srt/models/dflash.py",
+)
+
+
+def _innermost_functions_mentioning(site: Path, relative: str, needle: str) -> set[tuple[str, str]]:
+    source = (site / "sglang" / relative).read_text()
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and needle in ast.unparse(node):
+            inner = [n for n in ast.walk(node) if n is not node and isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     and needle in ast.unparse(n)]
+            if not inner:
+                found.add((relative, node.name))
+    return found
+
+
+def test_the_draft_forward_runs_without_flipping_the_spec_bag(site):
+    """The round's draft forward does not override the process-global spec bag (its leaves are
+    traced by torch.compile): SGLang reads the draft width from the bag only while building
+    runners, graphs and warm-up buffers, which the worker does inside its draft-width scope."""
+    for method in ROUND_METHODS:
+        text = ast.unparse(_worker_method(method))
+        assert "_draft_width()" not in text and ".override(" not in text, method
+    def mentioning(needle: str) -> set[tuple[str, str]]:
+        return set().union(*(_innermost_functions_mentioning(site, f, needle) for f in FORWARD_FILES))
+
+    assert mentioning("get_spec().speculative_num_draft_tokens") == BAG_WIDTH_READERS
+    assert mentioning(".decode_num_tokens_per_req(") | mentioning("max_speculative_num_draft_tokens()") \
+        == DECODE_WIDTH_CALLERS

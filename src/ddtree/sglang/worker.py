@@ -437,7 +437,10 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph,
         )
         draft_plan.bind(forward_batch, self.draft_model_runner.kv_index_translator)
-        with torch.inference_mode(), draft_tp_context(self.draft_parallel_layout), self._draft_width():
+        # No spec-bag override here: the drafter's runners and graphs were built at B, and the
+        # forward reads its width from spec_info (captured_req_width, num_tokens_per_req);
+        # flipping the process-global bag every round would retrace torch.compile guards.
+        with torch.inference_mode(), draft_tp_context(self.draft_parallel_layout):
             draft_out = self.draft_model_runner.forward(forward_batch)
         hidden = draft_out.logits_output.hidden_states
         if hidden is None:
