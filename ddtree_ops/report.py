@@ -41,6 +41,7 @@ SWEEP_STAGE = "tree-bench"
 SWEEP_TABLE = "sweep"
 DECODE_STAGE = "decode-bench"
 DECODE_TABLE = "methods"  # one row per method: method, budget, tau, speedup, ... (runsummary)
+LOST_STAGE = "lost"  # a stage's report status when the host was lost during it
 TIMINGS_TABLE = "timings"  # a timed stage's min / median / max per cell (smoke/protocol.py)
 # What the report adds to a decode-bench row (its timing spread and noise verdict): not part
 # of the row the host wrote, so taken off again before the row is read as a method summary.
@@ -76,6 +77,7 @@ class Report:
     meta: dict[str, Any] = field(default_factory=dict)
     loads: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> timed stage -> load
     timings: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # host -> "stage.cell" -> row
+    histories: dict[str, dict[str, Any]] = field(default_factory=dict)  # lost hosts: HostRecord.history
 
     @property
     def exit_code(self) -> int:
@@ -94,7 +96,7 @@ class Report:
             "run_id": self.run_id,
             "release": self.meta.get("release"),
             "stages": self.stages,
-            "hosts": {h: {"outcome": self.outcomes[h].value,
+            "hosts": {h: {"outcome": self.outcomes[h].value, "history": self.histories.get(h),
                           "stages": {s: {"status": self.statuses[h].get(s),
                                          "duration_s": self.durations[h].get(s),
                                          "reason": self.reasons[h].get(s),
@@ -107,6 +109,7 @@ class Report:
             "sweep": self.sweep,
             "decode": self.decode,
             "run_exit_code": self.exit_code,  # the run's verdict; `exit_code` is the command's
+            "original_exit_code": self.meta.get("exit_code"),  # what the run's command exited with
         }
 
     def _load_dict(self, host: str, stage: str) -> dict[str, Any]:
@@ -152,8 +155,12 @@ def build_report(run: RunRecord) -> Report:
     decode: list[dict[str, Any]] = []
     loads: dict[str, dict[str, Any]] = {}
     timings: dict[str, dict[str, dict[str, Any]]] = {}
+    histories: dict[str, dict[str, Any]] = {}
     for name, host in run.hosts.items():
-        statuses[name] = {s: r.status.value for s, r in host.stages.items()}
+        # "lost": under way when the host was lost (its duration: how long it had run)
+        statuses[name] = {s: LOST_STAGE if r.lost else r.status.value for s, r in host.stages.items()}
+        if host.history is not None:
+            histories[name] = host.history
         durations[name] = {s: r.duration_s for s, r in host.stages.items()}
         reasons[name] = {s: r.reason for s, r in host.stages.items()}
         if host.error and host.outcome is not HostOutcome.PASS:
@@ -177,7 +184,7 @@ def build_report(run: RunRecord) -> Report:
     report = Report(run_id=run.run_id, stages=stages, hosts=list(run.hosts),
                     outcomes={h: r.outcome for h, r in run.hosts.items()}, statuses=statuses,
                     durations=durations, reasons=reasons, failures=failures, sweep=sweep,
-                    decode=decode, meta=run.meta, loads=loads, timings=timings)
+                    decode=decode, meta=run.meta, loads=loads, timings=timings, histories=histories)
     for row in sweep:
         cell = f"build_ms.{row.get('builder')}.bs{row.get('batch_size')}.b{row.get('budget')}"
         _mark_noise(row, report.timings.get(row["host"], {}).get(f"{SWEEP_STAGE}.{cell}"),

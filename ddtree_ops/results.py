@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from ddtree_ops.errors import ConfigError, UsageError
 from ddtree_ops.ids import is_safe_id
@@ -139,8 +139,9 @@ def check_record_owner(record: dict[str, Any], run_id: str, host: str, where: st
 class HostRecorder:
     """Writes one host's records as they arrive (thread-confined: one per host thread)."""
 
-    def __init__(self, host_dir: Path, host: str, meta: dict[str, Any], run_id: str):
-        self.host_dir, self.host, self.run_id = host_dir, host, run_id
+    def __init__(self, host_dir: Path, host: str, meta: dict[str, Any], run_id: str,
+                 clock: Callable[[], float] = time.time):
+        self.host_dir, self.host, self.run_id, self.clock = host_dir, host, run_id, clock
         (host_dir / "stages").mkdir(parents=True, exist_ok=True)
         self._events = open(host_dir / "events.jsonl", "a", encoding="utf-8")
         self._stray = host_dir / "output.log"
@@ -148,10 +149,14 @@ class HostRecorder:
         self.stage_states: dict[str, str] = {}  # stage -> "running" or its final status
         self.planned: list[str] = []
         self.run_end: dict[str, Any] | None = None
+        self.last_heard = clock()  # any line counts, the runner's blank keepalives included
+        self.stage_began: dict[str, float] = {}  # stage -> when its stage_start arrived (our clock)
+        self.lost_facts: dict[str, Any] | None = None  # set when the stream ended early
         self._save_meta()
 
     def feed_line(self, line: str) -> dict[str, Any] | None:
         """Record one stdout line of the runner; returns the parsed record (None if stray)."""
+        self.last_heard = self.clock()
         record = parse_record(line)
         if self._events.closed:  # a line after the run was settled (Ctrl-C): the host has it
             return record
@@ -177,6 +182,7 @@ class HostRecorder:
             self._save_meta()
         elif kind == "stage_start" and isinstance(stage, str):
             self.stage_states[stage] = "running"
+            self.stage_began[stage] = self.last_heard
         elif kind == "stage_end" and isinstance(stage, str) and _STAGE_RE.fullmatch(stage):
             self.stage_states[stage] = str(record.get("status"))
             write_json_atomic(self.host_dir / "stages" / f"{stage}.json", record)
@@ -187,6 +193,26 @@ class HostRecorder:
                              remote_exit_code=record.get("exit_code"))
             self._save_meta()
         return record
+
+    def connection_ended(self) -> None:
+        """The runner's stream ended without its run_end (the connection dropped or the host
+        went silent): the facts of the loss, taken now, for `note_lost` to keep."""
+        now = self.clock()
+        running = [s for s, state_ in self.stage_states.items() if state_ == "running"]
+        began = self.meta.get("runner_started")
+        self.lost_facts = {
+            "at": round(now, 3), "silent_s": round(now - self.last_heard, 3),
+            "ran_s": round(now - began, 3) if isinstance(began, (int, float)) else None,
+            "stage": running[-1] if running else None,
+            "stage_ran_s": round(now - self.stage_began[running[-1]], 3) if running else None}
+
+    def note_lost(self, error: str, state: str) -> None:
+        """The host was lost mid-run: when (our clock), after how long a silence, how long its
+        runner and its current stage had run. Kept for good: a later `collect` adds what the
+        host finished meanwhile, never erases the loss."""
+        if self.lost_facts is None:
+            self.connection_ended()
+        self.note(outcome=HostOutcome.LOST.value, error=error, state=state, lost=self.lost_facts)
 
     def note(self, **fields: Any) -> None:
         """Operator-side facts: outcome, error, timings, push result."""
@@ -219,8 +245,9 @@ class RunStore:
         data.update(fields)
         write_json_atomic(path, data)
 
-    def host_recorder(self, run_id: str, host: str, meta: dict[str, Any]) -> HostRecorder:
-        return HostRecorder(self.run_dir(run_id) / host, host, meta, run_id)
+    def host_recorder(self, run_id: str, host: str, meta: dict[str, Any],
+                      clock: Callable[[], float] = time.time) -> HostRecorder:
+        return HostRecorder(self.run_dir(run_id) / host, host, meta, run_id, clock)
 
     def list_runs(self) -> list[str]:
         if not self.root.is_dir():
@@ -264,6 +291,7 @@ class StageRecord:
     traceback: str | None = None
     output_tail: str | None = None
     load: dict[str, Any] | None = None  # timed stages: host-load samples {before, after}
+    lost: bool = False  # under way when the host was lost; duration_s is how long it had run
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> "StageRecord":
@@ -311,6 +339,20 @@ class HostRecord:
     stages: dict[str, StageRecord]  # in plan order
     outcome: HostOutcome
     error: str | None = None
+    run_end: dict[str, Any] | None = None  # the runner's last record, if it reached us
+
+    @property
+    def history(self) -> dict[str, Any] | None:
+        """For a host lost during the run: when and how it was lost, and what it finished on
+        its own afterwards (fetched by `collect`); None for any other host."""
+        if self.outcome is not HostOutcome.LOST:
+            return None
+        lost = self.meta.get("lost") if isinstance(self.meta.get("lost"), dict) else {}
+        end = self.run_end or {}
+        return {"lost_at": lost.get("at"), "silent_s": lost.get("silent_s"), "ran_s": lost.get("ran_s"),
+                "stage": lost.get("stage"), "stage_ran_s": lost.get("stage_ran_s"), "error": self.error,
+                "completed_on_host": end.get("status"), "host_exit_code": end.get("exit_code"),
+                "finished_on_host_at": end.get("time"), "collected_at": self.meta.get("collected")}
 
     def metric(self, stage: str, name: str) -> Any:
         record = self.stages.get(stage)
@@ -396,17 +438,23 @@ def load_host(host_dir: Path, host: str, run_id: str) -> HostRecord:
     error = meta.get("error")
     stages: dict[str, StageRecord] = {}
     order = planned + [s for s in sorted(ended, key=lambda s: ended[s].index) if s not in planned]
+    lost = meta.get("lost") if isinstance(meta.get("lost"), dict) else {}
     for index, stage in enumerate(order):
         if stage in ended:
             stages[stage] = ended[stage]
         elif run_end is None and stage in started:
             why = error or "the host stopped answering"
+            ran = lost.get("stage_ran_s") if lost.get("stage") == stage else None
             stages[stage] = StageRecord(stage, index, StageStatus.FAIL,
-                                        f"no result: {why} during this stage")
+                                        f"no result: {why} during this stage",
+                                        duration_s=float(ran) if isinstance(ran, (int, float)) else 0.0,
+                                        lost=outcome_note == HostOutcome.LOST.value)
         elif run_end is None:
             stages[stage] = StageRecord(stage, index, StageStatus.NOT_RUN,
                                         "not run: the run ended early")
-    if run_end is not None:
+    if outcome_note == HostOutcome.LOST.value:
+        outcome = HostOutcome.LOST  # whatever the host finished later: the run lost it
+    elif run_end is not None:
         remote = run_end.get("status")
         outcome = {"pass": HostOutcome.PASS, "interrupted": HostOutcome.INTERRUPTED,
                    "error": HostOutcome.REFUSED}.get(remote, HostOutcome.FAIL)
@@ -416,7 +464,7 @@ def load_host(host_dir: Path, host: str, run_id: str) -> HostRecord:
         outcome = HostOutcome.LOST
     else:
         outcome = HostOutcome.PENDING
-    return HostRecord(host=host, meta=meta, stages=stages, outcome=outcome, error=error)
+    return HostRecord(host=host, meta=meta, stages=stages, outcome=outcome, error=error, run_end=run_end)
 
 
 def hosts_exit_code(outcomes: Iterable[HostOutcome]) -> int:
@@ -480,7 +528,8 @@ def adopt_remote_records(host_dir: Path, run_id: str, host: str) -> bool:
         write_json_atomic(host_dir / "stages" / name, record)
     meta = read_json(host_dir / "run.json")
     meta["collected"] = time.time()
-    if any(r.get("event") == "run_end" for r in theirs):
+    if any(r.get("event") == "run_end" for r in theirs) and meta.get("outcome") != HostOutcome.LOST.value:
         meta.pop("outcome", None)  # the host finished: its run_end decides the outcome
+    # a host lost during the run stays lost: its history shows what it finished afterwards
     write_json_atomic(host_dir / "run.json", meta)
     return True

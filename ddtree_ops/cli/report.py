@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ddtree_ops.report import Comparison, DecodeComparison, Report
 
-_STATUS_STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow", "not_run": "dim",
+_STATUS_STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow", "not_run": "dim", "lost": "bold red",
                  "running": "cyan"}
 _OUTCOME_STYLE = {"pass": "green", "fail": "bold red", "lost": "bold red",
                   "unreachable": "bold red", "interrupted": "magenta", "pending": "dim",
@@ -111,7 +111,10 @@ def render_report(report: "Report", console: "Console") -> None:
                 cells.append("")
                 continue
             seconds = report.durations[host].get(stage) or 0.0
-            text = status if status in ("not_run",) else f"{status} {seconds:.1f}s"
+            if status == "lost":
+                text = f"lost (ran {seconds:.0f}s)"
+            else:
+                text = status if status in ("not_run",) else f"{status} {seconds:.1f}s"
             cells.append(_styled(text, _STATUS_STYLE))
         table.add_row(host, _styled(report.outcomes[host].value, _OUTCOME_STYLE), *cells)
     console.print(table)
@@ -122,6 +125,9 @@ def render_report(report: "Report", console: "Console") -> None:
                       soft_wrap=True)  # one line, however long
         if failure.detail and failure.detail not in failure.reason:
             console.print(f"      {failure.detail}", soft_wrap=True)
+    for host, history in report.histories.items():
+        console.print(styled("lost", "bold red"), inert(lost_history_line(host, history, report.meta), one_line=True),
+                      soft_wrap=True)
     skips = [(h, s, report.reasons[h][s]) for h in report.hosts for s in report.stages
              if report.statuses[h].get(s) == "skip"]
     for host, stage, reason in skips:
@@ -177,6 +183,38 @@ def render_report(report: "Report", console: "Console") -> None:
         console.print("  " + NOISY_NOTE.format(spread=SPREAD_LIMIT, load=LOAD_PER_CPU_LIMIT, gpu=GPU_BUSY_LIMIT_PCT),
                       soft_wrap=True)
     render_loads(report, console)
+
+
+def _clock(stamp: Any) -> str:
+    import time
+
+    if not _is_number(stamp):
+        return "an unknown time"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(stamp))
+
+
+def lost_history_line(host: str, history: dict[str, Any], run_meta: dict[str, Any]) -> str:
+    """What happened to a host lost during the run, then and since, in one line."""
+    parts = [f"{host}: lost at {_clock(history.get('lost_at'))}"]
+    if _is_number(history.get("silent_s")):
+        parts[0] += f" after {history['silent_s']:.0f}s of silence"
+    ran = []
+    if _is_number(history.get("ran_s")):
+        ran.append(f"its runner had run {history['ran_s']:.0f}s")
+    if history.get("stage") and _is_number(history.get("stage_ran_s")):
+        ran.append(f"{history['stage']} {history['stage_ran_s']:.0f}s")
+    if ran:
+        parts.append(", ".join(ran))
+    if history.get("completed_on_host"):
+        parts.append(f"the runner then finished on the host: {history['completed_on_host']} "
+                     f"(exit {history.get('host_exit_code')}) at {_clock(history.get('finished_on_host_at'))}")
+    else:
+        parts.append("no result from the host since (`ddtree-ops collect` fetches what it finished)")
+    if history.get("collected_at"):
+        parts.append(f"collected at {_clock(history['collected_at'])}")
+    if run_meta.get("exit_code") is not None:
+        parts.append(f"the run exited {run_meta['exit_code']}")
+    return "; ".join(parts)
 
 
 def render_loads(report: "Report", console: "Console") -> None:

@@ -318,14 +318,19 @@ def run_smoke(
             recorder.note(workdir=workdir)
         view.phase(host.name, "running")
         runner_started[host.name] = workdir
+        recorder.note(runner_started=time.time())
 
         def on_line(line: str) -> None:
             record = recorder.feed_line(line)
             if record is not None:
                 view.record(host.name, record)
 
-        result = ctx.transport.run(runner_argv(host, workdir, plan), on_stdout_line=on_line,
-                                   timeout=run_timeout(plan, host), idle_timeout=SILENCE_LIMIT_S)
+        try:
+            result = ctx.transport.run(runner_argv(host, workdir, plan), on_stdout_line=on_line,
+                                       timeout=run_timeout(plan, host), idle_timeout=SILENCE_LIMIT_S)
+        except BaseException:
+            recorder.connection_ended()  # when it was lost, not when the other hosts finished
+            raise
         recorder.note(runner_exit_status=result.exit_status, finished=time.time())
         if result.stderr.strip():
             (recorder.host_dir / "runner.stderr").write_text(result.stderr, encoding="utf-8")
@@ -411,11 +416,11 @@ def settle_hosts(selected: list["Host"], recorders: dict[str, Any], fanout: Any,
         elif outcome is not None and not outcome.ok:
             if host.name not in runner_started:
                 kind = HostOutcome.UNREACHABLE if outcome.never_connected else HostOutcome.FAIL
-            elif recorder.planned or recorder.stage_states:
-                kind = HostOutcome.LOST  # the runner was under way: partial results
-            else:
-                kind = HostOutcome.FAIL  # the runner could not start (no release, no python)
-            recorder.note(outcome=kind.value, error=outcome.message(), state=outcome.state.value)
+                recorder.note(outcome=kind.value, error=outcome.message(), state=outcome.state.value)
+            elif recorder.planned or recorder.stage_states:  # the runner was under way: partial results
+                recorder.note_lost(outcome.message(), outcome.state.value)
+            else:  # the runner could not start (no release, no python)
+                recorder.note(outcome=HostOutcome.FAIL.value, error=outcome.message(), state=outcome.state.value)
         elif outcome is not None and outcome.ok:
             recorder.note(outcome=None)
         recorder.close()

@@ -183,6 +183,54 @@ def test_a_host_frozen_mid_run_is_lost_after_the_silence_limit_not_the_run_bound
     assert lost["outcome"] == "lost" and lost["stages"]["env"]["status"] == "pass"
     [failure] = [f for f in doc["failures"] if f["host"] == "h1" and f["stage"] == "-"]
     assert "sent nothing for 12s (the host or the connection froze)" in failure["reason"]
+    # the stage under way reads `lost` with how long it had run (>= the silence), not `fail 0.0s`
+    assert lost["stages"]["slow"]["status"] == "lost" and lost["stages"]["slow"]["duration_s"] >= 12
+    history = lost["history"]
+    assert history["stage"] == "slow" and 12 <= history["silent_s"] < 60 and history["ran_s"] >= history["silent_s"]
+    assert history["completed_on_host"] is None and history["collected_at"] is None
+
+
+def test_a_frozen_then_thawed_host_keeps_its_loss_after_collect(sshd_fleet, runs, capsys, checkout, monkeypatch):
+    """The host finishes on its own once thawed and `collect` fetches its records: the report
+    shows its results and still the loss (when, after what silence), never a clean pass."""
+    import ddtree_ops.cli.smoke as smoke_cli
+
+    monkeypatch.setattr(smoke_cli, "SILENCE_LIMIT_S", 12.0)  # > the runner's 5 s heartbeat
+    fleet = sshd_fleet(2, command_timeout=600)
+    inventory = str(fleet.write_inventory())
+    victim = fleet.hosts[1]
+    freezer = when_slow_starts(victim, victim.freeze, runs)
+    try:
+        code, doc = smoke_json(["-i", inventory, "--source", str(checkout), "--stages", "env,slow,golden"],
+                               capsys)
+    finally:
+        freezer.join(5)
+        victim.thaw()
+    assert code == 6 and doc["hosts"]["h1"]["outcome"] == "lost"
+    on_host = victim.workdir / "runs" / doc["run_id"] / "run.json"
+    deadline = time.monotonic() + 300  # generous: a busy machine; the runner needs seconds
+    while time.monotonic() < deadline and "status" not in json.loads(on_host.read_text() or "{}"):
+        time.sleep(0.5)
+    assert json.loads(on_host.read_text())["status"] == "pass"  # it finished after the thaw
+    assert main(["collect", doc["run_id"], "-i", inventory, "--json"]) == 0
+    capsys.readouterr()
+
+    assert main(["report", doc["run_id"], "--json"]) == 0  # the command; the run's verdict is run_exit_code
+    report = json.loads(capsys.readouterr().out)
+    h1 = report["hosts"]["h1"]
+    assert h1["outcome"] == "lost" and report["run_exit_code"] == report["original_exit_code"] == 6
+    assert [h1["stages"][s]["status"] for s in ("env", "slow", "golden")] == ["pass"] * 3  # what it finished
+    history = h1["history"]
+    assert history["stage"] == "slow" and 12 <= history["silent_s"] < 60
+    assert history["completed_on_host"] == "pass" and history["host_exit_code"] == 0
+    assert history["lost_at"] < history["finished_on_host_at"] < history["collected_at"]
+    assert any(f["host"] == "h1" and "sent nothing for 12s" in f["reason"] for f in report["failures"])
+
+    assert main(["report", doc["run_id"]]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("lost h1: lost at "))
+    assert "of silence" in line and "the runner then finished on the host: pass (exit 0)" in line
+    assert "collected at " in line and "the run exited 6" in line
 
 
 def test_an_unreachable_host_is_partial_and_alone_is_exit_4(sshd_fleet, runs, capsys):

@@ -142,8 +142,38 @@ def test_adopting_the_hosts_more_complete_log(tmp_path):
     assert adopt_remote_records(host_dir, "run-1", "h1") is True
     assert adopt_remote_records(host_dir, "run-1", "h1") is False  # idempotent: nothing more to take
     host = store.load("run-1").hosts["h1"]
-    assert host.outcome is HostOutcome.PASS
-    assert host.stages["golden"].status is StageStatus.PASS
+    assert host.outcome is HostOutcome.LOST  # history is never rewritten: the run lost this host
+    assert host.stages["golden"].status is StageStatus.PASS  # and it shows what the host finished
+    assert host.history["completed_on_host"] == "pass" and host.history["collected_at"] is not None
+
+
+def test_a_lost_host_keeps_when_after_what_silence_and_how_long_it_ran(tmp_path):
+    """Injected clock: the runner started at t=100, the last line came at t=130 in stage
+    golden (begun at t=110), the stream ended at t=190."""
+    now = [100.0]
+    store = RunStore(tmp_path)
+    store.create_run("run-1", {"hosts": ["h1"]})
+    recorder = store.host_recorder("run-1", "h1", {}, clock=lambda: now[0])
+    recorder.note(runner_started=100.0)
+    records = full_run()
+    recorder.feed_line(records[0])  # run_start
+    now[0] = 110.0
+    recorder.feed_line(line(EventKind.STAGE_START, stage="golden", index=0))
+    now[0] = 130.0
+    recorder.feed_line("")  # a keepalive is hearing from the host too
+    now[0] = 190.0
+    recorder.connection_ended()
+    now[0] = 400.0  # the other hosts finished much later: the facts are the loss's
+    recorder.note_lost("h1: connection lost: sent nothing for 60s", "failed")
+    recorder.close()
+    host = store.load("run-1").hosts["h1"]
+    assert host.outcome is HostOutcome.LOST
+    assert host.history == {"lost_at": 190.0, "silent_s": 60.0, "ran_s": 90.0, "stage": "golden",
+                            "stage_ran_s": 80.0, "error": "h1: connection lost: sent nothing for 60s",
+                            "completed_on_host": None, "host_exit_code": None, "finished_on_host_at": None,
+                            "collected_at": None}
+    golden = host.stages["golden"]
+    assert golden.lost and golden.duration_s == 80.0 and golden.reason.startswith("no result:")
 
 
 @pytest.mark.parametrize("stage", ["env\n", "../env", "a/b", "", "x" * 65])
