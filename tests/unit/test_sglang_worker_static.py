@@ -159,6 +159,8 @@ FOREIGN_METHODS = {
     "is_deferred_shard": ("sglang.srt.layers.logits_processor", "LogitsProcessor.is_deferred_shard"),
     "all_gather": ("sglang.srt.distributed.parallel_state", "GroupCoordinator.all_gather"),
     "sync": ("sglang.srt.speculative.spec_tp_sync", "SpecTpSync.sync"),
+    "bind": ("sglang.srt.mem_cache.kv_loc_plan", "KVLocPlan.bind"),
+    "broadcast": ("sglang.srt.distributed.parallel_state", "GroupCoordinator.broadcast"),
 }
 
 
@@ -387,3 +389,19 @@ def test_the_draft_forward_runs_without_flipping_the_spec_bag(site):
     assert mentioning("get_spec().speculative_num_draft_tokens") == BAG_WIDTH_READERS
     assert mentioning(".decode_num_tokens_per_req(") | mentioning("max_speculative_num_draft_tokens()") \
         == DECODE_WIDTH_CALLERS
+
+
+def test_the_round_plans_its_window_once(site):
+    """One KV plan per round, as DFlash plans its window once for the draft block, the verify
+    and the hidden-KV writes (dflash_worker_v2.py:2586-2598): the draft binds its first B
+    columns of it (KVLocPlan.bind(cols=...): 'a draft step ahead of the verify window it
+    opens', kv_loc_plan.py:191-209)."""
+    plans = [n for method in ROUND_METHODS for n in ast.walk(_worker_method(method))
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "plan"]
+    assert len(plans) == 1
+    assert {k.arg: ast.unparse(k.value) for k in plans[0].keywords}["write_virtual"] == "window_locs"
+    text = ast.unparse(_worker_method("_draft_block_hidden"))
+    assert "plan.bind(forward_batch, self.draft_model_runner.kv_index_translator, cols=slice(0, block))" in text
+    assert "kv_loc_plan=plan" in ast.unparse(_worker_method("_target_verify"))
+    plan_source = (site / "sglang" / "srt" / "mem_cache" / "kv_loc_plan.py").read_text()
+    assert "a slice of columns (a draft step ahead of the verify window it opens)" in plan_source

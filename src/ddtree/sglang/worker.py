@@ -268,7 +268,14 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             start_offset=prefix_lens, end_offset=prefix_lens + width,
             batch_size=bs, draft_token_num=width, device=self.device,
         )  # [bs*N]
-        draft_hidden = self._draft_block_hidden(batch, draft_input, window_locs, bs)  # [bs, B, H]
+        # The round's window, planned once for the draft block (its first B columns), the
+        # verify and the draft-KV rewrite, as DFlash plans its window (dflash_worker_v2.py:2586-2598).
+        plan = self.target_worker.model_runner.kv_index_translator.plan(
+            req_pool_indices=batch.req_pool_indices, seq_lens=prefix_lens,
+            seq_lens_cpu=batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu,
+            write_virtual=window_locs, read_extent=width,
+        )
+        draft_hidden = self._draft_block_hidden(batch, draft_input, window_locs, plan, bs)  # [bs, B, H]
 
         timer = _EventTimer(self.device)
         with draft_tp_context(self.draft_parallel_layout):  # as DFlash's greedy head does
@@ -285,7 +292,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             )
 
         logits_output, can_run_cuda_graph, target_out = self._target_verify(
-            batch, draft_input, inputs, custom_mask, window_locs, prefix_lens, bs
+            batch, draft_input, inputs, custom_mask, window_locs, plan
         )
         grammar_mask = None
         if grammar_tree is not None:
@@ -326,7 +333,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             raise RuntimeError("DDTree verify requires target hidden states, but got None")
         # Graph replay may append padding rows: only the bs*N real rows are ours.
         rewrite = draft_kv_rewrite(
-            hidden[: bs * width], accept_index, self._draft_write_ids(self._target_plan), prefix_lens, width
+            hidden[: bs * width], accept_index, self._draft_write_ids(plan), prefix_lens, width
         )  # B rows per request
         self._append_target_hidden_to_draft_kv_by_loc(
             target_hidden=rewrite.target_hidden,
@@ -379,7 +386,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         tp_group.broadcast(packed, src=0)
         return unpack_trees(packed, trees.budget, self.draft_block - 1)
 
-    def _draft_block_hidden(self, batch, draft_input, window_locs, bs: int) -> torch.Tensor:
+    def _draft_block_hidden(self, batch, draft_input, window_locs, plan, bs: int) -> torch.Tensor:
         """Run the drafter over [bonus, mask x (B-1)] at positions prefix..prefix+B-1, writing
         its KV into the first B slots of the window. Returns hidden states [bs, B, H]."""
         block, width = self.draft_block, self.verify_width
@@ -409,12 +416,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         else:
             for i, req in enumerate(batch.reqs):
                 seq_lens_cpu[i] = req.kv.kv_allocated_len
-        translator = self.target_worker.model_runner.kv_index_translator
-        draft_plan = translator.plan(
-            req_pool_indices=batch.req_pool_indices, seq_lens=batch.seq_lens,
-            seq_lens_cpu=batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu,
-            write_virtual=draft_locs, read_extent=block,
-        )
         forward_batch = ForwardBatch(
             forward_mode=ForwardMode.TARGET_VERIFY,
             batch_size=bs,
@@ -436,7 +437,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             global_num_token_non_padded_cpu=bs * block,
             can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph,
         )
-        draft_plan.bind(forward_batch, self.draft_model_runner.kv_index_translator)
+        plan.bind(forward_batch, self.draft_model_runner.kv_index_translator, cols=slice(0, block))
         # No spec-bag override here: the drafter's runners and graphs were built at B, and the
         # forward reads its width from spec_info (captured_req_width, num_tokens_per_req);
         # flipping the process-global bag every round would retrace torch.compile guards.
@@ -447,21 +448,15 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             raise RuntimeError("DDTree: the DFlash drafter returned no hidden states")
         return hidden.view(bs, block, -1)
 
-    def _target_verify(self, batch, draft_input, inputs, custom_mask, window_locs, prefix_lens, bs: int):
+    def _target_verify(self, batch, draft_input, inputs, custom_mask, window_locs, plan):
         width = self.verify_width
-        translator = self.target_worker.model_runner.kv_index_translator
-        self._target_plan = translator.plan(
-            req_pool_indices=batch.req_pool_indices, seq_lens=prefix_lens,
-            seq_lens_cpu=batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu,
-            write_virtual=window_locs, read_extent=width,
-        )
         verify_input = DFlashVerifyInput(
             draft_token=inputs.draft_tokens(),
             positions=inputs.positions.reshape(-1),
             draft_token_num=width,
             custom_mask=custom_mask,
             capture_hidden_mode=CaptureHiddenMode.FULL,
-            kv_loc_plan=self._target_plan,
+            kv_loc_plan=plan,
         )
         batch.out_cache_loc = window_locs
         seq_lens_cpu_backup, seq_lens_sum_backup = batch.seq_lens_cpu, batch.seq_lens_sum
