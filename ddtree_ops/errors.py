@@ -115,6 +115,11 @@ class CommandTimeout(TransportError):
     kind = "command timed out"
 
 
+class OutputLimitExceeded(RemoteStepError):
+    """A host sent more than a command may send (a line, or output in all): the command was
+    stopped; what arrived before the limit is kept."""
+
+
 class HostLocked(RemoteStepError):
     """Another ddtree-ops process holds the host's layout lock (`<workdir>/lock`)."""
 

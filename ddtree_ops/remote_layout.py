@@ -152,7 +152,7 @@ def parse_agent_reply(host: Host, op: str, result: CommandResult) -> dict[str, A
             reply = None
     if not isinstance(reply, dict):
         raise RemoteStepError(
-            f"{host.name}: agent {op} failed (exit {result.exit_status}) with {host.python}: {result.tail()}"
+            f"{host.name}: agent {op} failed ({result.status_text}) with {host.python}: {result.tail()}"
         )
     if not reply.get("ok"):
         error_type = HostLocked if reply.get("kind") == "locked" else RemoteStepError

@@ -344,7 +344,7 @@ def run_smoke(
                                       "(run `ddtree-ops push`, or drop --no-push)")
             why = result.stderr.strip()[-400:].replace("\n", " | ") or "no output on stderr"
             raise RemoteStepError(f"{host.name}: the runner ended without a result "
-                                  f"(exit {result.exit_status}): {why}")
+                                  f"({result.status_text}): {why}")
         view.phase(host.name, "done")
         return result.exit_status
 

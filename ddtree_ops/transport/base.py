@@ -3,7 +3,11 @@
 Contract (every implementation keeps it):
 - Commands are argv lists, never shell strings; an implementation that needs a shell quotes
   every element, so no inventory or CLI value can inject shell syntax.
-- Every call is bounded: `timeout` (seconds) or the host's `command_timeout`.
+- Every call is bounded: `timeout` (seconds) or the host's `command_timeout`; a command that
+  outlives it is killed on the host with its whole process group, not merely abandoned.
+- What a host sends is bounded (a host may be hostile): stdout lines at MAX_LINE_BYTES, stdout
+  in all at `max_output_bytes` (MAX_OUTPUT_BYTES), both an OutputLimitExceeded that stops the
+  command; of stderr only the last STDERR_KEPT_BYTES are kept.
 - A failure to reach the host or a dropped connection raises a `TransportError` subclass
   (`ddtree_ops.errors`); a command that ran and exited non-zero is a `CommandResult`, not an
   exception. Library exceptions (paramiko, socket, subprocess) never escape this package.
@@ -19,6 +23,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO, Union
+
+
+MAX_LINE_BYTES = 8 << 20  # one stdout line (a smoke record, a JSON reply)
+MAX_OUTPUT_BYTES = 256 << 20  # stdout of one command, unless the caller says otherwise
+STDERR_KEPT_BYTES = 1 << 20  # the end of stderr; what comes before is dropped
 
 
 @dataclass(frozen=True)
@@ -38,6 +47,23 @@ class CommandResult:
         """The end of stderr (or stdout when stderr is empty), for one-line error messages."""
         text = (self.stderr or self.stdout).strip()
         return text[-chars:].replace("\n", " | ")
+
+    @property
+    def status_text(self) -> str:
+        """`exit 3`, or `killed by SIGKILL (exit 137)` for a command a signal ended (the shell's
+        128+N, or a subprocess's -N)."""
+        return describe_exit(self.exit_status)
+
+
+def describe_exit(status: int) -> str:
+    import signal
+
+    number = -status if status < 0 else status - 128 if 128 < status < 128 + 65 else None
+    try:
+        name = signal.Signals(number).name if number else None
+    except ValueError:
+        name = None
+    return f"killed by {name} (exit {status})" if name else f"exit {status}"
 
 
 LineHandler = Callable[[str], None]
@@ -88,6 +114,7 @@ class Transport(ABC):
         on_stdout_line: LineHandler | None = None,
         on_stderr_line: LineHandler | None = None,
         idle_timeout: float | None = None,
+        max_output_bytes: int | None = None,
     ) -> CommandResult:
         """Run argv on the host and wait for it. With `on_stdout_line`, each complete stdout
         line is handed over as it arrives (and still collected in the result). With

@@ -10,8 +10,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import BinaryIO
 
-from ddtree_ops.errors import CommandTimeout, ConnectionLost, HostUnreachable, RemoteStepError
+from ddtree_ops.errors import CommandTimeout, ConnectionLost, HostUnreachable, OutputLimitExceeded, RemoteStepError
 from ddtree_ops.transport.base import (
+    MAX_LINE_BYTES,
+    MAX_OUTPUT_BYTES,
+    STDERR_KEPT_BYTES,
     ChunkHandler,
     CommandResult,
     LineHandler,
@@ -39,6 +42,7 @@ class LocalTransport(Transport):
         on_stdout_line: LineHandler | None = None,
         on_stderr_line: LineHandler | None = None,
         idle_timeout: float | None = None,
+        max_output_bytes: int | None = None,
         _stdout_chunks: ChunkHandler | None = None,
     ) -> CommandResult:
         argv = tuple(argv)
@@ -68,10 +72,13 @@ class LocalTransport(Transport):
         out_chunks: list[bytes] = []
         err_chunks: list[bytes] = []
         heard = [started]  # when the command last wrote anything (pump threads update it)
+        over: list[str] = []  # why a pump stopped the command (a limit), if one did
+        stdout_limit = _Limit(MAX_OUTPUT_BYTES if max_output_bytes is None else max_output_bytes, over,
+                              f"{self.host_name}: {argv[0]}", proc)
         out_pump = (threading.Thread(target=_pump_chunks, args=(proc.stdout, _stdout_chunks), daemon=True)
                     if _stdout_chunks is not None else
-                    threading.Thread(target=_pump_lines, args=(proc.stdout, out_chunks, on_stdout_line, heard),
-                                     daemon=True))
+                    threading.Thread(target=_pump_lines, args=(proc.stdout, out_chunks, on_stdout_line, heard,
+                                                               stdout_limit), daemon=True))
         threads = [
             out_pump,
             threading.Thread(target=_pump_lines, args=(proc.stderr, err_chunks, on_stderr_line, heard), daemon=True),
@@ -87,6 +94,8 @@ class LocalTransport(Transport):
             # within the command's deadline so no chunk arrives after we return.
             slack = limit - (time.monotonic() - started) if _stdout_chunks is not None else 0
             thread.join(timeout=max(5.0, slack))
+        if over:
+            raise OutputLimitExceeded(over[0])
         return CommandResult(
             host=self.host_name,
             argv=argv,
@@ -141,12 +150,38 @@ class LocalTransport(Transport):
         return None
 
 
+class _Limit:
+    """The stdout bounds of one command (base.py): past one, the command's group is killed."""
+
+    def __init__(self, max_bytes: int, over: list[str], who: str, proc: subprocess.Popen):
+        self.max_bytes, self.over, self.who, self.proc = max_bytes, over, who, proc
+        self.received = 0
+
+    def exceeded(self, line: bytes) -> bool:
+        self.received += len(line)
+        if len(line) > MAX_LINE_BYTES:
+            why = f"{self.who} sent a line longer than {MAX_LINE_BYTES} bytes; stopped (the lines before it are kept)"
+        elif self.received > self.max_bytes:
+            why = f"{self.who} sent more than {self.max_bytes} bytes; stopped (what arrived before is kept)"
+        else:
+            return False
+        self.over.append(why)
+        _kill_group(self.proc)
+        return True
+
+
 def _pump_lines(stream: BinaryIO, sink: list[bytes], handler: LineHandler | None,
-                heard: list[float] | None = None) -> None:
-    for line in iter(stream.readline, b""):
+                heard: list[float] | None = None, limit: _Limit | None = None) -> None:
+    kept = 0
+    for line in iter(lambda: stream.readline(MAX_LINE_BYTES + 1), b""):
         if heard is not None:
             heard[0] = time.monotonic()
+        if limit is not None and limit.exceeded(line):
+            break
         sink.append(line)
+        kept += len(line)
+        while limit is None and kept > STDERR_KEPT_BYTES and len(sink) > 1:  # stderr: its end
+            kept -= len(sink.pop(0))
         if handler is not None:
             handler(line.decode("utf-8", "replace").rstrip("\n"))
     stream.close()

@@ -31,6 +31,7 @@ from typing import BinaryIO, Optional
 
 from ddtree_ops.errors import (
     AuthenticationFailed,
+    OutputLimitExceeded,
     ConfigError,
     CommandTimeout,
     ConnectionLost,
@@ -43,6 +44,9 @@ from ddtree_ops.errors import (
 )
 from ddtree_ops.inventory import Host
 from ddtree_ops.transport.base import (
+    MAX_LINE_BYTES,
+    MAX_OUTPUT_BYTES,
+    STDERR_KEPT_BYTES,
     ChunkHandler,
     CommandResult,
     LineHandler,
@@ -78,6 +82,10 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 _CHUNK = 1 << 16
 _POLL_S = 0.2
+_KILL_WAIT_S = 5.0
+# The remote shell says its pid first, on stderr: sshd made it a session and process group
+# leader, so that pid names the group a stopped command is killed with.
+_PID_MARK = b"ddtree-ops-pgid "
 _KNOWN_HOSTS_WRITE = threading.Lock()  # TOFU appends from several fan-out threads
 
 
@@ -534,9 +542,12 @@ class SshTransport(Transport):
         command = shell_quote_argv(argv)
         if env:
             # Inlined, so visible in `ps` on the host: never pass secrets this way.
-            command = "exec " + shell_quote_argv(["env", *(f"{k}={v}" for k, v in env.items()), *argv])
+            command = shell_quote_argv(["env", *(f"{k}={v}" for k, v in env.items()), *argv])
         if cwd:
             command = f"{shell_quote_argv(['cd', '--', cwd])} && {command}"
+        # The shell stays the command's parent (`; exit $?`, never exec'd away): a command a
+        # signal ends is then an exit status (128+N) like any other, not a channel without one.
+        command = f"printf '{_PID_MARK.decode()}%s\\n' \"$$\" >&2; {command}; exit $?"
         transport = self._client.get_transport()
         if transport is None or not transport.is_active():
             raise ConnectionLost(self.host_name, "the SSH connection is closed")
@@ -559,14 +570,16 @@ class SshTransport(Transport):
         on_stdout_line: LineHandler | None = None,
         on_stderr_line: LineHandler | None = None,
         idle_timeout: float | None = None,
+        max_output_bytes: int | None = None,
     ) -> CommandResult:
         argv = tuple(argv)
         limit = timeout if timeout is not None else self.command_timeout
         started = time.monotonic()
         channel, _ = self._open_channel(argv, env, cwd)
-        out = _LineCollector(on_stdout_line)
-        err = _LineCollector(on_stderr_line)
-        status = self._pump(channel, stdin, limit, argv, started, out.feed, err.feed, idle_timeout)
+        out = _LineCollector(self.host_name, argv[0], on_stdout_line,
+                             MAX_OUTPUT_BYTES if max_output_bytes is None else max_output_bytes)
+        err = _LineCollector(self.host_name, argv[0], on_stderr_line, None)
+        status = self._pump(channel, stdin, limit, argv, started, out.feed, err, idle_timeout)
         return CommandResult(
             host=self.host_name,
             argv=argv,
@@ -577,9 +590,36 @@ class SshTransport(Transport):
         )
 
     def _pump(self, channel: paramiko.Channel, stdin: StdinSource, limit: float, argv, started: float,
-              on_out, on_err, idle_limit: float | None = None) -> int:
+              on_out, err: "_LineCollector", idle_limit: float | None = None) -> int:
         """Feed stdin, drain stdout/stderr, and wait for the exit status, all before the deadline
-        (and, with `idle_limit`, never longer than that without a byte from the command)."""
+        (and, with `idle_limit`, never longer than that without a byte from the command). A
+        command stopped on our side (deadline, silence, a limit, a failing handler) is killed
+        on the host with its process group."""
+        try:
+            return self._pump_until_exit(channel, stdin, limit, argv, started, on_out, err, idle_limit)
+        except Exception:  # not Ctrl-C: an interrupted smoke stops its runners gracefully itself
+            self._kill_remote_group(err.remote_pgid)
+            channel.close()
+            raise
+
+    def _kill_remote_group(self, pgid: Optional[int]) -> None:
+        """Best effort, bounded: SIGKILL to the command's process group, on a channel of its own."""
+        if pgid is None or pgid <= 1:
+            return
+        transport = self._client.get_transport() if self._client is not None else None
+        if transport is None or not transport.is_active():
+            return
+        try:
+            channel = transport.open_session(timeout=_KILL_WAIT_S)
+            channel.exec_command(f"kill -9 -{pgid} 2>/dev/null || kill -9 {pgid} 2>/dev/null")
+            channel.status_event.wait(_KILL_WAIT_S)
+            channel.close()
+        except Exception:  # noqa: BLE001 - the host or link may be gone: the error raised says so
+            pass
+
+    def _pump_until_exit(self, channel: paramiko.Channel, stdin: StdinSource, limit: float, argv,
+                         started: float, on_out, err: "_LineCollector", idle_limit: float | None) -> int:
+        on_err = err.feed
         deadline = started + limit
         last_heard = started
         channel.settimeout(limit)
@@ -593,7 +633,8 @@ class SshTransport(Transport):
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise CommandTimeout(self.host_name, f"{argv[0]} ran longer than {limit:g}s; channel closed")
+                    raise CommandTimeout(self.host_name, f"{argv[0]} ran longer than {limit:g}s; killed on the "
+                                                         "host with its process group")
                 if idle_limit is not None and time.monotonic() - last_heard > idle_limit:
                     raise ConnectionLost(self.host_name, f"{argv[0]} sent nothing for {idle_limit:g}s (the host "
                                                          "or the connection froze); channel closed")
@@ -619,15 +660,16 @@ class SshTransport(Transport):
                 transport = channel.get_transport()
                 if transport is None or not transport.is_active():
                     break
-        except (CommandTimeout, ConnectionLost):
-            channel.close()
-            raise
-        except (OSError, EOFError, paramiko.SSHException) as err:
-            channel.close()
-            raise ConnectionLost(self.host_name, f"while running {argv[0]}: {type(err).__name__}: {err}") from None
+        except (OSError, EOFError, paramiko.SSHException) as error:
+            raise ConnectionLost(self.host_name, f"while running {argv[0]}: {type(error).__name__}: {error}") from None
         status = channel.exit_status if channel.exit_status_ready() else -1
         channel.close()
         if status == -1:
+            transport = channel.get_transport()
+            if transport is not None and transport.is_active():
+                # the remote shell itself was killed (its group, the OOM killer): no status to give
+                raise RemoteStepError(f"{self.host_name}: {argv[0]} was killed on the host (by a signal, "
+                                      "before it could exit)")
             raise ConnectionLost(self.host_name, f"{argv[0]} ended without an exit status (connection dropped)")
         return status
 
@@ -643,8 +685,8 @@ class SshTransport(Transport):
         limit = timeout if timeout is not None else self.command_timeout
         started = time.monotonic()
         channel, _ = self._open_channel(argv, None, None)
-        err = _LineCollector(None)
-        status = self._pump(channel, stdin, limit, argv, started, on_stdout, err.feed)
+        err = _LineCollector(self.host_name, argv[0], None, None)
+        status = self._pump(channel, stdin, limit, argv, started, on_stdout, err)
         return CommandResult(host=self.host_name, argv=argv, exit_status=status, stdout="",
                              stderr=err.finish(), duration_s=time.monotonic() - started)
 
@@ -657,10 +699,10 @@ class SshTransport(Transport):
         argv = ("cat", "--", remote_path)
         channel, _ = self._open_channel(argv, None, None)
         tmp = f"{local_path}.part-{os.getpid()}-{threading.get_ident()}"
-        errors = _LineCollector(None)
+        errors = _LineCollector(self.host_name, argv[0], None, None)
         try:
             with open(tmp, "wb") as handle:
-                status = self._pump(channel, None, limit, argv, started, handle.write, errors.feed)
+                status = self._pump(channel, None, limit, argv, started, handle.write, errors)
             if status != 0:
                 raise RemoteStepError(f"{self.host_name}: cannot read {remote_path}: {errors.finish().strip()}")
             os.replace(tmp, local_path)
@@ -678,26 +720,75 @@ class SshTransport(Transport):
 
 
 class _LineCollector:
-    """Collects a byte stream and hands complete lines to an optional handler as they come."""
+    """Collects a byte stream and hands complete lines to an optional handler as they come.
 
-    def __init__(self, handler: LineHandler | None):
-        self.handler = handler
+    Bounded: with `max_bytes` (stdout), more than that in all, or a line longer than
+    MAX_LINE_BYTES, is OutputLimitExceeded; without (stderr), only the last STDERR_KEPT_BYTES
+    are kept. A stderr stream also yields the remote shell's pid line (`_PID_MARK`) first."""
+
+    def __init__(self, host: str, command: str, handler: LineHandler | None, max_bytes: int | None):
+        self.host, self.command, self.handler, self.max_bytes = host, command, handler, max_bytes
         self.chunks: list[bytes] = []
-        self.partial = b""
+        self.kept = 0  # bytes in chunks
+        self.received = 0
+        self.partial: list[bytes] = []  # the line being received, in pieces (no quadratic joins)
+        self.partial_len = 0
+        self.remote_pgid: Optional[int] = None
+        self._head: Optional[bytes] = b"" if max_bytes is None else None  # stderr: the pid line first
 
     def feed(self, data: bytes) -> None:
+        if self._head is not None:
+            data = self._peel_pid(data)
+            if not data:
+                return
+        self.received += len(data)
+        if self.max_bytes is not None and self.received > self.max_bytes:
+            raise OutputLimitExceeded(f"{self.host}: {self.command} sent more than {self.max_bytes} bytes; "
+                                      "stopped (what arrived before is kept)")
         self.chunks.append(data)
-        if self.handler is None:
-            return
-        self.partial += data
-        *lines, self.partial = self.partial.split(b"\n")
-        for line in lines:
+        self.kept += len(data)
+        if self.max_bytes is None:
+            while self.kept > STDERR_KEPT_BYTES and len(self.chunks) > 1:
+                self.kept -= len(self.chunks.pop(0))
+        if self.handler is not None:
+            self._split_lines(data)
+
+    def _peel_pid(self, data: bytes) -> bytes:
+        head = self._head + data
+        newline = head.find(b"\n")
+        if newline < 0 and len(head) < 64 and _PID_MARK.startswith(head[:len(_PID_MARK)]):
+            self._head = head  # the pid line is still arriving
+            return b""
+        self._head = None
+        first = head[:newline] if newline >= 0 else b""
+        if first.startswith(_PID_MARK) and first[len(_PID_MARK):].isdigit():
+            self.remote_pgid = int(first[len(_PID_MARK):])
+            return head[newline + 1:]
+        return head
+
+    def _split_lines(self, data: bytes) -> None:
+        start = 0
+        while True:
+            newline = data.find(b"\n", start)
+            end = len(data) if newline < 0 else newline
+            self.partial_len += end - start
+            if self.partial_len > MAX_LINE_BYTES:
+                raise OutputLimitExceeded(f"{self.host}: {self.command} sent a line longer than {MAX_LINE_BYTES} "
+                                          "bytes; stopped (the lines before it are kept)")
+            self.partial.append(data[start:end])
+            if newline < 0:
+                return
+            line, self.partial, self.partial_len = b"".join(self.partial), [], 0
             self.handler(line.decode("utf-8", "replace"))
+            start = newline + 1
 
     def finish(self) -> str:
-        if self.handler is not None and self.partial:
-            self.handler(self.partial.decode("utf-8", "replace"))
-            self.partial = b""
+        if self._head:
+            head, self._head = self._head, None
+            self.chunks.append(head)
+        if self.handler is not None and self.partial_len:
+            line, self.partial, self.partial_len = b"".join(self.partial), [], 0
+            self.handler(line.decode("utf-8", "replace"))
         return b"".join(self.chunks).decode("utf-8", "replace")
 
 

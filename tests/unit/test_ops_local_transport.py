@@ -112,3 +112,14 @@ def test_idle_timeout_kills_a_silent_command_and_spares_a_talking_one():
     with pytest.raises(ConnectionLost, match=r"local: connection lost: .* sent nothing for 3s \(it froze\); killed"):
         transport.run([sys.executable, "-c", silent], timeout=20, idle_timeout=3)
     assert time.monotonic() - started < 12
+
+
+def test_output_past_its_bounds_stops_a_local_command_too():
+    from ddtree_ops.errors import OutputLimitExceeded
+
+    transport = LocalTransport("local")
+    flood = [sys.executable, "-c", "import time\nfor i in range(100000): print('line %d' % i, flush=True)\ntime.sleep(60)"]
+    with pytest.raises(OutputLimitExceeded, match=r"local: .* sent more than 100000 bytes; stopped"):
+        transport.run(flood, max_output_bytes=100_000, timeout=50)
+    killed = transport.run([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+    assert killed.status_text == "killed by SIGKILL (exit -9)"

@@ -1,0 +1,94 @@
+"""What a hostile or broken host can send or leave running, against real sshd hosts: a command
+stopped on our side dies on the host with its process group, a signal is named as such, and
+every stream is bounded."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+
+import pytest
+
+from ddtree_ops.errors import CommandTimeout, OutputLimitExceeded
+from ddtree_ops.transport import base
+from ddtree_ops.transport.factory import open_transport
+
+pytestmark = pytest.mark.sshd
+
+
+def processes_with(marker: str) -> list[int]:
+    """Processes of this machine (the fleet's hosts share it) whose command line holds marker."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                if marker.encode() in handle.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def wait_until_gone(marker: str, within_s: float = 20.0) -> list[int]:
+    deadline = time.monotonic() + within_s
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return processes_with(marker)
+
+
+def test_each_timed_out_command_is_killed_on_the_host_with_its_children(sshd_fleet):
+    fleet = sshd_fleet(1)
+    host = fleet.inventory().hosts["h0"]
+    marker = f"hung-{uuid.uuid4().hex}"
+    # a hung python that also started a child of its own (same process group)
+    hung = [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen(['sleep', '300', sys.argv[1]]);"
+            " time.sleep(300)", marker]
+    with open_transport(host) as transport:
+        for _ in range(3):  # each retry must not leave one more process behind
+            with pytest.raises(CommandTimeout, match=r"ran longer than 1\.5s; killed on the host"):
+                transport.run(hung, timeout=1.5)
+            assert wait_until_gone(marker) == []
+        assert transport.run(["true"]).ok  # the connection is still usable
+
+
+def test_a_command_killed_by_a_signal_is_named_so_not_a_dropped_connection(sshd_fleet):
+    fleet = sshd_fleet(1)
+    with open_transport(fleet.inventory().hosts["h0"]) as transport:
+        result = transport.run([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+    assert (result.exit_status, result.status_text) == (137, "killed by SIGKILL (exit 137)")
+
+
+def test_a_line_without_newline_is_stopped_at_the_line_limit_keeping_the_lines_before(sshd_fleet, monkeypatch):
+    fleet = sshd_fleet(1)
+    monkeypatch.setattr("ddtree_ops.transport.ssh.MAX_LINE_BYTES", 1 << 20)  # 8 MiB in use
+    marker = f"long-{uuid.uuid4().hex}"
+    lines: list[str] = []
+    endless = [sys.executable, "-c", "import sys, time; print('first', flush=True); "
+               "[sys.stdout.write('x' * 65536) or sys.stdout.flush() for _ in range(64)]; time.sleep(300)", marker]
+    with open_transport(fleet.inventory().hosts["h0"]) as transport:
+        started = time.monotonic()
+        with pytest.raises(OutputLimitExceeded, match=r"h0: .* sent a line longer than 1048576 bytes; stopped"):
+            transport.run(endless, on_stdout_line=lines.append, timeout=120)
+        assert time.monotonic() - started < 60  # stopped at the limit, not at the timeout (300 s)
+    assert lines == ["first"]
+    assert wait_until_gone(marker) == []
+
+
+def test_output_past_the_limit_stops_the_command_and_stderr_keeps_only_its_end(sshd_fleet, monkeypatch):
+    fleet = sshd_fleet(1)
+    marker = f"flood-{uuid.uuid4().hex}"
+    flood = [sys.executable, "-c", "import sys, time\nfor i in range(100000): print('line %d' % i)\n"
+             "sys.stdout.flush(); time.sleep(300)", marker]
+    monkeypatch.setattr("ddtree_ops.transport.ssh.STDERR_KEPT_BYTES", 64 << 10)
+    with open_transport(fleet.inventory().hosts["h0"]) as transport:
+        with pytest.raises(OutputLimitExceeded, match=r"h0: .* sent more than 100000 bytes; stopped"):
+            transport.run(flood, max_output_bytes=100_000, timeout=120)
+        assert wait_until_gone(marker) == []
+        noisy = transport.run([sys.executable, "-c", "import sys\nfor i in range(200000): "
+                               "sys.stderr.write('err %d\\n' % i)\nsys.stderr.write('the end')"])
+    assert noisy.ok and noisy.stderr.endswith("err 199999\nthe end")
+    assert len(noisy.stderr) <= (64 << 10) + 65536  # the last 64 KiB (to a chunk), not 2.6 MB
+    assert base.STDERR_KEPT_BYTES == 1 << 20
