@@ -162,6 +162,9 @@ def say(message: str) -> None:
     sys.stderr.flush()
 
 
+TABLE_CHROME_LINES = 6  # title, borders, header and caption of the live table
+
+
 class LiveHostTable:
     """Per-host state while a fan-out runs. On a terminal: a Rich live table on stderr.
     Otherwise: one stderr line per finished host. Safe to call from worker threads.
@@ -176,6 +179,7 @@ class LiveHostTable:
         self.lock = threading.Lock()
         self.showing = False
         self.live: Optional[Live] = None
+        self.height: Optional[int] = None
 
     def __enter__(self) -> "LiveHostTable":
         return self
@@ -200,7 +204,10 @@ class LiveHostTable:
                 return
             self.showing = True
             if live_display_possible(console):
-                self.live = Live(self._render(), console=console, refresh_per_second=8, transient=True)
+                # drawn per frame, not per event: a frame costs O(hosts), whatever the fleet does
+                self.height = console.height
+                self.live = Live(get_renderable=self._frame, console=console, refresh_per_second=8,
+                                 transient=True)
                 self.live.__enter__()
                 return
             done = [(host, row) for host, row in self.rows.items() if row[0] in _FINAL_STATES]
@@ -214,8 +221,6 @@ class LiveHostTable:
             if state_text == "connecting":
                 self.started[host] = now
             self.rows[host] = (state_text, detail, now)
-            if self.live is not None:
-                self.live.update(self._render())
             line_now = self.showing and self.live is None
         if line_now and getattr(state, "terminal", False):
             self._say_finished(host, state_text, detail, now)
@@ -225,16 +230,34 @@ class LiveHostTable:
         tail = f": {without_host(host, detail)}" if detail and state_text != "ok" else ""
         say(f"{self.title}: {host}: {state_text} ({elapsed:.1f}s){tail}")
 
-    def _render(self) -> Table:
+    def _frame(self) -> Table:
+        with self.lock:
+            return self._render(self.height)
+
+    def _render(self, height: Optional[int] = None) -> Table:
+        """The table; past `height` lines only the hosts under way or failed are rows, and a
+        caption counts every state (a 64-host fleet in a 40-line terminal stays readable)."""
         from rich.table import Table
 
-        table = Table(title=self.title, title_justify="left", expand=False)
+        rows = list(self.rows.items())
+        caption = None
+        if height is not None and len(rows) > max(height - TABLE_CHROME_LINES, 1):
+            room = max(height - TABLE_CHROME_LINES - 1, 1)
+            shown = [r for r in rows if r[1][0] not in ("ok", "queued", "skipped")][:room]
+            counts: dict[str, int] = {}
+            for _, (state, _, _) in rows:
+                counts[state] = counts.get(state, 0) + 1
+            caption = (f"{len(rows)} hosts: " + ", ".join(f"{n} {state}" for state, n in counts.items())
+                       + (f"; {len(rows) - len(shown)} not shown" if len(shown) < len(rows) else ""))
+            rows = shown
+        table = Table(title=self.title, title_justify="left", expand=False, caption=caption,
+                      caption_justify="left")
         table.add_column("host")
         table.add_column("state")
         table.add_column("time", justify="right")
         table.add_column("detail", overflow="ellipsis", max_width=80)
         now = time.monotonic()
-        for host, (state, detail, changed) in self.rows.items():
+        for host, (state, detail, changed) in rows:
             begun = self.started.get(host)
             finished = state in _FINAL_STATES
             elapsed = ((changed if finished else now) - begun) if begun is not None else 0.0

@@ -2,6 +2,7 @@
 Hosts here are fakes (the layer under test is the pool, not the transport)."""
 from __future__ import annotations
 
+import io
 import threading
 import time
 from pathlib import Path
@@ -206,3 +207,26 @@ def test_an_interrupt_marks_hosts_under_way_interrupted_not_failed():
     assert settled.wait(5)
     assert seen["h0"][-1][0] is HostState.OK
     assert seen["h1"][-1] == (HostState.INTERRUPTED, INTERRUPTED_DETAIL)
+
+
+def test_live_table_past_the_terminal_height_shows_hosts_under_way_and_counts_the_rest():
+    from rich.console import Console
+
+    from ddtree_ops.cli.console import LiveHostTable
+
+    names = [f"gpu-{i:02d}" for i in range(64)]
+    live = LiveHostTable("push", names)
+    for name in names[:50]:
+        live.on_progress(name, HostState.OK, "")
+    live.on_progress("gpu-50", HostState.RUNNING, "sending")
+    live.on_progress("gpu-51", HostState.FAILED, "boom")
+    console = Console(width=120, height=40, record=True, file=io.StringIO())
+    console.print(live._render(height=40))
+    text = console.export_text()
+    assert len(text.splitlines()) <= 40
+    assert "gpu-50" in text and "gpu-51" in text and "gpu-00" not in text
+    assert "64 hosts: 50 ok, 1 running, 1 failed, 12 queued; 62 not shown" in " ".join(text.split())
+    console = Console(width=120, height=200, record=True, file=io.StringIO())
+    console.print(live._render(height=200))  # room for every host: all shown, no caption
+    text = console.export_text()
+    assert all(name in text for name in names) and "not shown" not in text
