@@ -405,3 +405,30 @@ def test_the_round_plans_its_window_once(site):
     assert "kv_loc_plan=plan" in ast.unparse(_worker_method("_target_verify"))
     plan_source = (site / "sglang" / "srt" / "mem_cache" / "kv_loc_plan.py").read_text()
     assert "a slice of columns (a draft step ahead of the verify window it opens)" in plan_source
+
+
+def test_sampling_masks_are_captured_along_the_accepted_path(site):
+    """SpeculativeSamplingMaskCapture (dflash_worker_v2.py:2938-2949) builds target_probs per
+    verify row ([bs, draft_token_num, V]) and pairs row j with out_tokens[:, j]; for a tree the
+    worker builds it at N and keeps the accepted rows, so row j matches committed token j."""
+    capture = find_definition(_parse(site, "sglang.srt.speculative.spec_sampling_mask"), "SpeculativeSamplingMaskCapture")
+    assert "target_probs" in class_fields(capture)
+    build = ast.unparse(find_definition(ast.Module(body=capture.body, type_ignores=[]), "build_output"))
+    assert "target_probs.gather(-1, output_tokens.unsqueeze(-1))" in build  # row j <-> out_tokens[:, j]
+    ours = ast.unparse(_worker_method("_capture_sampling_masks"))
+    assert "draft_token_num=width" in ours and "accepted_rows_first(" in ours
+    assert "capture.build_output(out_tokens=out_tokens, commit_lens=accept_lens)" in ours
+    assert "self._capture_sampling_masks(" in ast.unparse(_worker_method("forward_batch_generation"))
+
+
+def test_everything_built_for_the_drafter_sees_width_b(site):
+    """The scheduler builds the draft worker, then calls its alloc_memory_pool,
+    init_attention_backends and init_cuda_graphs (scheduler.py:1103-1126), outside __init__:
+    each override runs DFlash's method inside the draft-width scope (the manifest pins them)."""
+    scheduler = (site / "sglang" / "srt" / "managers" / "scheduler.py").read_text()
+    for call in ("self.draft_worker.alloc_memory_pool(", "self.draft_worker.init_attention_backends()",
+                 "self.draft_worker.init_cuda_graphs()"):
+        assert call in scheduler
+    for method in ("alloc_memory_pool", "init_attention_backends", "init_cuda_graphs"):
+        text = ast.unparse(_worker_method(method))
+        assert "with self._draft_width():" in text and f"super().{method}(" in text, method

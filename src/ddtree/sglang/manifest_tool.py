@@ -80,6 +80,8 @@ REQUIRED: tuple[tuple[str, str, NameKind, tuple[str, ...], str], ...] = (
     ("kernels/ops/speculative/cache_locs.py", "assign_extend_cache_locs_func", F, (), "verify window slots"),
     ("srt/mem_cache/kv_index_translator.py", "KVIndexTranslator.plan", M, (), "the round's one KV plan"),
     ("srt/mem_cache/kv_loc_plan.py", "KVLocPlan.bind", M, (), "the draft binds the window's first B columns"),
+    ("srt/speculative/spec_sampling_mask.py", "SpeculativeSamplingMaskCapture.from_logits", C, (), "sampling masks"),
+    ("srt/speculative/spec_sampling_mask.py", "SpeculativeSamplingMaskCapture.build_output", M, (), "sampling masks"),
     ("srt/speculative/spec_utils.py", "GrammarTree.from_device", C, (), "grammar over the tree (async copy)"),
     ("srt/speculative/spec_utils.py", "build_grammar_vocab_mask", F, (), "grammar over the tree"),
     ("srt/layers/logprob_processor.py", "compute_spec_logprobs", F, (), "logprobs of accepted rows"),

@@ -61,6 +61,7 @@ from sglang.srt.speculative.eagle_utils import (  # the sampling ops eagle_sampl
     top_p_renorm_prob,
 )
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.spec_sampling_mask import SpeculativeSamplingMaskCapture
 from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 from sglang.srt.speculative.spec_utils import (
     GrammarTree,
@@ -81,6 +82,7 @@ from ddtree.sglang.support import (
 from ddtree.sglang.tree_round import (
     HeadShard,
     TreeVerifyView,
+    accepted_rows_first,
     committed_tokens_and_bonus,
     draft_kv_rewrite,
     head_vocab_segments,
@@ -230,6 +232,12 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                         width, bs, peak_bytes, result.sampling_headroom_bytes)
         return result
 
+    def alloc_memory_pool(self, *args: Any, **kwargs: Any):
+        # The scheduler calls this after building the worker (scheduler.py:1103-1110), outside
+        # __init__: the drafter's pools are sized with the bag at B, as DFlash sizes them.
+        with self._draft_width():
+            return super().alloc_memory_pool(*args, **kwargs)
+
     def init_attention_backends(self):
         # The scheduler calls this after the target's backends and every KV pool exist and
         # before any CUDA graph is captured (scheduler.py:1128-1146): the last moment to refuse.
@@ -314,8 +322,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if _is_all_greedy(batch.sampling_info):
             for decision in (predict, accept_lens, accept_index):
                 self._tp_sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_GREEDY, decision)
-        out_tokens, bonus = committed_tokens_and_bonus(predict, accept_index, accept_lens)
+        out_tokens, bonus = committed_tokens_and_bonus(predict, accept_index, accept_lens)  # [bs, B], [bs]
         new_seq_lens = prefix_lens + accept_lens.to(prefix_lens.dtype)
+        self._capture_sampling_masks(batch, draft_input, logits_output, accept_index, out_tokens, accept_lens)
 
         # Accepted rows' target KV to the window front (accept_lens - 1 = drafts only).
         batch.out_cache_loc = window_locs
@@ -357,6 +366,25 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             routed_experts_output=target_out.routed_experts_output,
             indexer_topk_output=target_out.indexer_topk_output,
         )
+
+    def _capture_sampling_masks(self, batch, draft_input, logits_output, accept_index, out_tokens, accept_lens) -> None:
+        """Requests that ask for sampling masks get them, as DFlash gives them
+        (dflash_worker_v2.py:2938-2949): SGLang's capture builds the target's policy per verify
+        row; the committed token j of request b came from row accept_index[b, j], so those
+        rows are the ones kept (a chain keeps rows 0..B-1 in order)."""
+        bs, width = out_tokens.shape[0], self.verify_width
+        capture = SpeculativeSamplingMaskCapture.from_logits(
+            batch.sampling_info, next_token_logits=logits_output.next_token_logits,
+            draft_input=draft_input, draft_token_num=width, bs=bs,
+        )
+        if capture is None:
+            return
+        if capture.target_probs is not None:  # [bs, N, V] -> [bs, B, V] along the accepted path
+            vocab = capture.target_probs.shape[-1]
+            capture.target_probs = accepted_rows_first(
+                capture.target_probs.reshape(bs * width, vocab), accept_index, width
+            ).view(bs, -1, vocab)
+        logits_output.sampling_mask_output = capture.build_output(out_tokens=out_tokens, commit_lens=accept_lens)
 
     def _draft_top_k(self, draft_hidden: torch.Tensor) -> ShardTopK:
         """[bs, B-1, K] global top-K raw logits + logsumexp of the draft positions. Each rank

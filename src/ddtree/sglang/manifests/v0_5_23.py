@@ -57,6 +57,8 @@ MANIFEST = Manifest(
         RequiredName('kernels/ops/speculative/cache_locs.py', 'assign_extend_cache_locs_func', NameKind.FUNCTION, '(req_pool_indices, req_to_token, start_offset, end_offset, batch_size, draft_token_num, device)', (), None, 'verify window slots'),
         RequiredName('srt/mem_cache/kv_index_translator.py', 'KVIndexTranslator.plan', NameKind.METHOD, '(*, req_pool_indices, seq_lens, seq_lens_cpu, write_virtual, read_extent=, write_slots=, translated_writes=)', (), None, "the round's one KV plan"),
         RequiredName('srt/mem_cache/kv_loc_plan.py', 'KVLocPlan.bind', NameKind.METHOD, '(batch, reader, *, cols=)', (), None, "the draft binds the window's first B columns"),
+        RequiredName('srt/speculative/spec_sampling_mask.py', 'SpeculativeSamplingMaskCapture.from_logits', NameKind.CLASSMETHOD, '(sampling_info, *, next_token_logits, draft_input, draft_token_num, bs, greedy_mask=)', (), None, 'sampling masks'),
+        RequiredName('srt/speculative/spec_sampling_mask.py', 'SpeculativeSamplingMaskCapture.build_output', NameKind.METHOD, '(*, out_tokens, commit_lens)', (), None, 'sampling masks'),
         RequiredName('srt/speculative/spec_utils.py', 'GrammarTree.from_device', NameKind.CLASSMETHOD, '(retrieve_next_token, retrieve_next_sibling, draft_token)', (), None, 'grammar over the tree (async copy)'),
         RequiredName('srt/speculative/spec_utils.py', 'build_grammar_vocab_mask', NameKind.FUNCTION, '(*, reqs, tree, sampling_info, device, barrier)', (), None, 'grammar over the tree'),
         RequiredName('srt/layers/logprob_processor.py', 'compute_spec_logprobs', NameKind.FUNCTION, '(batch, logits_output, predict, *, accept_index=, chain_stride=)', (), None, 'logprobs of accepted rows'),
