@@ -102,7 +102,7 @@ class AuthenticationFailed(TransportError):
 
 
 class HostKeyRejected(TransportError):
-    kind = "host key rejected"
+    kind = "host key refused"
 
 
 class ConnectionLost(TransportError):

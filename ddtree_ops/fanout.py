@@ -17,7 +17,14 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Generic, Optional, TypeVar
 
-from ddtree_ops.errors import CommandTimeout, ConnectTimeout, DdtreeOpsError, ExitCode, TransportError
+from ddtree_ops.errors import (
+    CommandTimeout,
+    ConnectTimeout,
+    DdtreeOpsError,
+    ExitCode,
+    HostKeyRejected,
+    TransportError,
+)
 from ddtree_ops.inventory import Host
 from ddtree_ops.transport.base import Transport
 
@@ -36,7 +43,8 @@ class HostState(str, Enum):
     RUNNING = "running"
     OK = "ok"
     FAILED = "failed"  # a remote step failed (or the connection dropped mid-task)
-    UNREACHABLE = "unreachable"  # could not connect / authenticate / verify the host key
+    UNREACHABLE = "unreachable"  # could not connect / authenticate
+    HOST_KEY_REFUSED = "host key refused"  # reached, but its key is not the known one (or unknown)
     TIMED_OUT = "timed out"
     SKIPPED = "skipped"  # not started because of --fail-fast
     INTERRUPTED = "interrupted"  # under way when the operator interrupted (Ctrl-C / SIGTERM)
@@ -66,7 +74,8 @@ class HostOutcome(Generic[T]):
     def never_connected(self) -> bool:
         """Failed before a connection existed (refused, unreachable, host key, auth, connect
         timeout): what exit code 4 means. A connection lost mid-task is a failed step."""
-        return self.state is HostState.UNREACHABLE or isinstance(self.error, ConnectTimeout)
+        return self.state in (HostState.UNREACHABLE, HostState.HOST_KEY_REFUSED) or \
+            isinstance(self.error, ConnectTimeout)
 
     def message(self) -> str:
         if self.error is None:
@@ -117,6 +126,8 @@ class HostContext:
 def _failure_state(err: BaseException, connected: bool) -> HostState:
     if isinstance(err, (CommandTimeout, ConnectTimeout)):
         return HostState.TIMED_OUT
+    if isinstance(err, HostKeyRejected):
+        return HostState.HOST_KEY_REFUSED
     if isinstance(err, TransportError) and not connected:
         return HostState.UNREACHABLE
     return HostState.FAILED

@@ -27,7 +27,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, BinaryIO, Optional
 
-from ddtree_ops.errors import HostLocked, RemoteStepError
+from ddtree_ops.errors import DdtreeOpsError, HostLocked, RemoteStepError
 from ddtree_ops.ids import IdKind, check_host_id, check_optional_host_id
 from ddtree_ops.inventory import Host
 from ddtree_ops.release import ReleaseBundle
@@ -160,6 +160,26 @@ def parse_agent_reply(host: Host, op: str, result: CommandResult) -> dict[str, A
     return reply
 
 
+# exit 3 and the link's target when `$1` is a symbolic link to nothing
+_DANGLING_LINK_PROBE = 'if [ -L "$1" ] && [ ! -e "$1" ]; then readlink "$1"; exit 3; fi'
+
+
+def python_not_found(transport: Transport, host: Host) -> RemoteStepError:
+    """The error for a `python:` the host could not run (exit 127): a link whose target is
+    gone (a removed virtualenv's interpreter, say) is named as such, not as missing."""
+    message = f"{host.name}: python not found at {host.python!r} (set `python:` in the inventory)"
+    if "/" in host.python:
+        try:
+            probe = transport.run(["sh", "-c", _DANGLING_LINK_PROBE, "sh", host.python],
+                                  timeout=min(host.command_timeout, 30))
+        except DdtreeOpsError:
+            probe = None  # the first answer stands
+        if probe is not None and probe.exit_status == 3:
+            message = (f"{host.name}: python {host.python!r} is a dangling link (to {probe.stdout.strip()!r}, "
+                       "which does not exist): point `python:` in the inventory at an interpreter")
+    return RemoteStepError(message)
+
+
 def call_agent(
     transport: Transport,
     host: Host,
@@ -170,6 +190,8 @@ def call_agent(
 ) -> dict[str, Any]:
     stdin = _Chain(io.BytesIO(agent_preamble()), payload) if payload is not None else agent_preamble()
     result = transport.run(agent_argv(host, op, *args), stdin=stdin, timeout=timeout)
+    if result.exit_status == 127:
+        raise python_not_found(transport, host)
     return parse_agent_reply(host, op, result)
 
 
@@ -225,6 +247,8 @@ def ensure_release(
     limit = timeout if timeout is not None else host.command_timeout
     args = (bundle.release_id, str(keep), f"{lock_wait_within(limit, lock_wait_s):g}", "1" if take_lock else "0")
     reply, sent = run_with_release_on_demand(transport, agent_argv(host, "push", *args), bundle, timeout=limit)
+    if reply.exit_status == 127:
+        raise python_not_found(transport, host)
     return push_outcome(host, bundle, parse_agent_reply(host, "push", reply), sent)
 
 

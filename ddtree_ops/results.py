@@ -48,6 +48,7 @@ class HostOutcome(str, Enum):
     FAIL = "fail"  # the runner finished and at least one stage failed
     LOST = "lost"  # the host stopped answering mid-run: partial results
     UNREACHABLE = "unreachable"  # never started (connect, push or runner start failed)
+    HOST_KEY_REFUSED = "host key refused"  # never started: the host's key is not the known one
     INTERRUPTED = "interrupted"  # stopped by the operator
     PENDING = "pending"  # no outcome recorded yet (run in progress)
     REFUSED = "refused"  # the host's runner refused the plan (unknown stage or option): usage
@@ -485,7 +486,7 @@ def hosts_exit_code(outcomes: Iterable[HostOutcome]) -> int:
         return ExitCode.OK
     if passed:
         return ExitCode.PARTIAL
-    if all(o is HostOutcome.UNREACHABLE for o in outcomes):
+    if all(o in (HostOutcome.UNREACHABLE, HostOutcome.HOST_KEY_REFUSED) for o in outcomes):
         return ExitCode.CONNECT
     return ExitCode.REMOTE
 

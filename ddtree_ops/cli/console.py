@@ -49,13 +49,14 @@ _STATE_STYLE = {
     "ok": "green",
     "failed": "red",
     "unreachable": "red",
+    "host key refused": "red",
     "timed out": "red",
     "skipped": "dim",
     "interrupted": "magenta",
 }
 
 
-_FINAL_STATES = {"ok", "failed", "unreachable", "timed out", "skipped", "interrupted"}
+_FINAL_STATES = {"ok", "failed", "unreachable", "host key refused", "timed out", "skipped", "interrupted"}
 
 
 # Anything a terminal may act on: C0 controls but tab and newline (ESC starts CSI/OSC
@@ -131,11 +132,12 @@ def live_display_possible(console: Console) -> bool:
     return console.is_terminal and not console.is_dumb_terminal
 
 
-def without_host(host: str, text: str) -> str:
-    """An error shown next to its host, without the `<host>: ` it starts with."""
-    prefix = f"{host}: "
-    while text.startswith(prefix):
-        text = text[len(prefix):]
+def without_host(host: str, text: str, state: str = "") -> str:
+    """An error shown next to its host (and its state), without the `<host>: ` (and the
+    `<state>: `) it starts with: `h1: unreachable: cannot resolve`, never `unreachable: unreachable:`."""
+    for prefix in (f"{host}: ", f"{state}: " if state else None):
+        while prefix and text.startswith(prefix):
+            text = text[len(prefix):]
     return text
 
 
@@ -227,7 +229,7 @@ class LiveHostTable:
 
     def _say_finished(self, host: str, state_text: str, detail: str, changed: float) -> None:
         elapsed = changed - self.started.get(host, changed)
-        tail = f": {without_host(host, detail)}" if detail and state_text != "ok" else ""
+        tail = f": {without_host(host, detail, state_text)}" if detail and state_text != "ok" else ""
         say(f"{self.title}: {host}: {state_text} ({elapsed:.1f}s){tail}")
 
     def _frame(self) -> Table:
@@ -305,7 +307,7 @@ def summary_table(
             styled(outcome.state.value, _STATE_STYLE.get(outcome.state.value, "")),
             *cells,
             f"{outcome.duration_s:.2f}s",
-            "" if outcome.ok else without_host(name, outcome.message()),
+            "" if outcome.ok else without_host(name, outcome.message(), outcome.state.value),
         )
     return table
 

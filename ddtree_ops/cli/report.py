@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # pragma: no cover
 _STATUS_STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow", "not_run": "dim", "lost": "bold red",
                  "running": "cyan"}
 _OUTCOME_STYLE = {"pass": "green", "fail": "bold red", "lost": "bold red",
-                  "unreachable": "bold red", "interrupted": "magenta", "pending": "dim",
+                  "unreachable": "bold red", "host key refused": "bold red", "interrupted": "magenta", "pending": "dim",
                   "refused": "bold red"}
 
 RunsDirOpt = Annotated[

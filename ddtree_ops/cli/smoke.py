@@ -148,8 +148,8 @@ class SmokeView:
     def phase(self, host: str, phase: str, detail: str = "") -> None:
         with self.lock:
             self.hosts[host].phase, self.hosts[host].detail = phase, detail
-        if self.live is None and not self.quiet and phase in ("failed", "unreachable", "timed out"):
-            self._line(f"{host}: {phase}: {without_host(host, detail)}")
+        if self.live is None and not self.quiet and phase in ("failed", "unreachable", "host key refused", "timed out"):
+            self._line(f"{host}: {phase}: {without_host(host, detail, phase)}")
 
     def record(self, host: str, record: dict[str, Any]) -> None:
         kind, stage = record.get("event"), record.get("stage")
@@ -334,7 +334,11 @@ def run_smoke(
         recorder.note(runner_exit_status=result.exit_status, finished=time.time())
         if result.stderr.strip():
             (recorder.host_dir / "runner.stderr").write_text(result.stderr, encoding="utf-8")
-        if result.exit_status in (126, 127):
+        if result.exit_status == 127:
+            from ddtree_ops.remote_layout import python_not_found
+
+            raise python_not_found(ctx.transport, host)
+        if result.exit_status == 126:
             raise RemoteStepError(f"{host.name}: cannot run {host.python!r}: {result.tail()}")
         if recorder.run_end is None:
             if stopping.is_set():  # Ctrl-C: the runner was stopped; settle_hosts records it
@@ -402,6 +406,7 @@ def settle_hosts(selected: list["Host"], recorders: dict[str, Any], fanout: Any,
                  plan: SmokePlan) -> None:
     """Record each host's operator-side outcome next to what it streamed: interrupted,
     unreachable (never connected), failed before its runner started, or lost mid-run."""
+    from ddtree_ops.fanout import HostState
     from ddtree_ops.results import HostOutcome
 
     for host in selected:
@@ -415,7 +420,11 @@ def settle_hosts(selected: list["Host"], recorders: dict[str, Any], fanout: Any,
             recorder.note(outcome=HostOutcome.INTERRUPTED.value)
         elif outcome is not None and not outcome.ok:
             if host.name not in runner_started:
-                kind = HostOutcome.UNREACHABLE if outcome.never_connected else HostOutcome.FAIL
+                kind = HostOutcome.FAIL
+                if outcome.state is HostState.HOST_KEY_REFUSED:
+                    kind = HostOutcome.HOST_KEY_REFUSED
+                elif outcome.never_connected:
+                    kind = HostOutcome.UNREACHABLE
                 recorder.note(outcome=kind.value, error=outcome.message(), state=outcome.state.value)
             elif recorder.planned or recorder.stage_states:  # the runner was under way: partial results
                 recorder.note_lost(outcome.message(), outcome.state.value)

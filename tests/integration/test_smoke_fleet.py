@@ -246,6 +246,7 @@ def test_an_unreachable_host_is_partial_and_alone_is_exit_4(sshd_fleet, runs, ca
     assert doc["hosts"]["h0"]["outcome"] == "pass"
     assert doc["hosts"]["dead"]["outcome"] == "unreachable"
     assert "dead: unreachable: " in captured.err and "dead: failed" not in captured.err  # as the JSON says
+    assert "unreachable: unreachable" not in captured.err  # the state once
     assert doc["hosts"]["dead"]["stages"] == {}
     [failure] = doc["failures"]
     assert failure["host"] == "dead" and "refused" in failure["reason"]
@@ -297,3 +298,27 @@ def test_ctrl_c_stops_the_remote_runners_over_ssh(sshd_fleet, runs, checkout):
         # fetched in one stream after the stop, as `collect` does
         assert (runs / doc["run_id"] / host.name / "remote" / "logs" / "hang.log").is_file()
     assert "could not stop the runner" not in err
+
+
+def test_a_refused_host_key_and_a_dangling_python_are_named_as_such(sshd_fleet, runs, capsys, tmp_path):
+    """Three hosts: h0 fine, h1 whose key is not in known_hosts, h2 whose `python:` is a link to
+    a removed interpreter. Each host's state says which, once per line."""
+    fleet = sshd_fleet(3)
+    fleet.known_hosts.write_text(fleet.hosts[0].known_hosts_line() + fleet.hosts[2].known_hosts_line())
+    gone = tmp_path / "venv-removed" / "bin" / "python"
+    link = tmp_path / "python-link"
+    link.symlink_to(gone)
+    inventory = str(fleet.write_inventory(host_overrides={"h2": {"python": str(link)}}))
+    code = main(["smoke", "-i", inventory, "--stages", "env", "--json"])
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert code == 6
+    assert [doc["hosts"][h]["outcome"] for h in ("h0", "h1", "h2")] == ["pass", "host key refused", "fail"]
+    reasons = {f["host"]: f["reason"] for f in doc["failures"]}
+    assert "not in" in reasons["h1"] and "known_hosts" in reasons["h1"]
+    assert f"python {str(link)!r} is a dangling link (to {str(gone)!r}, which does not exist)" in reasons["h2"]
+    assert "h1: host key refused: [127.0.0.1]" in captured.err  # the state once, not twice
+    assert "host key refused: host key refused" not in captured.err
+    # alone, a refused key is exit 4 (could not connect), like an unreachable host
+    assert main(["smoke", "-i", inventory, "-H", "h1", "--stages", "env", "--json"]) == 4
+    assert json.loads(capsys.readouterr().out)["hosts"]["h1"]["outcome"] == "host key refused"

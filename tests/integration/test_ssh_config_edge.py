@@ -83,7 +83,7 @@ def test_revoked_host_key_is_refused_even_when_listed_or_trusting_new(sshd_fleet
         assert transport.run(["true"]).exit_status == 0
     fleet.known_hosts.write_text(f"{listed}@revoked * {kind_blob}\n")
     for accept in (False, True):
-        with pytest.raises(HostKeyRejected, match=r"h0: host key rejected: .* is marked @revoked in .*known_hosts"):
+        with pytest.raises(HostKeyRejected, match=r"h0: host key refused: .* is marked @revoked in .*known_hosts"):
             open_transport(fleet.inventory().hosts["h0"], accept_new_host_keys=accept)
     assert fleet.known_hosts.read_text() == f"{listed}@revoked * {kind_blob}\n"
 

@@ -187,7 +187,7 @@ def test_unknown_host_key_refused_then_trusted_on_first_use(sshd_fleet, capsys):
     fleet = sshd_fleet(2)
     fleet.known_hosts.write_text(fleet.hosts[1].known_hosts_line())  # h0 unknown
     hosts = fleet.inventory().hosts
-    with pytest.raises(HostKeyRejected, match=r"h0: host key rejected: \[127.0.0.1\]:\d+ is not in .*known_hosts \(ssh-ed25519 SHA256:.*--accept-new-host-keys"):
+    with pytest.raises(HostKeyRejected, match=r"h0: host key refused: \[127.0.0.1\]:\d+ is not in .*known_hosts \(ssh-ed25519 SHA256:.*--accept-new-host-keys"):
         open_transport(hosts["h0"])
     inventory = fleet.write_inventory()
     assert main(["hosts", "check", "-i", str(inventory), "-H", "h0"]) == 4
@@ -205,7 +205,7 @@ def test_changed_host_key_always_refused(sshd_fleet, tmp_path, capsys):
     fleet.known_hosts.write_text(fleet.hosts[1].known_hosts_line() + f"[127.0.0.1]:{fleet.hosts[0].port} {kind} {blob}\n")
     before = fleet.known_hosts.read_text()
     inventory = fleet.write_inventory()
-    with pytest.raises(HostKeyRejected, match=r"h0: host key rejected: the host key of 127.0.0.1:\d+ CHANGED"):
+    with pytest.raises(HostKeyRejected, match=r"h0: host key refused: the host key of 127.0.0.1:\d+ CHANGED"):
         open_transport(fleet.inventory().hosts["h0"], accept_new_host_keys=True)
     assert main(["push", "-i", str(inventory), "--accept-new-host-keys", "--json"]) == 6
     doc = json.loads(capsys.readouterr().out)
