@@ -1,24 +1,27 @@
-"""Tree-build speed: the heap oracle vs the public builder vs the top-k floor vs the batch.
+"""Tree-build speed per row family: the heap oracle vs the public builder vs the one-pass floor.
 
-    python benchmarks/tree_build.py [--calls 20] [--draws 4] [--threads N] [--quick] [--vocab V ...]
+    python benchmarks/tree_build.py [--calls 15] [--draws 2] [--threads 2] [--family NAME ...]
+                                    [--budgets 16,32,...] [--vocab V ...] [--quick]
 
-Per (vocab, row kind, budget) and for each of --draws requests drawn from the same kind of
-rows, medians over --calls calls, the methods interleaved call by call (in a fresh random
-order each round) so a busy machine slows them alike. The ratio a/b moves with the draw (on
-drafter-like rows by +-15 %), so the table gives its geometric mean over the draws and the
-worst draw, not one draw's figure. glibc's malloc thresholds are fixed first (`steady_malloc`;
-`--default-malloc` leaves them) so that one call's freed memory cannot make the next call's
-temporaries page-fault:
+Rows come from the seeded families of `benchmarks/row_families.py` (flat, peaked, few-peaks,
+power-law rows with exponents 1.0-2.5 with and without depth-dependent sharpening, temperature
+copies, a mix whose depths differ in shape), D = 15, float32. Per (family, budget) and for each
+of --draws requests of that family, the three single-request functions are called once per
+round, in a fresh random order each round (a busy machine slows them alike); medians over
+--calls rounds:
   (a) heap     build_ddtree_tree_from_logits(method="heap"): the reference semantics
   (b) public   build_ddtree_tree_from_logits(...) default (AUTO)
-  (c) floor    torch.topk(k=budget) + torch.logsumexp over [D, V] alone (the reference's tensor work)
-  (d) batch/r  build_ddtree_trees on 8 requests, per request
-Rows: `flat` = randn logits; `peaked` = drafter-like, one dominant token per row (p ~ 0.9)
-over a randn * 2 tail; `few-peaks` = the smoke `tree-bench` stage's rows, four likely tokens
-(logits 9, 7.5, 6.5, 6) over a randn tail (a tree mostly one level deep with a few longer
-paths). With CUDA present it also prints the device rows: a batch of 16 bf16 requests at
-budget 256, eager (CUDA events, sync-debug mode "error" around the builder) and as a CUDA
-graph replay (`GraphedTreeBuilder`), and the peak extra memory at batch 16, budget 1024.
+  (c) floor    torch.logsumexp over the [D, V] rows: one pass over the data, which every
+               exact builder pays (a row's log-probs need its logsumexp, bit for bit)
+  (d) batch/r  build_ddtree_trees on a batch of 8 requests of the family, per request (timed
+               apart: the batch's 8x data would evict what the others share)
+a/b is the ratio of the medians (geometric mean over the draws) with the min / median / max of
+the per-round ratios beside it (all draws pooled). Each family's line carries the load average
+when its timing ended. glibc's malloc thresholds are fixed first (`steady_malloc`;
+`--default-malloc` leaves them) so one call's freed memory cannot make the next call's
+temporaries page-fault. With CUDA present it also prints the device rows: a batch of 16 bf16
+requests at budget 256, eager (CUDA events, sync-debug mode "error" around the builder) and as
+a CUDA graph replay (`GraphedTreeBuilder`), and the peak extra memory at batch 16, budget 1024.
 """
 from __future__ import annotations
 
@@ -36,35 +39,27 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 from ddtree import BuildMethod, GraphedTreeBuilder, build_ddtree_tree_from_logits, build_ddtree_trees  # noqa: E402
-from smoke.stages.tree_bench import drafter_like_logits  # noqa: E402
+from bench_args import budget_list, positive_int  # noqa: E402
+from row_families import FAMILIES, family_logits  # noqa: E402
 
 DEPTH = 15
-VOCABS = (151936, 32000)
-BUDGETS = (16, 64, 256, 512, 1024)
+VOCABS = (151936,)
+BUDGETS = (16, 32, 64, 128, 256, 512, 1024)
 BATCH = 8
 
 
-def make_logits(kind: str, batch: int, vocab: int, generator: torch.Generator, device="cpu") -> torch.Tensor:
-    """[batch, D, V] float32."""
-    if kind == "flat":
-        logits = torch.randn(batch, DEPTH, vocab, generator=generator)
-    elif kind == "few-peaks":  # the smoke `tree-bench` stage's own rows, seeded from this run's stream
-        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
-        logits = drafter_like_logits(torch, batch, DEPTH, vocab, seed, "cpu")
-    else:
-        logits = torch.randn(batch, DEPTH, vocab, generator=generator) * 2.0
-        top = torch.randint(0, vocab, (batch, DEPTH, 1), generator=generator)
-        logits.scatter_add_(2, top, torch.full((batch, DEPTH, 1), 16.0))
-    return logits.to(device)
+def family_batch(name: str, batch: int, vocab: int, device="cpu") -> torch.Tensor:
+    """[batch, D, V] float32: requests 0..batch-1 of family `name` (request r is seed r)."""
+    return torch.stack([family_logits(name, seed, DEPTH, vocab) for seed in range(batch)]).to(device)
 
 
-def interleaved_medians(functions: dict, calls: int) -> dict[str, float]:
-    """Median seconds per function; every round calls each function once, in a fresh random
-    order (seeded). A call that follows another over the same logits finds them in the CPU
-    caches, so neither a fixed order nor a rotation (which keeps each function's predecessor)
-    may decide which function always comes after which."""
+def interleaved_samples(functions: dict, calls: int) -> dict[str, list[float]]:
+    """Seconds per call of each function, `calls` rounds; every round calls each function once,
+    in a fresh random order (seeded). A call that follows another over the same logits finds
+    them in the CPU caches, so neither a fixed order nor a rotation (which keeps each
+    function's predecessor) may decide which function always comes after which."""
     for fn in functions.values():
         fn()  # warm-up
     names = list(functions)
@@ -76,7 +71,7 @@ def interleaved_medians(functions: dict, calls: int) -> dict[str, float]:
             start = time.perf_counter()
             functions[name]()
             samples[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return samples
 
 
 def steady_malloc() -> str:
@@ -111,34 +106,37 @@ def machine() -> str:
     )
 
 
-def cpu_table(calls: int, budgets, vocabs, draws: int) -> None:
-    generator = torch.Generator().manual_seed(0)
+def cpu_table(calls: int, budgets, vocabs, draws: int, families) -> None:
     print(f"CPU: {machine()}")
     print(
-        f"medians over {calls} interleaved calls (random order each round; the batch timed apart, over "
-        f"{batch_calls(calls)} calls), on each of {draws} "
-        f"requests drawn per case; ms: the median request; a/b: the geometric mean of the requests' ratios and "
-        f"the worst one; D = {DEPTH}, float32 logits\n"
+        f"medians over {calls} interleaved rounds (random order each round) on each of {draws} requests per "
+        f"case; the batch timed apart over {batch_calls(calls)} calls; ms: the median request; a/b: ratio of the "
+        f"medians (geometric mean over the requests), then min / median / max of the per-round ratios; "
+        f"D = {DEPTH}, float32 logits\n"
     )
-    header = "| vocab | rows | budget | (a) heap ms | (b) public ms | (c) floor ms | (d) batch/req ms | a/b | a/b worst | b/c | depth |"
+    header = ("| vocab | family | budget | (a) heap ms | (b) public ms | (c) floor ms | (d) batch/req ms "
+              "| a/b | a/b per round min / med / max | b/c | depth | load |")
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     for vocab in vocabs:
-        for kind in ("flat", "peaked", "few-peaks"):
-            batch = make_logits(kind, BATCH, vocab, generator)
+        for family in families:
+            batch = family_batch(family, BATCH, vocab)
             requests = [batch[r].contiguous() for r in range(min(draws, BATCH))]
             for budget in budgets:
-                per_request = [single_request_medians(one, budget, calls) for one in requests]
-                ms = {name: statistics.median(t[name] for t in per_request) * 1e3 for name in per_request[0]}
-                ratios = [t["heap"] / t["public"] for t in per_request]
-                # the batch (8x the data) would evict the rows the others share, so it is timed apart
-                ms["batch"] = interleaved_medians({"batch": lambda: build_ddtree_trees(batch, budget)},
-                                                  batch_calls(calls))["batch"] * 1e3
+                per_request = [single_request_samples(one, budget, calls) for one in requests]
+                medians = [{name: statistics.median(v) for name, v in t.items()} for t in per_request]
+                ms = {name: statistics.median(m[name] for m in medians) * 1e3 for name in medians[0]}
+                ratio = statistics.geometric_mean([m["heap"] / m["public"] for m in medians])
+                rounds = sorted(h / p for t in per_request for h, p in zip(t["heap"], t["public"]))
+                batch_s = interleaved_samples({"batch": lambda: build_ddtree_trees(batch, budget)}, batch_calls(calls))
+                ms["batch"] = statistics.median(batch_s["batch"]) * 1e3
                 depths = sorted({build_ddtree_tree_from_logits(one, budget).max_depth for one in requests})
                 print(
-                    f"| {vocab} | {kind} | {budget} | {ms['heap']:.2f} | {ms['public']:.2f} | {ms['floor']:.2f} "
-                    f"| {ms['batch'] / BATCH:.2f} | {statistics.geometric_mean(ratios):.2f}x | {min(ratios):.2f}x "
-                    f"| {ms['public'] / ms['floor']:.2f}x | {'-'.join(map(str, (depths[0], depths[-1]) if len(depths) > 1 else depths))} |",
+                    f"| {vocab} | {family} | {budget} | {ms['heap']:.2f} | {ms['public']:.2f} | {ms['floor']:.2f} "
+                    f"| {ms['batch'] / BATCH:.2f} | {ratio:.2f}x | {rounds[0]:.2f} / {statistics.median(rounds):.2f} / "
+                    f"{rounds[-1]:.2f} | {ms['public'] / ms['floor']:.2f}x "
+                    f"| {'-'.join(map(str, (depths[0], depths[-1]) if len(depths) > 1 else depths))} "
+                    f"| {os.getloadavg()[0]:.1f} |",
                     flush=True,
                 )
 
@@ -148,14 +146,14 @@ def batch_calls(calls: int) -> int:
     return max(5, calls // 4)
 
 
-def single_request_medians(one: torch.Tensor, budget: int, calls: int) -> dict[str, float]:
+def single_request_samples(one: torch.Tensor, budget: int, calls: int) -> dict[str, list[float]]:
     """(a)-(c) on one [D, V] request: they read the same rows, so each finds them in the caches
     the others left (interleaved, so none is favoured)."""
-    return interleaved_medians(
+    return interleaved_samples(
         {
             "heap": lambda: build_ddtree_tree_from_logits(one, budget, method=BuildMethod.HEAP),
             "public": lambda: build_ddtree_tree_from_logits(one, budget),
-            "floor": lambda: (torch.topk(one, min(budget, one.shape[-1]), dim=-1), torch.logsumexp(one, dim=-1)),
+            "floor": lambda: torch.logsumexp(one, dim=-1),
         },
         calls,
     )
@@ -163,12 +161,11 @@ def single_request_medians(one: torch.Tensor, budget: int, calls: int) -> dict[s
 
 def cuda_rows(calls: int) -> None:
     device = torch.device("cuda")
-    generator = torch.Generator().manual_seed(1)
     print(f"\nCUDA: {torch.cuda.get_device_name(device)}, torch {torch.__version__}")
     print("| case | median ms | note |")
     print("|---|---|---|")
     for vocab in VOCABS:
-        logits = make_logits("peaked", 16, vocab, generator, device).to(torch.bfloat16)
+        logits = family_batch("peaked", 16, vocab, device).to(torch.bfloat16)
         build_ddtree_trees(logits, 256)  # warm-up (kernels, caches)
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")  # any host sync inside the builder raises
@@ -201,7 +198,7 @@ def cuda_rows(calls: int) -> None:
         del graphed
         print(f"| batch 16 x [15, {vocab}] bf16, budget 256, CUDA graph replay | {statistics.median(samples):.3f} | input copy included |")
 
-        big = make_logits("peaked", 16, vocab, generator, device).to(torch.bfloat16)
+        big = family_batch("power-1.5-sharp", 16, vocab, device).to(torch.bfloat16)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
@@ -223,28 +220,23 @@ def cuda_rows(calls: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=20, help="calls per median (>= 20 for the docs)")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    parser.add_argument("--draws", type=int, default=4, help=f"requests timed per case (1..{BATCH}); ratios vary with the draw")
-    parser.add_argument("--quick", action="store_true", help="budgets 16 and 1024, vocab 32000 only, 2 draws")
-    parser.add_argument("--vocab", type=int, action="append", help="vocabulary size (repeatable; default 151936 and 32000)")
+    parser.add_argument("--calls", type=positive_int, default=15, help="interleaved rounds per median (>= 15 for the docs)")
+    parser.add_argument("--threads", type=positive_int, default=2, help="torch intra-op threads (default 2)")
+    parser.add_argument("--draws", type=positive_int, default=2, help=f"requests timed per case (1..{BATCH}); ratios vary with the draw")
+    parser.add_argument("--family", action="append", choices=FAMILIES, help="row family (repeatable; default: all)")
+    parser.add_argument("--budgets", type=budget_list, default=list(BUDGETS), help="comma-separated budgets")
+    parser.add_argument("--quick", action="store_true", help="budgets 16 and 1024, 1 draw, 5 rounds")
+    parser.add_argument("--vocab", type=positive_int, action="append", help="vocabulary size (repeatable; default 151936)")
     parser.add_argument("--default-malloc", action="store_true", help="leave glibc's adaptive malloc thresholds on (noisy)")
     args = parser.parse_args()
-    if args.calls < 1:
-        parser.error(f"--calls must be >= 1, got {args.calls}")
-    if args.threads is not None and args.threads < 1:
-        parser.error(f"--threads must be >= 1, got {args.threads}")
-    if args.draws < 1:
-        parser.error(f"--draws must be >= 1, got {args.draws}")
-    bad_vocab = [v for v in args.vocab or () if v < 1]
-    if bad_vocab:
-        parser.error(f"--vocab must be >= 1, got {bad_vocab[0]}")
     print("malloc left as is (--default-malloc)" if args.default_malloc else steady_malloc())
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    budgets = (16, 1024) if args.quick else BUDGETS
-    vocabs = tuple(args.vocab) if args.vocab else (32000,) if args.quick else VOCABS
-    cpu_table(args.calls, budgets, vocabs, 2 if args.quick else min(args.draws, BATCH))
+    torch.set_num_threads(args.threads)
+    budgets = (16, 1024) if args.quick else tuple(args.budgets)
+    vocabs = tuple(args.vocab) if args.vocab else VOCABS
+    calls, draws = (5, 1) if args.quick else (args.calls, min(args.draws, BATCH))
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    cpu_table(calls, budgets, vocabs, draws, args.family or FAMILIES)
+    print(f"\nstarted {started}, load average at the end {os.getloadavg()[0]:.2f}")
     if torch.cuda.is_available():
         cuda_rows(args.calls)
     else:

@@ -17,7 +17,10 @@ still lift the best prefix of its depth (the greedy chain) to `floor`.
    count a row's tokens from below) gives a far tighter floor before any deep read. Every
    row then needs exactly the ranks with lp >= floor - chain[d]; rows whose read ranks stop
    above that are read down to it.
-3. Enumerate, in plain Python over float lists, every path scoring >= floor with the
+3. Estimate the budget-th best score over the read rows (whole levels of plain float64 sums,
+   a few tensor ops per depth) and enumerate above it; should fewer than `budget` paths clear
+   the estimate, enumerate above the floor instead. Enumerate, in plain Python over float
+   lists, every path scoring >= that threshold with the
    reference's own float64 chains (child: logw + lp[0]; sibling: logw - lp[r] + lp[r+1]),
    sort by (score desc, rank path asc), keep `budget`. The generator check (previous
    sibling or parent placed before) proves the sorted order is the heap's pop order.
@@ -453,7 +456,12 @@ def build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
     else:
         tree = _depth_one_tree(reader, budget)
         if tree is None:
-            tree = _enumerate(reader, len(chain) - 1, budget, floor - float_slack(floor))
+            depths, threshold = len(chain) - 1, floor - float_slack(floor)
+            estimate = _estimated_last_score(reader, depths, budget, threshold)
+            if estimate > threshold:  # enumerate above the estimate; if it was too high, above the floor
+                tree = _enumerate(reader, depths, budget, estimate - float_slack(estimate), at_least_budget=True)
+            if tree is None:
+                tree = _enumerate(reader, depths, budget, threshold)
         if tree is None:  # the reference loop over the rows as read: exact, only slower
             tree = best_first(_HeapView(reader, floor), reader.ids, depth_limit, budget)
     reader.check_unread_rows()  # NaN / +inf anywhere is an error, as in the reference
@@ -489,10 +497,40 @@ def _depth_one_tree(reader: _RowReader, budget: int) -> DraftTree | None:
 ENUMERATION_SLACK = 8
 
 
-def _enumerate(reader: _RowReader, depths: int, budget: int, threshold: float) -> DraftTree | None:
+def _estimated_last_score(reader: _RowReader, depths: int, budget: int, threshold: float) -> float:
+    """The budget-th best score of the paths over the read rows, as plain float64 sums (not
+    the reference's chains, so off by rounding), or -inf if fewer than `budget` score >=
+    threshold. A few tensor ops per depth, for whole levels of paths at once.
+
+    Why: the floor the rows were read to is a bound, on heavy-tailed rows 1-3 nats below the
+    tree's last score, and enumerating every path above it in Python (the exact chains) made
+    3-7 times `budget` candidates. Any budget-th best is itself nearly a floor for the
+    enumeration; it is checked there (at least `budget` paths found above it), not trusted."""
+    chain = _greedy_chain(reader)  # chain[d]: the best depth-d score, the frontier's maximum
+    frontier = torch.zeros(1, dtype=torch.float64)  # [F] the previous depth's path scores >= threshold
+    levels: list[torch.Tensor] = []
+    limit = ENUMERATION_SLACK * budget + 1024  # as many as the enumeration would take
+    for d in range(min(depths, len(chain) - 1)):
+        row = reader.lp[d]
+        usable = bisect_right(row, chain[d] - threshold, key=_negated)  # ranks with lp >= threshold - best
+        if frontier.numel() * usable > limit:
+            break  # a loose floor on flat rows: the levels so far still give an estimate
+        scores = frontier.unsqueeze(1) + double_tensor(row[:usable])  # [F, usable]
+        frontier = scores[scores >= threshold]  # [F'] flattened
+        if not frontier.numel():
+            break
+        levels.append(frontier)
+    found = torch.cat(levels) if levels else frontier
+    if found.numel() < budget:
+        return _NEG_INF
+    return float(torch.kthvalue(found, found.numel() - budget + 1).values)
+
+
+def _enumerate(reader: _RowReader, depths: int, budget: int, threshold: float, at_least_budget: bool = False) -> DraftTree | None:
     """Every path scoring >= threshold, then the budget best in pop order; None if the read
     ranks turn out short, the candidates outgrow `ENUMERATION_SLACK * budget` or the sorted
-    order is not the heap's."""
+    order is not the heap's, or (`at_least_budget`: the threshold is no proven floor) fewer
+    than `budget` paths score >= threshold."""
     limit = ENUMERATION_SLACK * budget + 1024
     parent: list[int] = []  # candidate -> parent candidate (-1 = root)
     rank: list[int] = []
@@ -535,6 +573,8 @@ def _enumerate(reader: _RowReader, depths: int, budget: int, threshold: float) -
         frontier_scores, frontier_ids = score[level_start:], range(level_start, len(score))
         if not frontier_scores:
             break
+    if at_least_budget and len(score) < budget:
+        return None
     # stable: ties keep gid order (a tensor sort beats `sorted` from ~100 candidates on)
     values, order_t = torch.sort(double_tensor(score), descending=True, stable=True)
     order = order_t.tolist()

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import itertools
 import random
+import sys
+import zlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +24,9 @@ from ddtree import BuildMethod, build_ddtree_tree_from_logits, build_ddtree_tree
 from ddtree import fast_build, frontier_build, heap_build, row_select
 from ddtree.frontier_build import build_frontier_tree
 from ddtree.heap_build import top_log_probs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from row_families import FAMILIES, family_logits  # noqa: E402  (the benchmark's seeded row families)
 
 
 def rows_have_ties(logits: torch.Tensor) -> bool:
@@ -189,6 +195,33 @@ def test_seeded_sweep_realistic_shapes(seed, monkeypatch):
         vocab = rng.choice([300, 4000, 32000])
         budget = rng.choice([16, 64, 256, 1024])
         check_case(random_logits(rng, depth, vocab, rng.choice(["flat", "peaked"])), budget)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_benchmark_row_families_match_the_heap(family):
+    """Every row family of the tree-build benchmark (power-law rows with and without
+    sharpening, temperature copies, mixed depths, ...): the Qwen-sized vocabulary at budget
+    1024, then smaller shapes at drawn budgets; FAST, AUTO, the frontier and the batched
+    builder against the heap. Rows of a family share values (the same peaks, the same
+    power-law ladder), so paths tie or nearly tie across rows: the batched builder, whose float64
+    sums are not the reference's chains, is held to the heap's sorted scores there."""
+    check_case(family_logits(family, 0, 15, 151936), 1024, score_ties=True)
+    rng = random.Random(zlib.crc32(family.encode()))
+    for seed in range(1, 4):
+        depth, vocab = rng.choice([1, 7, 15]), rng.choice([300, 4000, 32000])
+        check_case(family_logits(family, seed, depth, vocab), rng.choice([16, 64, 256, 512, 1024]), score_ties=True)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    family=st.sampled_from(FAMILIES),
+    seed=st.integers(0, 2**20),
+    depth=st.integers(1, 15),
+    vocab=st.sampled_from([2, 7, 40, 300, 2000]),
+    budget=st.integers(1, 1100),
+)
+def test_hypothesis_row_families(family, seed, depth, vocab, budget):
+    check_case(family_logits(family, seed, depth, vocab), budget, score_ties=True)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
