@@ -17,6 +17,7 @@ the operator side does not need the host-side package on its path).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import secrets
@@ -26,7 +27,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ddtree_ops.errors import ConfigError, UsageError
+from ddtree_ops.errors import ConfigError, UsageError, quoted
 from ddtree_ops.ids import is_safe_id
 
 RUNS_DIR_ENV = "DDTREE_OPS_RUNS_DIR"
@@ -107,10 +108,48 @@ def parse_record(line: str) -> dict[str, Any] | None:
         return None
     try:
         record = json.loads(line)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, a 5000-digit number, nesting past Python's stack
         return None
     if isinstance(record, dict) and "event" in record and "v" in record:
         return record
+    return None
+
+
+MAX_RECORDS_PER_STAGE = 10_000  # a runner sends a few dozen; past this a host is flooding
+
+
+def _finite_seconds(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
+
+
+def record_field_error(record: dict[str, Any]) -> str | None:
+    """Why a record of this run and host cannot be read as its kind says (`kind.field: expected
+    ..., got ...`), or None. Checked as each record arrives and again when a run is read, so a
+    host's wrong value fails that host, never the command."""
+    kind = record.get("event")
+    if not isinstance(kind, str):
+        return f"event: expected a record kind, got {quoted(kind)}"
+    if not isinstance(record.get("stage"), (str, type(None))):
+        return f"{kind}.stage: expected a stage name, got {quoted(record.get('stage'))}"
+    if kind == "run_start":
+        stages = record.get("stages")
+        if stages is not None and not (isinstance(stages, list) and all(isinstance(s, str) for s in stages)):
+            return f"run_start.stages: expected a list of stage names, got {quoted(stages)}"
+    elif kind == "stage_end":
+        try:
+            StageRecord.from_record(record)
+        except ValueError as err:
+            return str(err)
+    elif kind == "log" and not isinstance(record.get("message"), (str, type(None))):
+        return f"log.message: expected a string, got {quoted(record.get('message'))}"
+    elif kind == "run_end":
+        for name, ok, expected in (
+                ("status", lambda v: isinstance(v, (str, type(None))), "a string"),
+                ("counts", lambda v: isinstance(v, (dict, type(None))), "an object"),
+                ("duration_s", lambda v: v is None or _finite_seconds(v), "a finite number >= 0"),
+                ("exit_code", lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)), "an integer")):
+            if not ok(record.get(name)):
+                return f"run_end.{name}: expected {expected}, got {quoted(record.get(name))}"
     return None
 
 
@@ -148,6 +187,8 @@ class HostRecorder:
         self._stray = host_dir / "output.log"
         self.meta: dict[str, Any] = {"host": host, **meta}
         self.stage_states: dict[str, str] = {}  # stage -> "running" or its final status
+        self.record_error: str | None = None  # the first record refused (wrong field, a flood): the host fails
+        self.records_per_stage: dict[str | None, int] = {}
         self.planned: list[str] = []
         self.run_end: dict[str, Any] | None = None
         self.last_heard = clock()  # any line counts, the runner's blank keepalives included
@@ -163,6 +204,13 @@ class HostRecorder:
             return record
         if record is not None and record_owner_error(record, self.run_id, self.host) is not None:
             record = None  # another run's or host's record: kept as stray output, never as ours
+        if record is not None:
+            refused = record_field_error(record) or self._past_stage_budget(record)
+            if refused is not None:
+                if self.record_error is None:
+                    self.record_error = f"a record was refused: {refused}"
+                    self.note(record_error=self.record_error)
+                record = None  # kept as stray output for a look, never read as a result
         if record is None:
             if line.strip():
                 with self._stray.open("a", encoding="utf-8") as out:
@@ -194,6 +242,13 @@ class HostRecorder:
                              remote_exit_code=record.get("exit_code"))
             self._save_meta()
         return record
+
+    def _past_stage_budget(self, record: dict[str, Any]) -> str | None:
+        stage = record.get("stage")
+        count = self.records_per_stage[stage] = self.records_per_stage.get(stage, 0) + 1
+        if count > MAX_RECORDS_PER_STAGE:
+            return f"stage {quoted(stage)}: more than {MAX_RECORDS_PER_STAGE} records"
+        return None
 
     def connection_ended(self) -> None:
         """The runner's stream ended without its run_end (the connection dropped or the host
@@ -274,8 +329,7 @@ class RunStore:
         if not isinstance(hosts, list):
             raise ConfigError(f"{path / 'run.json'}: hosts: expected a list, got {type(hosts).__name__}")
         hosts = [check_host_dir_name(path / "run.json", h) for h in hosts]
-        return RunRecord(run_id=run_id, path=path, meta=meta,
-                         hosts={h: load_host(path / h, h, run_id) for h in hosts})
+        return RunRecord(run_id=run_id, path=path, meta=meta, hosts={h: _load_or_fail(path / h, h, run_id) for h in hosts})
 
 
 # ----------------------------------------------------------------------------- reading
@@ -304,22 +358,22 @@ class StageRecord:
             status = StageStatus.FAIL
         index, duration = record.get("index") or 0, record.get("duration_s") or 0.0
         if isinstance(index, bool) or not isinstance(index, int):
-            raise ValueError(f"stage_end.index: expected an integer, got {index!r:.60}")
-        if isinstance(duration, bool) or not isinstance(duration, (int, float)):
-            raise ValueError(f"stage_end.duration_s: expected a number, got {duration!r:.60}")
+            raise ValueError(f"stage_end.index: expected an integer, got {quoted(index)}")
+        if not _finite_seconds(duration):  # 1e999 parses as inf
+            raise ValueError(f"stage_end.duration_s: expected a finite number >= 0, got {quoted(duration)}")
         metrics, tables = record.get("metrics") or {}, record.get("tables") or {}
         if not isinstance(metrics, dict):
-            raise ValueError(f"stage_end.metrics: expected an object, got {metrics!r:.60}")
+            raise ValueError(f"stage_end.metrics: expected an object, got {quoted(metrics)}")
         if not isinstance(tables, dict) or not all(
                 isinstance(rows, list) and all(isinstance(row, dict) for row in rows) for rows in tables.values()):
-            raise ValueError(f"stage_end.tables: expected {{name: [row objects]}}, got {tables!r:.60}")
-        for name in ("traceback", "output_tail"):
+            raise ValueError(f"stage_end.tables: expected {{name: [row objects]}}, got {quoted(tables)}")
+        for name in ("reason", "traceback", "output_tail"):
             if not isinstance(record.get(name), (str, type(None))):
-                raise ValueError(f"stage_end.{name}: expected a string, got {record.get(name)!r:.60}")
+                raise ValueError(f"stage_end.{name}: expected a string, got {quoted(record.get(name))}")
         load = record.get("load")
         if not isinstance(load, (dict, type(None))) or not all(
                 isinstance(sample, dict) for sample in (load or {}).values()):
-            raise ValueError(f"stage_end.load: expected {{before, after}} samples, got {load!r:.60}")
+            raise ValueError(f"stage_end.load: expected {{before, after}} samples, got {quoted(load)}")
         return cls(stage=str(record.get("stage")), index=index, status=status,
                    reason=str(record.get("reason") or ""), duration_s=float(duration),
                    metrics=dict(metrics), tables=dict(tables),
@@ -391,6 +445,9 @@ def read_events(path: Path, run_id: str | None = None, host: str | None = None) 
                 continue
             if run_id is not None and host is not None:
                 check_record_owner(record, run_id, host, f"{path}: line {number}")
+                why = record_field_error(record)
+                if why is not None:
+                    raise ConfigError(f"{path}: line {number}: {why}")
             records.append(record)
     return records
 
@@ -407,6 +464,15 @@ def _stage_record(record: dict[str, Any], where: Path) -> StageRecord:
         return StageRecord.from_record(record)
     except ValueError as err:
         raise ConfigError(f"{where}: stage {str(record.get('stage'))!r:.60}: {err}") from None
+
+
+def _load_or_fail(host_dir: Path, host: str, run_id: str) -> HostRecord:
+    """One host's results; a host whose files hold a bad record (a wrong field, another run's or
+    host's record) is failed with that error, and every other host is still read."""
+    try:
+        return load_host(host_dir, host, run_id)
+    except ConfigError as err:
+        return HostRecord(host=host, meta={}, stages={}, outcome=HostOutcome.FAIL, error=str(err))
 
 
 def load_host(host_dir: Path, host: str, run_id: str) -> HostRecord:
@@ -453,7 +519,9 @@ def load_host(host_dir: Path, host: str, run_id: str) -> HostRecord:
         elif run_end is None:
             stages[stage] = StageRecord(stage, index, StageStatus.NOT_RUN,
                                         "not run: the run ended early")
-    if outcome_note == HostOutcome.LOST.value:
+    if isinstance(meta.get("record_error"), str):
+        outcome, error = HostOutcome.FAIL, meta["record_error"]  # whatever else it sent: not trusted
+    elif outcome_note == HostOutcome.LOST.value:
         outcome = HostOutcome.LOST  # whatever the host finished later: the run lost it
     elif run_end is not None:
         remote = run_end.get("status")

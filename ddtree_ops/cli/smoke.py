@@ -340,6 +340,8 @@ def run_smoke(
             raise python_not_found(ctx.transport, host)
         if result.exit_status == 126:
             raise RemoteStepError(f"{host.name}: cannot run {host.python!r}: {result.tail()}")
+        if recorder.record_error is not None:  # the host sent a record we could not read as its kind
+            raise RemoteStepError(f"{host.name}: {recorder.record_error}")
         if recorder.run_end is None:
             if stopping.is_set():  # Ctrl-C: the runner was stopped; settle_hosts records it
                 return result.exit_status
@@ -426,9 +428,10 @@ def settle_hosts(selected: list["Host"], recorders: dict[str, Any], fanout: Any,
                 elif outcome.never_connected:
                     kind = HostOutcome.UNREACHABLE
                 recorder.note(outcome=kind.value, error=outcome.message(), state=outcome.state.value)
-            elif recorder.planned or recorder.stage_states:  # the runner was under way: partial results
+            elif recorder.record_error is None and (recorder.planned or recorder.stage_states):
+                # the runner was under way: partial results
                 recorder.note_lost(outcome.message(), outcome.state.value)
-            else:  # the runner could not start (no release, no python)
+            else:  # the runner could not start (no release, no python), or sent a bad record
                 recorder.note(outcome=HostOutcome.FAIL.value, error=outcome.message(), state=outcome.state.value)
         elif outcome is not None and outcome.ok:
             recorder.note(outcome=None)

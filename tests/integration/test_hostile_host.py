@@ -92,3 +92,40 @@ def test_output_past_the_limit_stops_the_command_and_stderr_keeps_only_its_end(s
     assert noisy.ok and noisy.stderr.endswith("err 199999\nthe end")
     assert len(noisy.stderr) <= (64 << 10) + 65536  # the last 64 KiB (to a chunk), not 2.6 MB
     assert base.STDERR_KEPT_BYTES == 1 << 20
+
+
+def test_one_hosts_bad_record_fails_that_host_and_every_other_host_is_shown(sshd_fleet, tmp_path, monkeypatch,
+                                                                            capsys):
+    import json
+
+    from ddtree_ops.cli.app import main
+
+    fleet = sshd_fleet(2)
+    monkeypatch.setenv("DDTREE_OPS_RUNS_DIR", str(tmp_path / "runs"))
+    # h1's python sends one well-formed record with a wrong value (a duration of 1e999) before
+    # the real runner starts
+    wrapper = tmp_path / "python-sending-a-bad-record"
+    wrapper.write_text(
+        f"#!{sys.executable}\nimport json, os, sys\nargv = sys.argv[1:]\n"
+        "if len(argv) > 1 and argv[0].endswith('runner.py') and argv[1] == 'run':\n"
+        "    ids = {k: argv[argv.index('--' + k) + 1] for k in ('run-id', 'host')}\n"
+        "    sys.stdout.write('{\"v\":1,\"event\":\"stage_end\",\"run_id\":%s,\"host\":%s,\"stage\":\"env\",'\n"
+        "                     '\"index\":0,\"status\":\"pass\",\"duration_s\":1e999}\\n'\n"
+        "                     % (json.dumps(ids['run-id']), json.dumps(ids['host'])))\n"
+        "    sys.stdout.flush()\n"
+        f"os.execv({sys.executable!r}, [{sys.executable!r}, *argv])\n")
+    os.chmod(wrapper, 0o755)
+    inventory = str(fleet.write_inventory(host_overrides={"h1": {"python": str(wrapper)}}))
+    code = main(["smoke", "-i", inventory, "--stages", "env", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 6, doc
+    assert doc["hosts"]["h0"]["outcome"] == "pass" and doc["hosts"]["h0"]["stages"]["env"]["status"] == "pass"
+    assert doc["hosts"]["h1"]["outcome"] == "fail"
+    why = "a record was refused: stage_end.duration_s: expected a finite number >= 0, got inf"
+    assert any(f["host"] == "h1" and why in f["reason"] for f in doc["failures"]), doc["failures"]
+    assert main(["report"]) == 0
+    shown = capsys.readouterr().out
+    assert "infs" not in shown and why in shown and "h0" in shown
+    assert main(["report", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["run_exit_code"] == 6 and report["hosts"]["h0"]["outcome"] == "pass"

@@ -202,20 +202,22 @@ def recorded_full_run(root: Path) -> RunStore:
 
 @pytest.mark.parametrize("field,value,message", [
     ("index", "first", "stage_end.index: expected an integer, got 'first'"),
-    ("duration_s", "fast", "stage_end.duration_s: expected a number, got 'fast'"),
+    ("duration_s", "fast", "stage_end.duration_s: expected a finite number >= 0, got 'fast'"),
+    ("duration_s", 1e999, "stage_end.duration_s: expected a finite number >= 0, got inf"),
     ("metrics", [1, 2], "stage_end.metrics: expected an object, got [1, 2]"),
     ("tables", [{"budget": 16, "ms": 1.0}], "stage_end.tables: expected {name: [row objects]}"),
     ("tables", {"sweep": "abc"}, "stage_end.tables: expected {name: [row objects]}"),
 ])
-def test_a_record_edited_by_hand_is_one_line_naming_file_and_field(tmp_path, field, value, message):
+def test_a_record_edited_by_hand_fails_its_host_naming_file_line_and_field(tmp_path, field, value, message):
     store = recorded_full_run(tmp_path)
     events = tmp_path / "run-1" / "h1" / "events.jsonl"
     records = [json.loads(text) for text in events.read_text().splitlines()]
-    next(r for r in records if r["event"] == "stage_end" and r["stage"] == "golden")[field] = value
+    bad = next(r for r in records if r["event"] == "stage_end" and r["stage"] == "golden")
+    bad[field] = value
     events.write_text("".join(json.dumps(r) + "\n" for r in records))
-    with pytest.raises(ConfigError) as caught:
-        store.load("run-1")
-    assert str(caught.value).startswith(f"{events}: stage 'golden': {message}")
+    host = store.load("run-1").hosts["h1"]
+    assert host.outcome is HostOutcome.FAIL
+    assert host.error.startswith(f"{events}: line {records.index(bad) + 1}: {message}")
 
 
 def test_the_runners_import_errors_are_kept_with_the_host(tmp_path):
@@ -300,18 +302,18 @@ def test_a_local_log_holding_another_runs_records_is_refused_by_name(tmp_path):
     store = recorded_full_run(tmp_path)
     events = tmp_path / "run-1" / "h1" / "events.jsonl"
     events.write_text("\n".join(other_run()) + "\n")  # copied by hand from run-0
-    with pytest.raises(ConfigError) as caught:
-        store.load("run-1")
-    assert str(caught.value) == f"{events}: line 1: run_id 'run-0' is not this run's 'run-1': a record of another run"
-    assert caught.value.exit_code == ExitCode.CONFIG
+    host = store.load("run-1").hosts["h1"]  # the host fails; a run's other hosts are still read
+    assert host.outcome is HostOutcome.FAIL and host.stages == {}
+    assert host.error == f"{events}: line 1: run_id 'run-0' is not this run's 'run-1': a record of another run"
 
 
 def test_a_local_stage_copy_of_another_host_is_refused_by_name(tmp_path):
     store = recorded_full_run(tmp_path)
     host_dir = tmp_path / "run-1" / "h1"
     (host_dir / "stages" / "extra.json").write_text(full_run("h2")[2].replace('"stage":"env"', '"stage":"extra"'))
-    with pytest.raises(ConfigError, match=rf"^{host_dir / 'stages' / 'extra.json'}: host 'h2' is not this host's 'h1'"):
-        store.load("run-1")
+    host = store.load("run-1").hosts["h1"]
+    assert host.outcome is HostOutcome.FAIL
+    assert host.error.startswith(f"{host_dir / 'stages' / 'extra.json'}: host 'h2' is not this host's 'h1'")
 
 
 def test_a_streamed_record_of_another_run_is_stray_output_not_ours(tmp_path):
@@ -326,3 +328,63 @@ def test_a_streamed_record_of_another_run_is_stray_output_not_ours(tmp_path):
     assert (host_dir / "events.jsonl").read_text().splitlines() == ours
     assert (host_dir / "output.log").read_text().splitlines() == theirs
     assert json.loads((host_dir / "stages" / "env.json").read_text())["run_id"] == "run-1"
+
+
+@pytest.mark.parametrize("bad, why", [
+    ('"stages":7', "run_start.stages: expected a list of stage names, got 7"),
+    ('"stages":["env"],"stage":{"x":1}', "run_start.stage: expected a stage name, got {'x': 1}"),
+])
+def test_a_streamed_record_with_a_wrong_field_fails_only_its_host(tmp_path, bad, why):
+    store = RunStore(tmp_path)
+    store.create_run("run-1", {"hosts": ["h1", "h2"]})
+    good = store.host_recorder("run-1", "h1", {})
+    for text in full_run("h1"):
+        good.feed_line(text)
+    good.close()
+    broken = store.host_recorder("run-1", "h2", {})
+    record = '{"v":1,"event":"run_start","run_id":"run-1","host":"h2",' + bad + "}"
+    assert broken.feed_line(record) is None  # never read as a result
+    for text in full_run("h2"):
+        broken.feed_line(text)
+    broken.close()
+    assert broken.record_error == f"a record was refused: {why}"
+    run = store.load("run-1")
+    assert run.hosts["h1"].outcome is HostOutcome.PASS
+    assert (run.hosts["h2"].outcome, run.hosts["h2"].error) == (HostOutcome.FAIL, f"a record was refused: {why}")
+    assert record in (tmp_path / "run-1" / "h2" / "output.log").read_text()  # kept for a look
+
+
+def test_a_host_flooding_one_stage_with_records_fails_past_the_budget(tmp_path, monkeypatch):
+    from ddtree_ops import results
+
+    monkeypatch.setattr(results, "MAX_RECORDS_PER_STAGE", 50)
+    store = RunStore(tmp_path)
+    store.create_run("run-1", {"hosts": ["h1"]})
+    recorder = store.host_recorder("run-1", "h1", {})
+    recorder.feed_line(full_run()[0])
+    for number in range(200):
+        recorder.feed_line(line(EventKind.LOG, stage="env", message=f"log {number}"))
+    recorder.close()
+    assert recorder.record_error == "a record was refused: stage 'env': more than 50 records"
+    assert sum(1 for _ in (tmp_path / "run-1" / "h1" / "events.jsonl").open()) == 51  # run_start + 50
+    assert store.load("run-1").hosts["h1"].outcome is HostOutcome.FAIL
+
+
+def test_a_bad_event_log_on_one_host_leaves_the_report_of_the_others(tmp_path, capsys):
+    from ddtree_ops.cli.app import main
+
+    store = RunStore(tmp_path)
+    store.create_run("run-1", {"hosts": ["h1", "h2"]})
+    for host in ("h1", "h2"):
+        recorder = store.host_recorder("run-1", host, {})
+        for text in full_run(host):
+            recorder.feed_line(text)
+        recorder.close()
+    events = tmp_path / "run-1" / "h2" / "events.jsonl"
+    events.write_text(events.read_text().replace('"duration_s":0.5', '"duration_s":"soon"'))
+    assert main(["report", "run-1", "--runs-dir", str(tmp_path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["run_exit_code"] == 6 and doc["hosts"]["h1"]["outcome"] == "pass"
+    assert doc["hosts"]["h2"]["outcome"] == "fail"
+    assert [f["reason"] for f in doc["failures"]] == [
+        f"{events}: line 3: stage_end.duration_s: expected a finite number >= 0, got 'soon'"]
