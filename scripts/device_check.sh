@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The one prepared run for a session lent a GPU machine (the `device` tool runs it in the
-# repository root): the CUDA tests, then the CUDA rows of the tree-build and decode benchmarks.
+# The one prepared run on a GPU machine (run in the repository root): the CUDA tests, the SGLang
+# plugin's GPU checks, then the CUDA rows of the tree-build and decode benchmarks.
 # It uses that machine's own python3 (it holds a CUDA torch, transformers, pytest, pyyaml) and
-# no venv; logs go to $OUT (the tool's folder that comes back) or /tmp/ddtree-device.
-#   device run: bash scripts/device_check.sh      (about 3-5 minutes on an H200)
+# no venv; logs go to $OUT when it is set, else /tmp/ddtree-device.
+#   usage: bash scripts/device_check.sh      (about 4-6 minutes on an H200)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGS="${OUT:-/tmp/ddtree-device}"
@@ -20,6 +20,25 @@ print(f"python {platform.python_version()}, torch {torch.__version__}, CUDA {cud
 PY
 "$PY" -m pytest -q -p no:cacheprovider -rs tests/gpu tests/integration/test_smoke_cuda.py 2>&1 \
   | tee "$LOGS/gpu-tests.log" || status=1
+# The SGLang plugin (docs/sglang-ddtree-roadmap.md, "GPU checks"). tests/gpu above already ran
+# its round under torch.cuda.set_sync_debug_mode("error") (point 1). Here SGLang 0.5.23's own
+# Triton kernels, compiled for this GPU, on DDTree's inputs (points 5 and 9); they read the real
+# sglang wheel, downloaded into .cache/wheels by pip (on a host without network, bring it there).
+TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider -rs tests/unit/test_sglang_triton_kernels.py 2>&1 \
+  | tee "$LOGS/sglang-kernels.log" || status=1
+# Where SGLang itself is installed (an operator's GPU host): SGLang's own plugin loader must apply
+# every hook (verdict hooks-applied), then the smoke stages start real servers: the plugin
+# stage, and sglang-e2e (DDTree vs DFlash vs no speculation; it skips, saying why, without
+# `models:` for this host). A refusal at startup (points 3, 4, 10) is named in their logs.
+if "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)" 2>/dev/null; then
+  "$PY" -m ddtree.sglang.probe 2>&1 | tee "$LOGS/sglang-probe.log" || status=1
+  if command -v ddtree-ops >/dev/null; then
+    ddtree-ops smoke -H local --stages plugin,sglang-e2e 2>&1 | tee "$LOGS/sglang-smoke.log" || status=1
+  fi
+else
+  echo "sglang is not installed for $PY: the in-server checks (probe, plugin and sglang-e2e stages) did not run" \
+    | tee "$LOGS/sglang-probe.log"
+fi
 "$PY" benchmarks/tree_build.py --quick 2>&1 | tee "$LOGS/tree-build.log" || status=1
 "$PY" benchmarks/decode.py --budgets 16,64,256 --prompts 3 --tokens 64 2>&1 | tee "$LOGS/decode.log" || status=1
 exit $status

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from ddtree.batched import build_ddtree_trees
 from ddtree.topk import merge_top_k
 from ddtree.verify import follow_verified_tree, walk_retrieve_arrays
-from ddtree.sglang.config import MAX_BUDGET
 from ddtree.sglang.round_metrics import RoundMetrics
 from ddtree.sglang.tree_round import (
     HeadShard,
@@ -25,7 +24,6 @@ from ddtree.sglang.tree_round import (
     draft_logits_from_hidden,
     head_vocab_segments,
     local_draft_top_k,
-    mask_prefix_bound,
     pack_for_gather,
     pack_round_inputs,
     pack_trees,
@@ -34,6 +32,7 @@ from ddtree.sglang.tree_round import (
     unpack_trees,
 )
 from sglang_plugin.host_reads import HostReads
+from sglang_plugin.round_case import ROUND_SHAPES, round_between_forwards, round_case, sglang_like_head_shards
 
 
 def _kernel_predict(target_predict: torch.Tensor, accept_index: torch.Tensor) -> torch.Tensor:
@@ -153,24 +152,6 @@ def test_a_topk_cap_below_the_budget_keeps_top_k_per_depth():
     assert torch.equal(uncapped.token_ids, reference.token_ids) and torch.equal(uncapped.parents, reference.parents)
 
 
-def _sglang_like_head_shards(gen, world: int, org: int, added: int, hidden: int):
-    """A vocab-parallel lm_head as SGLang lays it out per rank: base rows, padding rows (filled
-    with huge weights: they must never be scored), then the rank's added-vocab rows.
-    Returns (full weight [org + added, H] in token-id order, [(local weight, HeadShard)])."""
-    full = torch.randn(org + added, hidden, generator=gen)
-    org_per, added_per = -(-org // world), -(-added // world)  # padded per-rank widths
-    shards = []
-    for rank in range(world):
-        o_lo, o_hi = min(rank * org_per, org), min((rank + 1) * org_per, org)
-        a_lo, a_hi = org + min(rank * added_per, added), org + min((rank + 1) * added_per, added)
-        local = torch.full((org_per + added_per, hidden), 50.0)
-        local[: o_hi - o_lo] = full[o_lo:o_hi]
-        local[org_per : org_per + a_hi - a_lo] = full[a_lo:a_hi]
-        shard = HeadShard(o_lo, o_hi, rank * org_per, (rank + 1) * org_per, a_lo, a_hi)
-        shards.append((local, shard))
-    return full, shards
-
-
 @pytest.mark.parametrize("world,added", [(1, 0), (2, 0), (2, 3), (4, 5)])
 def test_tensor_parallel_draft_top_k_gathers_to_the_unsharded_trees(world, added):
     """The worker's TP path on CPU: per-rank local top-K over SGLang-like head shards, packed,
@@ -178,7 +159,7 @@ def test_tensor_parallel_draft_top_k_gathers_to_the_unsharded_trees(world, added
     unpacked and merged: same trees as build_ddtree_trees on the full draft logits."""
     gen = torch.Generator().manual_seed(world * 10 + added)
     bs, block, hidden, org, budget = 3, 5, 16, 61, 12
-    full, shards = _sglang_like_head_shards(gen, world, org, added, hidden)
+    full, shards = sglang_like_head_shards(gen, world, org, added, hidden)
     draft_hidden = torch.randn(bs, block, hidden, generator=gen)
     packed = []
     for local, shard in shards:
@@ -204,7 +185,7 @@ def _gloo_rank(rank: int, world: int, port: int, added: int, results) -> None:
                             timeout=datetime.timedelta(seconds=60))  # a dead peer fails, never hangs
     try:
         gen = torch.Generator().manual_seed(99)  # every rank draws the same full head and hidden
-        full, shards = _sglang_like_head_shards(gen, world, 61, added, 16)
+        full, shards = sglang_like_head_shards(gen, world, 61, added, 16)
         draft_hidden = torch.randn(2, 5, 16, generator=gen)
         local, shard = shards[rank]
         top = local_draft_top_k(draft_hidden, local, head_vocab_segments(shard, local.shape[0]), 12)
@@ -323,34 +304,18 @@ def test_round_metrics_sync_once_per_interval():
     assert off.record(torch.tensor([1]), torch.tensor([1])) is None and len(seen) == 1
 
 
-@pytest.mark.parametrize("bs, block, budget, world", [(1, 16, MAX_BUDGET, 1), (3, 5, 12, 2), (4, 2, 1, 1)])
+@pytest.mark.parametrize("bs, block, budget, world", ROUND_SHAPES)
 def test_the_round_between_sglangs_forwards_reads_nothing_back_to_the_host(bs, block, budget, world):
     """Under the overlap scheduler the host must never wait for the device mid-round. Every
-    tensor step between SGLang's forwards (local top-K per head shard, the TP merge, trees,
-    the verify inputs and mask sized from DFlash's host-side reservation, the commit) runs under
-    a detector of value reads and value-sized outputs: it must see none. Ragged prefixes, one
-    at the last position of the context."""
-    gen = torch.Generator().manual_seed(bs * 100 + budget)
-    vocab, hidden_size, context_len, width = 64, 8, 4096, budget + 1
-    _full, shards = _sglang_like_head_shards(gen, world, vocab, 0, hidden_size)
-    heads = [(local, head_vocab_segments(shard, local.shape[0])) for local, shard in shards]
-    draft_hidden = torch.randn(bs, block, hidden_size, generator=gen)
-    prefix = torch.tensor([context_len - width, 17, 1000, 3][:bs])
-    reserved_kv_sum = int((prefix + 2 * width).sum())  # the host int DFlash's prepare_for_decode leaves
-    bonus = torch.randint(0, vocab, (bs,), generator=gen)
+    tensor step between SGLang's forwards (local top-K per head shard, the TP merge and tree
+    broadcast payload, trees, the verify inputs and mask sized from DFlash's host-side
+    reservation, the commit, the draft-KV rewrite) runs under a detector of value reads and
+    value-sized outputs: it must see none. Ragged prefixes, one at the end of the context."""
+    case = round_case("cpu", bs, block, budget, world)
     with HostReads() as reads:
-        parts = [pack_for_gather(local_draft_top_k(draft_hidden, local, segments, budget)) for local, segments in heads]
-        gathered = [torch.cat(column, dim=0) for column in zip(*parts)]  # all_gather(dim=0), rank-major
-        top = merge_top_k(unpack_gathered(*gathered, world), budget)
-        trees = trees_from_top_k(top, budget)
-        inputs, mask = pack_round_inputs(trees, bonus, prefix, width, mask_prefix_bound(reserved_kv_sum, bs, context_len))
-        view = TreeVerifyView.from_inputs(inputs, mask, accept_width=block)
-        predict = torch.randint(0, vocab, (bs * width,), generator=gen, dtype=torch.int32)
-        accept_index = torch.full((bs, block), -1, dtype=torch.int32)
-        accept_index[:, 0] = view.retrieve_index[:, 0].to(torch.int32)
-        accept_lens = torch.ones(bs, dtype=torch.int32)
-        committed_tokens_and_bonus(predict, accept_index, accept_lens)
-        draft_kv_rewrite(torch.randn(bs * width, hidden_size, generator=gen), accept_index,
-                         torch.arange(bs * width), prefix, width)
+        mask = round_between_forwards(case)
     assert reads.seen == []
-    assert mask.numel() == width * (min(reserved_kv_sum, bs * context_len) + bs * width)
+    width = budget + 1
+    assert mask.numel() == width * (min(case.reserved_kv_sum, bs * case.context_len) + bs * width)
+
+

@@ -1,5 +1,6 @@
 """SGLang 0.5.23's own Triton kernels, fed the inputs DDTree gives them, run in Triton's CPU
 interpreter (TRITON_INTERPRET=1). Each kernel file is loaded straight from the real wheel.
+With TRITON_INTERPRET=0 (scripts/device_check.sh) the same tests compile them for the GPU.
 
 Out-of-bounds reads are made visible with canaries: every table a kernel reads lives at the
 front of a larger NaN-filled buffer, so a read past its end poisons the output instead of
@@ -10,8 +11,9 @@ import importlib.util
 import os
 
 # Triton reads this when it is first imported, and SGLang's kernels must all be interpreted:
-# nothing else in the CPU suite uses Triton.
-os.environ["TRITON_INTERPRET"] = "1"
+# nothing else in the CPU suite uses Triton. TRITON_INTERPRET=0 runs them compiled, on CUDA.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+DEVICE = "cpu" if os.environ["TRITON_INTERPRET"] == "1" else "cuda"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -21,6 +23,8 @@ from ddtree.verify import build_verify_inputs, walk_retrieve_arrays  # noqa: E40
 from sglang_plugin.dist import sglang_package_dir  # noqa: E402
 
 pytest.importorskip("triton", reason="the Triton interpreter runs SGLang's kernels on CPU (test extra)")
+if DEVICE == "cuda" and not torch.cuda.is_available():
+    pytest.skip("TRITON_INTERPRET=0 compiles the kernels for CUDA: no GPU here", allow_module_level=True)
 
 
 def load_sglang_kernel_module(relative: str):
@@ -34,36 +38,31 @@ def load_sglang_kernel_module(relative: str):
 
 def load_sglang_functions(tmp_path, relative: str, names: tuple[str, ...]):
     """Some functions of an SGLang file whose module imports the server's platform layer (not
-    importable on CPU): their own source, cut from the real file with ast, in a module of
-    their own with the torch/triton imports they use."""
+    importable on CPU): their own source (decorators included), cut from the real file with
+    ast, in a module of their own with the torch/triton imports they use."""
     import ast
 
     source = (sglang_package_dir() / relative).read_text()
-    tree = ast.parse(source)
-    picked = [ast.get_source_segment(source, node, padded=False) for node in tree.body
-              if isinstance(node, ast.FunctionDef) and node.name in names]
-    assert len(picked) == len(names), f"{relative}: expected {names}"
-    decorated = []
-    for node in tree.body:
+    lines = source.splitlines()
+    cut = []
+    for node in ast.parse(source).body:
         if isinstance(node, ast.FunctionDef) and node.name in names:
-            lines = source.splitlines()[node.decorator_list[0].lineno - 1 if node.decorator_list else node.lineno - 1:
-                                        node.end_lineno]
-            decorated.append("\n".join(lines))
-    path = tmp_path / f"sglang_cut_{path_stem(relative)}.py"
-    path.write_text("import torch\nimport triton\nimport triton.language as tl\n\n\n" + "\n\n\n".join(decorated) + "\n")
+            first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+            cut.append("\n".join(lines[first - 1 : node.end_lineno]))
+    assert len(cut) == len(names), f"{relative}: expected {names}"
+    stem = relative.rsplit("/", 1)[-1].removesuffix(".py")
+    path = tmp_path / f"sglang_cut_{stem}.py"
+    path.write_text("import torch\nimport triton\nimport triton.language as tl\n\n\n" + "\n\n\n".join(cut) + "\n")
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def path_stem(relative: str) -> str:
-    return relative.rsplit("/", 1)[-1].removesuffix(".py")
-
-
 def with_nan_canary(table: torch.Tensor, spare_rows: int) -> torch.Tensor:
     """`table` as a view onto the front of a buffer whose further rows are NaN."""
-    buffer = torch.full((table.shape[0] + spare_rows, *table.shape[1:]), float("nan"), dtype=table.dtype)
+    buffer = torch.full((table.shape[0] + spare_rows, *table.shape[1:]), float("nan"), dtype=table.dtype,
+                        device=DEVICE)
     buffer[: table.shape[0]] = table
     return buffer[: table.shape[0]]
 
@@ -81,9 +80,9 @@ def neox_rope_reference(k: torch.Tensor, cos_sin: torch.Tensor, positions: torch
 def test_draft_kv_rewrite_stays_inside_dflashs_rope_table(prefix):
     """DFlashWorkerV2 sizes the fused draft-KV RoPE table for context_len + B
     (max_position_hint, dflash_worker_v2.py:1074-1075; fused_kv_materialize.py:415-425), and the
-    kernel ropes every row it is given, committed or not. DDTree hands it the N-wide window:
-    with requests at the end of the context, every row's position must stay in the table, and
-    the committed rows (j < commit_len <= B) must be roped at prefix + j."""
+    kernel ropes every row it is given, committed or not. The worker hands it B rows per request
+    (draft_kv_rewrite), not the N-wide window: with requests at the end of the context every
+    position stays in the table, and every row is roped at prefix + j."""
     fused = load_sglang_kernel_module("kernels/ops/speculative/fused_kv_materialize.py")
     context_len, block, width = 32, 4, 9  # B = 4, N = 9 > B
     layers, heads, head_dim = 2, 2, 8
@@ -100,7 +99,10 @@ def test_draft_kv_rewrite_stays_inside_dflashs_rope_table(prefix):
     norm_weight = torch.ones(layers, head_dim)
     eps = torch.full((layers,), 1e-6)
 
-    k_out, v_out = fused._fused_norm_rope_stacked(kv, norm_weight, eps, cos_sin, positions, heads, head_dim, head_dim)
+    k_out, _v_out = fused._fused_norm_rope_stacked(
+        kv.to(DEVICE), norm_weight.to(DEVICE), eps.to(DEVICE), cos_sin, positions.to(DEVICE), heads, head_dim, head_dim
+    )
+    k_out, cos_sin = k_out.cpu(), cos_sin.cpu()
 
     assert torch.isfinite(k_out).all(), "a row read past the RoPE table (NaN canary reached the output)"
     k_raw = kv[:, 0, : heads * head_dim].view(rows, heads, head_dim)
@@ -130,11 +132,12 @@ def test_sglangs_greedy_tree_walk_needs_only_b_accept_columns(tmp_path, bs, dept
     # A target that follows the tree's first child at every node: the longest accepted paths.
     child = inputs.retrieve_next_token.clamp(min=0)
     target = torch.where(inputs.retrieve_next_token >= 0, torch.gather(inputs.input_ids, 1, child), 1)
-    predicts = torch.zeros(bs * width, dtype=torch.int32)
-    accept_index = torch.full((bs, block), -1, dtype=torch.int32)
-    accept_num = torch.zeros(bs, dtype=torch.int32)
-    kernels.verify_tree_greedy_triton(predicts, accept_index, accept_num, inputs.input_ids, inputs.retrieve_index,
-                                      inputs.retrieve_next_token, inputs.retrieve_next_sibling, target)
+    predicts = torch.zeros(bs * width, dtype=torch.int32, device=DEVICE)
+    accept_index = torch.full((bs, block), -1, dtype=torch.int32, device=DEVICE)
+    accept_num = torch.zeros(bs, dtype=torch.int32, device=DEVICE)
+    kernels.verify_tree_greedy_triton(predicts, accept_index, accept_num, *(t.to(DEVICE) for t in (
+        inputs.input_ids, inputs.retrieve_index, inputs.retrieve_next_token, inputs.retrieve_next_sibling, target)))
+    accept_index, accept_num = accept_index.cpu(), accept_num.cpu()
     ours, accepted, _bonus = walk_retrieve_arrays(inputs.input_ids, inputs.retrieve_index, inputs.retrieve_next_token,
                                                  inputs.retrieve_next_sibling, target)  # N steps
     assert (ours[:, block:] == -1).all()
