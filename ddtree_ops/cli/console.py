@@ -167,6 +167,22 @@ def say(message: str) -> None:
 TABLE_CHROME_LINES = 6  # title, borders, header and caption of the live table
 
 
+def fit_rows(rows: list[Any], height: Optional[int], state_of: Callable[[Any], str],
+             idle: Sequence[str]) -> tuple[list[Any], Optional[str]]:
+    """The rows a live table of `height` lines can show, and a caption counting every state
+    when some are left out: hosts in an `idle` state (done, queued) give way first."""
+    if height is None or len(rows) <= max(height - TABLE_CHROME_LINES, 1):
+        return rows, None
+    room = max(height - TABLE_CHROME_LINES - 1, 1)
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[state_of(row)] = counts.get(state_of(row), 0) + 1
+    shown = [row for row in rows if state_of(row) not in idle][:room]
+    caption = (f"{len(rows)} hosts: " + ", ".join(f"{n} {state}" for state, n in counts.items())
+               + (f"; {len(rows) - len(shown)} not shown" if len(shown) < len(rows) else ""))
+    return shown, caption
+
+
 class LiveHostTable:
     """Per-host state while a fan-out runs. On a terminal: a Rich live table on stderr.
     Otherwise: one stderr line per finished host. Safe to call from worker threads.
@@ -241,23 +257,14 @@ class LiveHostTable:
         caption counts every state (a 64-host fleet in a 40-line terminal stays readable)."""
         from rich.table import Table
 
-        rows = list(self.rows.items())
-        caption = None
-        if height is not None and len(rows) > max(height - TABLE_CHROME_LINES, 1):
-            room = max(height - TABLE_CHROME_LINES - 1, 1)
-            shown = [r for r in rows if r[1][0] not in ("ok", "queued", "skipped")][:room]
-            counts: dict[str, int] = {}
-            for _, (state, _, _) in rows:
-                counts[state] = counts.get(state, 0) + 1
-            caption = (f"{len(rows)} hosts: " + ", ".join(f"{n} {state}" for state, n in counts.items())
-                       + (f"; {len(rows) - len(shown)} not shown" if len(shown) < len(rows) else ""))
-            rows = shown
+        rows, caption = fit_rows(list(self.rows.items()), height, lambda row: row[1][0],
+                                 ("ok", "queued", "skipped"))
         table = Table(title=self.title, title_justify="left", expand=False, caption=caption,
                       caption_justify="left")
         table.add_column("host")
         table.add_column("state")
         table.add_column("time", justify="right")
-        table.add_column("detail", overflow="ellipsis", max_width=80)
+        table.add_column("detail", overflow="fold", max_width=80)  # folded: a value is never cut
         now = time.monotonic()
         for host, (state, detail, changed) in rows:
             begun = self.started.get(host)

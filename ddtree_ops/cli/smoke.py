@@ -109,24 +109,45 @@ def host_entry(host: "Host") -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- live view
 
+# A host silent this long gets a "last heard" cell (`silent 27s`), well before SILENCE_LIMIT_S.
+SILENT_AFTER_S = 10.0
+DETAIL_CHARS = 80
+STARTING = "starting: importing torch"  # the runner is up but has not sent its run_start yet
+_SETTLED = ("done", "failed", "unreachable", "host key refused", "timed out", "interrupted")
+_SAID = ("failed", "unreachable", "host key refused", "timed out")  # a line each without a live table
+
+
+def shorten(text: str, limit: int = DETAIL_CHARS) -> str:
+    """One line of at most `limit` characters, cut between words (never inside a number)."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", 0, limit)
+    return (text[:cut] if cut > 0 else text[:limit]) + " …"
+
+
 @dataclass
 class HostView:
-    phase: str = "queued"  # queued, connecting, pushing, running, done, failed
+    phase: str = "queued"  # queued, connecting, pushing, starting: ..., running, done, failed
     stages: dict[str, str] = field(default_factory=dict)  # stage -> status or "running"
     current: Optional[str] = None
     detail: str = ""
     started: float = field(default_factory=time.monotonic)
+    heard: Optional[float] = None  # when the runner last sent anything (keepalives included)
 
 
 class SmokeView:
     """Per host and stage while the run goes: a Rich live table on a terminal (stderr), else
-    one stderr line per finished stage. Called from the host threads."""
+    one stderr line per finished stage. Host threads only record (under a short lock); the
+    table is drawn at a fixed rate from a snapshot, never while a host thread waits, and past
+    the terminal's height it shows the hosts under way and counts the rest."""
 
-    def __init__(self, title: str, hosts: list[str], quiet: bool = False):
+    def __init__(self, title: str, hosts: list[str], quiet: bool = False,
+                 clock: Any = time.monotonic):
         from ddtree_ops.cli.console import stderr_console
 
-        self.title, self.quiet = title, quiet
-        self.hosts = {h: HostView() for h in hosts}
+        self.title, self.quiet, self.clock = title, quiet, clock
+        self.hosts = {h: HostView(started=clock()) for h in hosts}
         self.order: list[str] = []
         self.lock = threading.Lock()
         self.console = stderr_console()
@@ -136,7 +157,7 @@ class SmokeView:
         if live_display_possible(self.console) and not self.quiet:
             from rich.live import Live
 
-            self.live = Live(get_renderable=self._render, console=self.console,
+            self.live = Live(get_renderable=lambda: self.render(self.console.height), console=self.console,
                              refresh_per_second=4, transient=True)
             self.live.__enter__()
         return self
@@ -147,25 +168,35 @@ class SmokeView:
 
     def phase(self, host: str, phase: str, detail: str = "") -> None:
         with self.lock:
-            self.hosts[host].phase, self.hosts[host].detail = phase, detail
-        if self.live is None and not self.quiet and phase in ("failed", "unreachable", "host key refused", "timed out"):
+            view = self.hosts[host]
+            if phase == "running" and not view.stages:
+                phase, view.heard = STARTING, self.clock()
+            view.phase, view.detail = phase, shorten(without_host(host, detail, phase))
+        if self.live is None and not self.quiet and phase in _SAID:
             self._line(f"{host}: {phase}: {without_host(host, detail, phase)}")
+
+    def heard(self, host: str) -> None:
+        """Any line from the host's runner, a blank keepalive included."""
+        with self.lock:
+            self.hosts[host].heard = self.clock()
 
     def record(self, host: str, record: dict[str, Any]) -> None:
         kind, stage = record.get("event"), record.get("stage")
         with self.lock:
             view = self.hosts[host]
+            view.heard = self.clock()
             if kind == "run_start":
+                view.phase = "running"
                 for name in record.get("stages") or []:
                     view.stages.setdefault(name, "queued")
                     if name not in self.order:
                         self.order.append(name)
             elif kind == "stage_start" and stage:
-                view.stages[stage], view.current = "running", stage
+                view.stages[stage], view.current, view.detail = "running", stage, ""
             elif kind == "stage_end" and stage:
                 view.stages[stage], view.current = str(record.get("status")), None
             elif kind == "log" and stage:
-                view.detail = str(record.get("message", ""))[:80]
+                view.detail = shorten(str(record.get("message", "")))
         if self.live is None and not self.quiet and kind == "stage_end":
             reason = record.get("reason") or ""
             self._line(f"{host}: {stage}: {record.get('status')} "
@@ -175,23 +206,36 @@ class SmokeView:
     def _line(self, text: str) -> None:
         say(f"{self.title}: {text}")
 
-    def _render(self) -> Any:
+    def render(self, height: Optional[int] = None) -> Any:
+        """The table from a snapshot taken under the lock (copies only); past `height` lines
+        the hosts under way come first and a caption counts every phase."""
         from rich.table import Table
 
+        from ddtree_ops.cli.console import fit_rows
         from ddtree_ops.cli.report import _STATUS_STYLE, _styled
 
-        table = Table(title=f"{self.title} (live)", title_justify="left")
+        with self.lock:
+            order = list(self.order)
+            rows = [(name, view.phase, dict(view.stages), view.detail, view.started, view.heard)
+                    for name, view in self.hosts.items()]
+        now = self.clock()
+        rows, caption = fit_rows(rows, height, lambda row: row[1], ("queued", "done"))
+        silences = {row[0]: now - row[5] for row in rows
+                    if row[5] is not None and row[1] not in _SETTLED and now - row[5] >= SILENT_AFTER_S}
+        table = Table(title=f"{self.title} (live)", title_justify="left", caption=caption,
+                      caption_justify="left")
         table.add_column("host")
         table.add_column("phase")
-        for stage in self.order:
+        for stage in order:
             table.add_column(stage)
         table.add_column("time", justify="right")
-        table.add_column("detail", overflow="ellipsis", max_width=60)
-        now = time.monotonic()
-        with self.lock:
-            for name, view in self.hosts.items():
-                cells = [_styled(view.stages.get(s, ""), _STATUS_STYLE) for s in self.order]
-                table.add_row(name, view.phase, *cells, f"{now - view.started:.0f}s", view.detail)
+        if silences:
+            table.add_column("last heard", justify="right")
+        table.add_column("detail", overflow="fold", max_width=DETAIL_CHARS)  # folded, never cut
+        for name, phase, stages, detail, started, _ in rows:
+            cells = [_styled(stages.get(s, ""), _STATUS_STYLE) for s in order]
+            silent = [f"silent {silences[name]:.0f}s" if name in silences else ""] if silences else []
+            table.add_row(name, phase, *cells, f"{now - started:.0f}s", *silent, detail)
         return table
 
 
@@ -324,6 +368,8 @@ def run_smoke(
             record = recorder.feed_line(line)
             if record is not None:
                 view.record(host.name, record)
+            else:
+                view.heard(host.name)
 
         try:
             result = ctx.transport.run(runner_argv(host, workdir, plan), on_stdout_line=on_line,
