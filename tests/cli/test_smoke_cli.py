@@ -267,12 +267,12 @@ def test_live_view_renders_hosts_and_stages():
     view = SmokeView("smoke", ["gpu-[a]", "b"], quiet=True)
     view.record("gpu-[a]", {"event": "run_start", "stages": ["env", "golden"]})
     view.record("gpu-[a]", {"event": "stage_start", "stage": "env"})
-    view.record("gpu-[a]", {"event": "log", "stage": "env", "message": "torch [2.13]"})
     view.record("gpu-[a]", {"event": "stage_end", "stage": "env", "status": "pass"})
     view.record("gpu-[a]", {"event": "stage_start", "stage": "golden"})
+    view.record("gpu-[a]", {"event": "log", "stage": "golden", "message": "torch [2.13]"})
     view.phase("b", "failed", "b: connection refused")
     console = inert_console(width=160, color_system=None, record=True)
-    console.print(view._render())
+    console.print(view.render())
     text = console.export_text()
     assert "gpu-[a]" in text and "torch [2.13]" in text
     assert "pass" in text and "running" in text and "failed" in text
