@@ -175,3 +175,14 @@ def test_a_huge_bad_value_is_quoted_short(isolated_cwd):
     with pytest.raises(ConfigError, match=r"hosts.h.port: expected an integer, got \['ppp") as caught:
         load_inventory(str(path))
     assert len(str(caught.value)) < 500  # the value is a megabyte
+
+
+def test_the_shipped_inventory_is_local_only_and_the_example_is_valid():
+    """A fresh clone's `smoke` / `bench` reach every host of ./hosts.yaml: only `local`. The
+    placeholders live in hosts.example.yaml, which must stay a valid inventory."""
+    from ddtree_ops.inventory import load_inventory
+
+    repo = Path(__file__).resolve().parents[2]
+    assert list(load_inventory(repo / "hosts.yaml").hosts) == ["local"]
+    example = load_inventory(repo / "hosts.example.yaml").hosts
+    assert "local" in example and all(h.hostname.endswith(".example.internal") for n, h in example.items() if n != "local")
