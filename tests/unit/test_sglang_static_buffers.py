@@ -25,6 +25,8 @@ def test_the_sizes_are_sglangs():
     base = _source("srt/model_executor/runner/base_runner.py")
     assert re.search(r"torch\.zeros\(\s*\(max_num_token, vocab_size\),\s*dtype=torch\.float,", base)
     flashinfer = _source("srt/layers/attention/flashinfer_backend.py")
+    assert re.search(r"cuda_graph_kv_indices = torch\.zeros\(\s*\(max_num_tokens \* self\.max_context_len,\),"
+                     r"\s*dtype=torch\.int32,", flashinfer)
     assert re.search(r"self\.cuda_graph_custom_mask = torch\.zeros\(\s*\(max_num_tokens \* self\.max_context_len\),"
                      r"\s*dtype=torch\.uint8,", flashinfer)
     triton = _source("srt/layers/attention/triton_backend.py")
@@ -35,7 +37,7 @@ def test_the_sizes_are_sglangs():
 
 
 @pytest.mark.parametrize("backend, extra", [
-    ("FlashInferAttnBackend", 48 * 257 * 131072),
+    ("FlashInferAttnBackend", 48 * 257 * 131072 * 4 + 48 * 257 * 131072),
     ("TritonAttnBackend", 48 * 257 * 131072 * 8 + 48 * 257 * (131072 + 257)),
 ])
 def test_a_budget_whose_graph_buffers_cannot_fit_is_refused_with_the_numbers(backend, extra):

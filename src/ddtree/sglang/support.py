@@ -109,7 +109,10 @@ def verify_graph_buffers(
     them for max_num_token = max_bs * N rows (decode_cuda_graph_runner.py:424-429)."""
     rows = max_bs * width
     buffers = [StaticBuffer(f"graph logits [max_bs*N={rows}, V={vocab_size}] fp32", rows * vocab_size * 4)]
-    if backend_class == "FlashInferAttnBackend":  # flashinfer_backend.py:1134-1138, uint8
+    if backend_class == "FlashInferAttnBackend":  # flashinfer_backend.py:1106-1117, 1134-1138
+        # KV indices: one int32 buffer per wrapper (one for full attention, which DDTree needs).
+        buffers.append(StaticBuffer(f"FlashInfer graph KV indices [{rows} x context {context_len}] int32",
+                                    rows * context_len * 4))
         buffers.append(StaticBuffer(f"FlashInfer graph mask [{rows} x context {context_len}] uint8", rows * context_len))
     elif backend_class == "TritonAttnBackend":  # triton_backend.py:1224-1246
         buffers.append(StaticBuffer(f"Triton graph KV indices [{rows} x context {context_len}] int64", rows * context_len * 8))
