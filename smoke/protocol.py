@@ -139,7 +139,7 @@ class SmokeOptions:
 # any stage runs, naming the knob. Other keys pass through: a stage of the operator's own may
 # read them.
 KNOBS: dict[str, tuple[str, float | None]] = {
-    "vocab": ("int", 1), "depth": ("int", 1),  # tree-bench
+    "vocab": ("int", 1), "depth": ("int", 1), "tree_bench_seconds": ("float", 0.0),  # tree-bench
     "max_new_tokens": ("int", 1), "temperature": ("float", 0.0), "max_prompts": ("int", 1),
     "strict": ("bool", None),  # decode-bench
     "lossless_full": ("bool", None), "lossless_tokens": ("int", 1), "lossless_samples": ("int", 1),

@@ -429,6 +429,10 @@ def _preload() -> dict[str, Any]:
     # Should anything ask torch about CUDA in this (pre-fork) process, let it ask NVML rather
     # than initialise the driver: a driver initialised before fork() is unusable in the worker.
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    # torch's OpenMP threads wait for work by spinning: on a host whose cores are busy with
+    # other processes each parallel op then waits for a descheduled spinner (tree-bench, 2
+    # cores at load ~13: 113 s spinning, 49 s passive). OpenMP reads it once, as torch loads.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         import torch
 

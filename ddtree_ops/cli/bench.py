@@ -71,9 +71,12 @@ def bench(
 
         ensure_output_dir(plot, "--plot")
     run_id = new_run_id()
+    options = build_options(budgets, batch_sizes, repeat, seed, settings)
+    # the thorough sweep: every point gets `--repeat` calls, however long that takes
+    options.setdefault("extra", {}).setdefault("tree_bench_seconds", 0)
     code = run_smoke(
         inventory=inventory, hosts=hosts, stages=_bench_stages(source, not no_push),
-        options=build_options(budgets, batch_sizes, repeat, seed, settings), keep_going=True,
+        options=options, keep_going=True,
         json_out=json_out, push=not no_push, source=source, stage_timeout_s=stage_timeout,
         runs_dir=runs_dir, parallel=parallel, accept_new_host_keys=accept_new_host_keys,
         command="bench", run_id=run_id)

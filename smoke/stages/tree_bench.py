@@ -6,7 +6,8 @@ call), the batched device builder (one call per batch; on CUDA also replayed as 
 `graphed`), and the floor every builder pays,
 `torch.topk(k=budget)` + `torch.logsumexp` over the rows. Logits are drafter-shaped
 `[D=15, V]` float32 rows (V = options.extra["vocab"], default 32000). Medians of
-options.repeat timed calls after one warm-up; CUDA is synchronised around each call.
+options.repeat timed calls after one warm-up, fewer (at least one) where the sweep runs past
+its time budget (`tree_bench_seconds`, `Pacer`); CUDA is synchronised around each call.
 
 Metrics: `build_ms.<builder>.bs<B>.b<budget>` (per request, median) and the `sweep` table
 (which also keeps the fastest call: on a shared machine it is the steadier figure); the
@@ -34,16 +35,40 @@ class Timing(NamedTuple):
     samples_ms: list[float]  # every timed call, in order
 
 
-def _timed(fn: Callable[[], Any], repeat: int, sync: Callable[[], None]) -> Timing:
-    """Wall time of `fn` in milliseconds over `repeat` calls (one untimed warm-up first)."""
-    fn()
-    sync()
+# The sweep's time budget in seconds (`--set tree_bench_seconds=S`; 0: no budget). On a busy
+# host a fixed number of calls per point made the stage 6-7x slower than on an idle one; with a
+# budget, points past their share of it get one timed call (the idle sweep fits in it whole).
+DEFAULT_SECONDS = 1.5
+
+
+class Pacer:
+    """Spreads a time budget over the sweep's points: point i of n times calls until
+    `start + seconds * (i + 1) / n` (at least one call, at most `repeat`), so a point that ran
+    short leaves its time to the next ones. `seconds` 0: no deadline."""
+
+    def __init__(self, seconds: float, points: int):
+        self.start, self.seconds, self.points, self.done = time.perf_counter(), seconds, max(1, points), 0
+
+    def next_deadline(self) -> float | None:
+        self.done += 1
+        return self.start + self.seconds * self.done / self.points if self.seconds > 0 else None
+
+
+def _timed(fn: Callable[[], Any], repeat: int, sync: Callable[[], None], deadline: float | None = None) -> Timing:
+    """Wall time of `fn` in milliseconds over `repeat` calls (one untimed warm-up first), or
+    fewer once `deadline` (a `time.perf_counter()` value) has passed: never fewer than one. A
+    point that starts past its deadline skips the warm-up: its one call is all it gets."""
+    if deadline is None or time.perf_counter() < deadline:
+        fn()
+        sync()
     samples = []
     for _ in range(repeat):
         started = time.perf_counter()
         fn()
         sync()
         samples.append((time.perf_counter() - started) * 1e3)
+        if deadline is not None and time.perf_counter() >= deadline:
+            break
     return Timing(statistics.median(samples), min(samples), samples)
 
 
@@ -69,12 +94,16 @@ def run(ctx: StageContext) -> StageResult:
     vocab = int(extra.get("vocab", DEFAULT_VOCAB))
     depth = int(extra.get("depth", DEFAULT_DEPTH))
     repeat = ctx.options.repeat
+    seconds = float(extra.get("tree_bench_seconds", DEFAULT_SECONDS))
     device = ctx.device
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     rows: list[dict[str, Any]] = []
     timings: list[dict[str, Any]] = []
     metrics: dict[str, Any] = {"device": device, "vocab": vocab, "depth": depth,
-                               "repeat": repeat}
+                               "repeat": repeat, "time_budget_s": seconds}
+    per_batch = [1 + 2 * (batch == 1) + (batched is not None) + (graphed is not None and device == "cuda")
+                 for batch in ctx.options.batch_sizes]
+    pacer = Pacer(seconds, sum(per_batch) * len(ctx.options.budgets))
     if device == "cuda":
         metrics["gpu"] = torch.cuda.get_device_name(0)
 
@@ -93,24 +122,24 @@ def run(ctx: StageContext) -> StageResult:
         for budget in ctx.options.budgets:
             k = max(1, min(budget, vocab))
             floor_ms = _timed(lambda: (torch.topk(logits, k, dim=-1),
-                                       torch.logsumexp(logits, dim=-1)), repeat, sync)
+                                       torch.logsumexp(logits, dim=-1)), repeat, sync, pacer.next_deadline())
             nodes = None
             if batch == 1:
                 one = logits[0]  # [D, V] f32
                 heap_ms = _timed(lambda: ddtree.build_ddtree_tree_from_logits(
-                    one, budget, method=BuildMethod.HEAP), repeat, sync)
+                    one, budget, method=BuildMethod.HEAP), repeat, sync, pacer.next_deadline())
                 tree = ddtree.build_ddtree_tree_from_logits(one, budget)
                 nodes = len(tree.parents) - 1
                 record("heap", 1, budget, heap_ms, nodes)
                 record("public", 1, budget, _timed(
-                    lambda: ddtree.build_ddtree_tree_from_logits(one, budget), repeat, sync),
+                    lambda: ddtree.build_ddtree_tree_from_logits(one, budget), repeat, sync, pacer.next_deadline()),
                     nodes)
             if batched is not None:
                 record("batched", batch, budget,
-                       _timed(lambda: batched(logits, budget), repeat, sync), nodes)
+                       _timed(lambda: batched(logits, budget), repeat, sync, pacer.next_deadline()), nodes)
             if graphed is not None and device == "cuda":  # off CUDA it would be the batched row again
                 builder = graphed(batch, depth, vocab, budget, dtype=logits.dtype, device=device)
-                record("graphed", batch, budget, _timed(lambda: builder(logits), repeat, sync), nodes)
+                record("graphed", batch, budget, _timed(lambda: builder(logits), repeat, sync, pacer.next_deadline()), nodes)
                 del builder  # its graph pool: one budget's at a time
             record("floor", batch, budget, floor_ms, nodes)
             ctx.log(f"bs {batch} budget {budget}: " + ", ".join(
@@ -126,7 +155,7 @@ def run(ctx: StageContext) -> StageResult:
             if heap_t["min"] > 0 and public_t["min"] > 0:  # the ratio's range from its parts' ranges
                 ratio = timing_row(f"speedup.public_vs_heap.b{budget}", [
                     heap_t["min"] / public_t["max"], heap / public, heap_t["max"] / public_t["min"]], "x", 3)
-                timings.append({**ratio, "samples": repeat})
+                timings.append({**ratio, "samples": min(heap_t["samples"], public_t["samples"])})
     note = "" if batched is not None else " (no batched builder in this release)"
     largest = max(ctx.options.budgets, default=0)
     summary = metrics.get(f"build_ms.public.bs1.b{largest}")

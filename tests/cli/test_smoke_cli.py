@@ -217,6 +217,8 @@ def test_bench_runs_the_sweep_and_plots(env, capsys, tmp_path):
     assert set(doc["hosts"]["local"]["stages"]) >= {"env", "tree-bench"}
     assert {r["builder"] for r in doc["sweep"]} == {"heap", "public", "batched", "floor"}
     assert (tmp_path / "p" / "tree-build-vs-budget-bs1.png").is_file()
+    record = json.loads((env / "runs" / doc["run_id"] / "local" / "stages" / "tree-bench.json").read_text())
+    assert record["metrics"]["time_budget_s"] == 0  # the thorough sweep: no time budget
 
 
 def test_ctrl_c_stops_the_runner_and_keeps_what_arrived(env, checkout):

@@ -280,6 +280,64 @@ def test_tree_bench_small_sweep_has_every_point(tmp_path):
     assert "speedup.public_vs_heap.b8" in result.metrics
 
 
+class SteppingClock:
+    """A perf_counter that moves `step` seconds per reading: a host so busy that every call is slow."""
+
+    def __init__(self, step: float):
+        self.now, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+@pytest.mark.parametrize("seconds, calls", [(0.5, 1), (0, 4)])
+def test_tree_bench_time_budget_cuts_calls_never_points(tmp_path, monkeypatch, seconds, calls):
+    """Past its time budget the sweep still times every point, once each (and skips the
+    warm-ups); with no budget (0) every point gets `repeat` calls."""
+    from smoke.stages import tree_bench
+
+    monkeypatch.setattr(tree_bench.time, "perf_counter", SteppingClock(1.0))
+    ctx = make_ctx(tmp_path, "tree-bench", budgets=[4, 8], batch_sizes=[1, 2], repeat=4,
+                   extra={"vocab": 300, "tree_bench_seconds": seconds})
+    result = tree_bench.run(ctx)
+    assert result.status is Status.PASS
+    assert len(result.tables["sweep"]) == 2 * (4 + 2)
+    cells = [t for t in result.tables["timings"] if t["cell"].startswith("build_ms.")]
+    assert len(cells) == 12 and {t["samples"] for t in cells} == {calls}
+    assert result.metrics["time_budget_s"] == seconds
+
+
+def test_tree_bench_time_budget_knob_is_checked():
+    from smoke.protocol import check_knobs
+
+    assert check_knobs({"tree_bench_seconds": 0}) == {"tree_bench_seconds": 0}
+    with pytest.raises(ValueError, match="tree_bench_seconds: expected a number >= 0"):
+        check_knobs({"tree_bench_seconds": -1})
+
+
+def test_pacer_spreads_the_budget_over_the_points(monkeypatch):
+    from smoke.stages import tree_bench
+
+    monkeypatch.setattr(tree_bench.time, "perf_counter", lambda: 100.0)
+    pacer = tree_bench.Pacer(2.0, 4)
+    assert [pacer.next_deadline() for _ in range(4)] == [100.5, 101.0, 101.5, 102.0]
+    assert tree_bench.Pacer(0, 4).next_deadline() is None
+
+
+def test_the_runner_keeps_torch_threads_from_spinning(monkeypatch):
+    """The runner sets OMP_WAIT_POLICY=PASSIVE before it imports torch, unless the operator
+    chose a policy."""
+    from smoke import runner
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    runner._preload()
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    runner._preload()
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
 def install_release(workdir: Path, checkout: Path) -> Path:
     bundle = build_bundle(checkout)
     target = workdir / "releases" / bundle.release_id
