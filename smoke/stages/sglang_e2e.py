@@ -375,6 +375,11 @@ def run(ctx: StageContext) -> StageResult:
 
     if not any(ep.name == "ddtree" for ep in entry_points(group="sglang.srt.plugins")):
         return StageResult.failed(f"the DDTree plugin is not deployed in {sys.executable} (run `ddtree-ops deploy`)")
+    from ddtree.sglang.config import ENV_SGLANG_PLUGINS, plugins_filter_problem
+
+    filtered_out = plugins_filter_problem(os.environ.get(ENV_SGLANG_PLUGINS))
+    if filtered_out:  # the servers would skip the plugin: the DDTree variants would be plain DFlash
+        return StageResult.failed(filtered_out)
     models = dict(ctx.host["models"])
     extra = ctx.options.extra
     budgets = select_budgets(models, ctx.options.budgets, extra)

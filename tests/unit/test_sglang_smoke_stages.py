@@ -46,6 +46,20 @@ def test_e2e_stage_skips_with_a_reason(tmp_path, device, host, reason):
     assert result.status is Status.SKIP and result.reason.startswith(reason)
 
 
+def test_e2e_stage_refuses_to_compare_when_sglang_would_skip_the_plugin(tmp_path, monkeypatch):
+    """Servers started under an SGLANG_PLUGINS that does not list ddtree would serve plain
+    DFlash in the DDTree variants: the stage fails naming the variable instead of comparing."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",  # the servers' sglang: present
+                        lambda name, *a: real("json") if name == "sglang" else real(name, *a))
+    monkeypatch.setenv("SGLANG_PLUGINS", "someone_else")
+    result = e2e.run(_ctx(tmp_path, "cuda", {"models": {"target": "t", "drafter": "d"}}))
+    assert result.status is Status.FAIL
+    assert result.reason.startswith("SGLANG_PLUGINS='someone_else' does not list ddtree")
+
+
 def test_variants_budgets_and_server_arguments():
     budgets = e2e.select_budgets({"block_size": 16}, [8, 16, 32, 64, 512], {})
     assert budgets == [16, 32]  # budget + 1 >= block size, <= 256, at most two
