@@ -94,6 +94,8 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id,
+            "run_command": self.meta.get("command"),  # smoke or bench
+            "duration_s": self.meta.get("duration_s"),  # the run's wall time
             "release": self.meta.get("release"),
             "stages": self.stages,
             "hosts": {h: {"outcome": self.outcomes[h].value, "history": self.histories.get(h),

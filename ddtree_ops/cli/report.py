@@ -334,7 +334,7 @@ def report(
     # a regression: 5; else a timed value too noisy to judge: 6 (the verdict is partial); else 0
     code = ExitCode.REMOTE if regressions else ExitCode.PARTIAL if noisy else ExitCode.OK
     if json_out:
-        document = model.to_dict()
+        document = {"command": "report", **model.to_dict()}
         document["exit_code"] = int(code)  # this command's (0, or 5 on a regression)
         if kind is BaselineKind.METRICS:
             document["baseline"] = {"file": str(baseline), "kind": kind.value,

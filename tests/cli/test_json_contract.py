@@ -85,3 +85,35 @@ def test_json_is_read_the_way_click_reads_it():
     assert json_request(["push", "--bogus", "--json"]) == ("push", True)  # Click cannot parse
     assert json_request(["hosts", "list"]) == ("hosts list", False)
     assert json_request(["baseline", "paper"]) == ("baseline paper", False)  # no --json there
+
+
+def documented_keys(doc: str, opening: str) -> list[str]:
+    """The keys of the `{"command", ...}` list a doc promises, from the first one that starts
+    with `opening` (whitespace and line breaks between the keys ignored)."""
+    import re
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).resolve().parents[2] / doc).read_text().split())
+    start = text.index("`{" + opening)
+    return re.findall(r'"([a-z_]+)"', text[start:text.index("`", start + 1)])
+
+
+def test_the_json_keys_the_docs_promise_are_there(env, capsys):
+    run_keys = documented_keys("docs/smoke.md", '"command", "exit_code", "run_id"')
+    assert {"command", "duration_s", "run_command", "original_exit_code"} <= set(run_keys)
+    assert main(["smoke", "--stages", "env", "--json"]) == 0
+    smoke = one_document(capsys.readouterr().out)
+    assert main(["report", "--json"]) == 0
+    report = one_document(capsys.readouterr().out)
+    for document, command in ((smoke, "smoke"), (report, "report")):
+        assert [key for key in run_keys if key not in document] == []
+        assert document["command"] == command and document["run_command"] == "smoke"
+    assert smoke["duration_s"] > 0 and report["duration_s"] == smoke["duration_s"]
+    fanout_keys = documented_keys("docs/operator-guide.md", '"command", "exit_code", "duration_s"')
+    assert fanout_keys[:3] == ["command", "exit_code", "duration_s"] and "hosts" in fanout_keys
+    assert main(["push", "--json"]) == 0
+    push = one_document(capsys.readouterr().out)
+    top, per_host = fanout_keys[:fanout_keys.index("hosts") + 1], fanout_keys[fanout_keys.index("hosts") + 1:]
+    assert [key for key in top if key not in push] == []
+    assert per_host == ["state", "ok", "duration_s", "result", "error"]
+    assert set(per_host) - {"error"} <= set(push["hosts"]["local"])  # `result` when ok, else `error`
