@@ -19,6 +19,10 @@ def positive_int(text: str) -> int:
     return _int_at_least(text, 1, "an integer >= 1")
 
 
+def non_negative_int(text: str) -> int:
+    return _int_at_least(text, 0, "an integer >= 0")
+
+
 def budget_list(text: str) -> list[int]:
     """`16,64,256`: budgets, each an integer >= 0."""
     return [_int_at_least(part, 0, "comma-separated budgets, integers >= 0") for part in text.split(",")]

@@ -1,6 +1,6 @@
 """Fan-out speed on a loopback fleet of real sshd processes, measured in one run.
 
-    .venv/bin/python benchmarks/fanout.py [--hosts 8] [--repeat 5]
+    .venv/bin/python benchmarks/fanout.py [--hosts 8] [--repeat 5] [--scale 64] [--scale-repeat 3]
     .venv/bin/python benchmarks/fanout.py --login-user ddtree-bench --host-python /opt/bench-venv/bin/python
 
 The second form logs in as an existing account whose login shell runs no rc files, so the
@@ -12,6 +12,11 @@ system Python) and `/opt/bench-venv/bin/pip install torch==2.13.0` (`hosts check
 Every figure is the wall time of a whole `ddtree-ops` process (CLI start included), median of
 `--repeat` interleaved rounds; "fresh" hosts get new, empty workdirs each time. The sshd processes share this
 machine's cores with the client, so remote work is not free here. Prints a Markdown table.
+
+A second table (`--scale N`, default 64; 0 skips it) starts N sshd and measures `push` to N
+fresh hosts, a no-op `push` and `hosts check` against the same on 1 host, in interleaved
+rounds: wall time (min / median / max) and the client process's CPU time and peak memory
+(from its rusage), in total and per host.
 """
 from __future__ import annotations
 
@@ -24,11 +29,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from bench_args import positive_int  # noqa: E402  (benchmarks/, the script's folder)
+from bench_args import non_negative_int, positive_int  # noqa: E402  (benchmarks/, the script's folder)
 from sshd_fleet import SshdFleet, sshd_available  # noqa: E402
 
 CLI = str(Path(sys.executable).with_name("ddtree-ops"))
@@ -41,6 +47,19 @@ def timed(argv: list[str], *, expect: int = 0) -> float:
     if done.returncode != expect:
         raise SystemExit(f"{' '.join(argv[:4])}...: exit {done.returncode}\n{done.stderr[-2000:]}")
     return elapsed
+
+
+def measured(argv: list[str]) -> tuple[float, float, int]:
+    """(wall s, client CPU s (user + system), client peak RSS in KiB) of one ddtree-ops process."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    stderr = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv[:4])}...: exit {proc.returncode}\n{stderr.decode()[-2000:]}")
+    return elapsed, usage.ru_utime + usage.ru_stime, usage.ru_maxrss
 
 
 def median_of(repeat: int, run) -> float:
@@ -113,12 +132,62 @@ def help_facts() -> tuple[float, list[str]]:
     return median_of(HELP_CALLS, lambda i: timed([CLI, "--help"])), [m for m in heavy.split(",") if m]
 
 
+def scale_rows(n: int, repeat: int, python: str, login_user: Optional[str]) -> list[str]:
+    """push (fresh), no-op push and hosts check to n hosts, against 1 host in the same run:
+    wall time, and the client's CPU and peak memory in total and per host."""
+    base = Path(tempfile.mkdtemp(prefix="ddtree-fanout-scale-"))
+    fleet = None
+    samples: dict[tuple[str, int], list[tuple[float, float, int]]] = {}
+    try:
+        fleet = SshdFleet(base, command_timeout=300, python=python, login_user=login_user).start(n)
+        warm = fresh_inventory(fleet, "warm")
+        measured([CLI, "push", "-i", str(warm)])
+        for i in range(repeat):  # interleaved: load from other work hits every row alike
+            for hosts in (1, n):
+                select = ["-H", "h0"] if hosts == 1 else []
+                for key, argv in (
+                    ("push, fresh", [CLI, "push", "-i", str(fresh_inventory(fleet, f"s{i}-{hosts}")), *select]),
+                    ("push, no-op", [CLI, "push", "-i", str(warm), *select]),
+                    ("hosts check", [CLI, "hosts", "check", "-i", str(warm), *select]),
+                ):
+                    samples.setdefault((key, hosts), []).append(measured(argv))
+                    if key == "push, fresh":
+                        for host in fleet.hosts:  # fresh workdirs of this round are not needed again
+                            shutil.rmtree(host.directory / f"work-s{i}-{hosts}", ignore_errors=True)
+    finally:
+        if fleet is not None:
+            fleet.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+    def spread(values: list[float], unit: str = "") -> str:
+        return f"{min(values):.3f} / {statistics.median(values):.3f} / {max(values):.3f}{unit}"
+
+    lines = [f"| measurement | wall s min / median / max | ratio to 1 host | client CPU s (median) | CPU s per host "
+             f"| CPU s per extra host | client peak RSS MiB | RSS per extra host KiB |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
+    for key in ("push, fresh", "push, no-op", "hosts check"):
+        one, many = samples[(key, 1)], samples[(key, n)]
+        wall1, walln = statistics.median(s[0] for s in one), statistics.median(s[0] for s in many)
+        cpu1, cpun = statistics.median(s[1] for s in one), statistics.median(s[1] for s in many)
+        rss1, rssn = statistics.median(s[2] for s in one), statistics.median(s[2] for s in many)
+        lines.append(f"| {key}, 1 host | {spread([s[0] for s in one])} | baseline | {cpu1:.3f} | {cpu1:.3f} "
+                     f"| - | {rss1 / 1024:.1f} | - |")
+        lines.append(f"| {key}, {n} hosts | {spread([s[0] for s in many])} | {walln / wall1:.2f}x | {cpun:.3f} "
+                     f"| {cpun / n:.4f} | {(cpun - cpu1) / (n - 1):.4f} | {rssn / 1024:.1f} "
+                     f"| {(rssn - rss1) / (n - 1):.0f} |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=positive_int, default=8)
     parser.add_argument("--repeat", type=positive_int, default=5)
     parser.add_argument("--login-user", help="log in to the loopback hosts as this existing account (root only)")
     parser.add_argument("--host-python", default=sys.executable, help="the hosts' `python:` (readable by that account)")
+    parser.add_argument("--scale", type=non_negative_int, default=64,
+                        help="also push / no-op push / hosts check to this many hosts with client CPU and memory "
+                             "per host (0: skip)")
+    parser.add_argument("--scale-repeat", type=positive_int, default=3)
     args = parser.parse_args()
     if args.login_user:
         import pwd
@@ -192,6 +261,15 @@ def main() -> None:
     print("|---|---:|---|---|")
     for name, seconds, ratio, target in rows:
         print(f"| {name} | {seconds:.3f} | {ratio} | {target} |")
+    if args.scale > 1:  # 0 (or 1): no fleet-size rows
+        load_before = os.getloadavg()[0]
+        lines = scale_rows(args.scale, args.scale_repeat, args.host_python, args.login_user)
+        print()
+        print(f"fleet size: {args.scale} sshd on loopback against 1 host, {args.scale_repeat} interleaved rounds, "
+              f"default --parallel; client = the ddtree-ops process (os.wait4 rusage); load average before/after "
+              f"{load_before:.1f}/{os.getloadavg()[0]:.1f}")
+        print()
+        print("\n".join(lines))
 
 
 if __name__ == "__main__":
