@@ -103,11 +103,53 @@ def _route_library_logs() -> None:
         logger.addHandler(handler)
 
 
+def plain_metavars(command: Any) -> None:
+    """Help that names values as an operator writes them (`PATH`, `INTEGER`, `RUN_ID`, a flag
+    with none), never as Python types (`<bool>`, `<list[str]>`, `{run_id}`): every option and
+    argument without its own metavar gets one."""
+    for sub in getattr(command, "commands", {}).values():
+        plain_metavars(sub)
+    help_option = command.get_help_option
+
+    def get_help_option(ctx: Any) -> Any:  # Click makes `--help` per context: a flag, no value
+        option = help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+    command.get_help_option = get_help_option
+    for param in command.params:
+        if param.metavar is not None:
+            continue
+        if getattr(param, "param_type_name", "") == "argument":
+            # Typer shows a required argument as `{run_id}` and its type as `<str>`: shown
+            # here as the value to write, RUN_ID ([RUN_ID] when optional, RUNS... when many)
+            name = param.name.upper()
+            usage = (name if param.required else f"[{name}]") + ("..." if param.nargs != 1 else "")
+            param.metavar = name
+            param._usage_display_name = lambda usage=usage: usage
+            param.display_type_rich = lambda ctx: None
+            param._rich_display_name = lambda usage=usage: usage
+        elif getattr(param, "is_flag", False) or getattr(param, "count", False):
+            param.metavar = ""
+        elif param.type_descriptor.is_choice:
+            param.metavar = "|".join(str(getattr(c, "value", c)) for c in param.type_descriptor.choices or ())
+        else:
+            bare = param.bare_type()  # "int", "Path", "list[str]"
+            bare = bare[len("list["):-1] if bare.startswith("list[") else bare
+            param.metavar = _VALUE_NAMES.get(bare, bare.upper())
+
+
+_VALUE_NAMES = {"int": "INTEGER", "float": "NUMBER", "str": "TEXT", "Path": "PATH", "PosixPath": "PATH"}
+
+
 def _run_command(args: list[str]) -> tuple[int, Optional[str]]:
     """Run the command; report a failure on stderr (one line, or Click's usage text). Returns
     the exit code and that failure as one line for a JSON document (None: nothing failed here)."""
     try:
-        result = app(args=args, standalone_mode=False, prog_name="ddtree-ops")
+        command = typer.main.get_command(app)
+        plain_metavars(command)
+        result = command.main(args=args, standalone_mode=False, prog_name="ddtree-ops")
         return (int(result) if isinstance(result, int) else ExitCode.OK), None
     except DdtreeOpsError as err:
         say(f"error: {err}")

@@ -182,10 +182,16 @@ def deploy(
     )
 
 
+RollbackSourceOpt = Annotated[Optional[Path], typer.Option(
+    "--source", show_default=False,
+    help="Checkout whose installer does the rollback on the hosts (default: the one ddtree-ops runs with). "
+         "Rarely needed: what is removed comes from each host's own deploy record, not from this checkout.")]
+
+
 def rollback(
     inventory: InventoryOpt = None,
     hosts: HostsOpt = None,
-    source: SourceOpt = None,
+    source: RollbackSourceOpt = None,
     json_out: JsonOpt = False,
     parallel: ParallelOpt = DEFAULT_PARALLEL,
     fail_fast: FailFastOpt = False,

@@ -58,7 +58,7 @@ def test_a_raised_error_gets_one_json_document(env, capsys, args, command, code)
 # Usage errors that Click raises while parsing: the document carries Click's one-line reason.
 PARSED = [
     (["push", "--json", "--parallel", "0"], "push", "--parallel"),
-    (["collect", "--json"], "collect", "Missing argument 'run_id'"),
+    (["collect", "--json"], "collect", "Missing argument 'RUN_ID'"),
     (["push", "--json", "--bogus"], "push", "No such option: --bogus"),
     (["hosts", "check", "--parallel", "x", "--json"], "hosts check", "--parallel"),
     (["nosuchcommand", "--json"], None, "No such command 'nosuchcommand'"),
