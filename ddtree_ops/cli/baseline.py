@@ -8,6 +8,7 @@ input was read.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, List, Optional
 
@@ -58,12 +59,59 @@ def import_runs(
     output: OutputOpt = None,
 ) -> int:
     """Summarise reference run files: tau, histogram, time per token, speedup per method."""
+    already = _already_baselines(runs)
+    if already:
+        return _use_as_is(runs, already, output)
     from ddtree_ops.baselines import import_reference_runs
 
     baseline = import_reference_runs(runs)
     if output is not None:
         _print_table(baseline)
     _emit(baseline, output)
+    return 0
+
+
+def _already_baselines(runs: List[Path]) -> list[Path]:
+    """The inputs that are baseline files already (JSON that `report --baseline` reads, such
+    as the paper's numbers in baselines/), told by a cheap look, before torch is imported."""
+    from ddtree_ops.report import BaselineKind, baseline_kind
+
+    found = []
+    for path in runs:
+        try:
+            head = path.read_bytes()[:1]
+        except OSError:
+            continue  # the importer names it
+        if head in (b"{", b"[") or path.suffix in (".json", ".yaml", ".yml"):
+            from ddtree_ops.errors import ConfigError
+            from ddtree_ops.report import read_baseline_document
+
+            try:
+                if baseline_kind(read_baseline_document(path)) is BaselineKind.DECODE:
+                    found.append(path)
+            except ConfigError:
+                continue  # not a baseline either: the importer says what it is
+    return found
+
+
+def _use_as_is(runs: List[Path], already: list[Path], output: Optional[Path]) -> int:
+    """A baseline given to `import`: said so at once; alone, it is passed through unchanged."""
+    from ddtree_ops.cli.console import say
+    from ddtree_ops.errors import UsageError
+
+    names = ", ".join(str(p) for p in already)
+    if len(runs) > 1:
+        raise UsageError(f"{names}: already a baseline, not a reference run file: give it to "
+                         f"`ddtree-ops report --baseline`, and the .pt run files alone to `baseline import`")
+    say(f"{names} is already a baseline (nothing to import): use it as is, "
+        f"`ddtree-ops report --baseline {names}`")
+    if output is not None:
+        from ddtree_ops.results import write_json_atomic
+
+        write_json_atomic(output, json.loads(already[0].read_text(encoding="utf-8")))
+        say(f"copied it to {output}")
+    else:
+        typer.echo(already[0].read_text(encoding="utf-8"), nl=False)
     return 0
 
 

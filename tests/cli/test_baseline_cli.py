@@ -191,3 +191,27 @@ def test_an_archive_that_inflates_past_the_limit_is_refused_unread(tmp_path, cap
     line = _refusal(crafted, capsys)
     assert line == (f"ddtree-ops: error: {crafted}: archive member '{prefix}/data/99': the archive inflates past "
                     f"the limit of {2 << 20} bytes ({3 << 20} bytes in this member); refused before reading it")
+
+
+def test_the_shipped_paper_baseline_given_to_import_is_said_to_be_one_at_once(tmp_path):
+    """What ships is a baseline already: `import` says so before torch loads, passes it
+    through unchanged, and refuses it mixed with run files (exit 2, naming it)."""
+    import subprocess
+    import sys as _sys
+
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    paper = repo / "baselines" / "ddtree-paper.json"
+    probe = ("import sys; from ddtree_ops.cli.app import main; code = main(sys.argv[1:]); "
+             "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', code, file=sys.stderr)")
+    out = tmp_path / "copy.json"
+    done = subprocess.run([_sys.executable, "-c", probe, "baseline", "import", str(paper), "-o", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert "NO-TORCH 0" in done.stderr
+    assert f"{paper} is already a baseline (nothing to import)" in done.stderr
+    assert f"`ddtree-ops report --baseline {paper}`" in done.stderr
+    assert json.loads(out.read_text()) == json.loads(paper.read_text())
+    mixed = subprocess.run([_sys.executable, "-c", probe, "baseline", "import", str(paper), str(tmp_path / "run.pt")],
+                           capture_output=True, text=True, timeout=300)
+    assert "NO-TORCH 2" in mixed.stderr and f"{paper}: already a baseline, not a reference run file" in mixed.stderr
