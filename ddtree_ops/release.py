@@ -38,14 +38,53 @@ class BundleFile:
     executable: bool
 
 
+@dataclass(frozen=True)
+class GitOrigin:
+    commit: str  # full sha of HEAD
+    dirty: bool  # the bundled folders differ from that commit (changed or untracked files)
+
+    def __str__(self) -> str:
+        return f"git {self.commit[:12]}{', dirty' if self.dirty else ''}"
+
+    def to_dict(self) -> dict[str, object]:
+        return {"commit": self.commit, "dirty": self.dirty}
+
+
+def git_origin(root: Path) -> Optional[GitOrigin]:
+    """HEAD of the git checkout `root` is in, and whether the bundled folders differ from it;
+    None when there is no git, no checkout (an installed package), or git does not answer."""
+    import subprocess
+
+    def git(*args: str) -> Optional[str]:
+        try:
+            done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10,
+                                  env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+    commit = (git("rev-parse", "--verify", "HEAD") or "").strip()
+    if not commit:
+        return None
+    status = git("status", "--porcelain", "--untracked-files=normal", "--", *BUNDLE_DIRS)
+    return GitOrigin(commit=commit, dirty=status is None or bool(status.strip()))
+
+
 @dataclass
 class ReleaseBundle:
     source_root: str  # where the files were read from, for messages
     files: tuple[BundleFile, ...]
     manifest: bytes
     release_id: str
+    # the git commit the files were read from and whether they differ from it (None: not a git checkout)
+    git: Optional["GitOrigin"] = None
     _archive: Optional[bytes] = field(default=None, repr=False)
     _archive_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    @property
+    def described(self) -> str:
+        """The release id with where it came from: `3f9a1c2d5e6f7a8b (git 1a2b3c4d5e6f, dirty)`."""
+        return self.release_id + (f" ({self.git})" if self.git is not None else "")
 
     @property
     def total_bytes(self) -> int:
@@ -155,5 +194,6 @@ def build_bundle(source: str | os.PathLike[str] | None = None) -> ReleaseBundle:
         )
     manifest = "".join(f"{f.sha256}  {f.relpath}\n" for f in files).encode("utf-8")
     return ReleaseBundle(
-        source_root=str(root), files=tuple(files), manifest=manifest, release_id=manifest_release_id(manifest)
+        source_root=str(root), files=tuple(files), manifest=manifest, release_id=manifest_release_id(manifest),
+        git=git_origin(root),
     )

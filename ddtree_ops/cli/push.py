@@ -52,7 +52,7 @@ def push(
     _, selected = select_hosts(inventory, hosts)
     bundle = build_bundle(source)
     if not json_out:
-        say(f"{'plan for ' if dry_run else ''}release {bundle.release_id}: {len(bundle.files)} files, "
+        say(f"{'plan for ' if dry_run else ''}release {bundle.described}: {len(bundle.files)} files, "
             f"{_size(bundle.total_bytes)} from {bundle.source_root}")
     if dry_run:
         return _plan(selected, bundle, keep, FanoutOptions(inventory, hosts, json_out, parallel, fail_fast,
@@ -78,7 +78,8 @@ def push(
             "; ".join(o.value.foreign) or "-",
         ],
         to_json=lambda outcome: outcome.to_dict(),
-        extra_json={"release": bundle.release_id, "files": len(bundle.files), "source": bundle.source_root},
+        extra_json={"release": bundle.release_id, "files": len(bundle.files), "source": bundle.source_root,
+                    "release_git": bundle.git.to_dict() if bundle.git else None},
         while_running=bundle.archive,  # made while the hosts connect; only a host that lacks the release needs it
         changed=lambda o: o.ok and o.value.action is not PushAction.UNCHANGED,
     )
@@ -108,6 +109,7 @@ def _plan(selected: list[Any], bundle: Any, keep: int, options: FanoutOptions) -
         ],
         to_json=lambda plan: plan.to_dict(),
         extra_json={"release": bundle.release_id, "files": len(bundle.files), "source": bundle.source_root,
+                    "release_git": bundle.git.to_dict() if bundle.git else None,
                     "dry_run": True},
     )
 

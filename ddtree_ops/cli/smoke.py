@@ -334,9 +334,10 @@ def run_smoke(
         "stages": stages, "options": options, "keep_going": keep_going,
         "release": plan.release_id, "pushed": push, "started": started,
         "source": bundle.source_root if bundle else None,
+        "release_git": bundle.git.to_dict() if bundle and bundle.git else None,
     })
     if not json_out:
-        release = f"release {plan.release_id}" if bundle else "no push (--no-push)"
+        release = f"release {bundle.described}" if bundle else "no push (--no-push)"
         say(f"{command} run {plan.run_id}: {len(selected)} host(s), {release}, "
             f"results in {store.run_dir(plan.run_id)}")
     recorders: dict[str, Any] = {}

@@ -224,3 +224,32 @@ def test_archive_made_only_when_the_host_asks_and_a_local_failure_is_reported(tm
     os.remove(Path(already.source_root) / "src" / "ddtree" / "__init__.py")
     again = ensure_release(transport, host, already)  # on the host already: no archive needed
     assert (again.action, again.bytes_sent) == (PushAction.UNCHANGED, 0)
+
+
+def test_the_release_names_its_git_commit_and_whether_it_was_dirty(tmp_path):
+    import subprocess
+
+    root = make_checkout(tmp_path / "c")
+    assert build_bundle(root).git is None  # not a git checkout: nothing claimed
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@example.com",
+                               *args], check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    (root / ".gitignore").write_text("__pycache__/\n")
+    git("add", "-A")
+    git("commit", "-qm", "one")
+    head = git("rev-parse", "HEAD")
+    clean = build_bundle(root)
+    assert clean.git.commit == head and clean.git.dirty is False
+    assert clean.described == f"{clean.release_id} (git {head[:12]})"
+    (root / "src" / "ddtree" / "tree.py").write_text("X = 2\n")
+    changed = build_bundle(root)
+    assert changed.git.dirty is True and changed.described.endswith(f"(git {head[:12]}, dirty)")
+    git("checkout", "-q", "--", "src/ddtree/tree.py")
+    (root / "smoke" / "extra.py").write_text("Y = 1\n")  # untracked, but bundled
+    assert build_bundle(root).git.dirty is True
+    (root / "smoke" / "extra.py").unlink()
+    (root / "notes.txt").write_text("not bundled\n")  # outside the bundled folders: still clean
+    assert build_bundle(root).git.dirty is False
