@@ -4,8 +4,8 @@ Per host, under the host lock (WORKDIR/lock, shared with `push`), in ONE process
 inventory's `python:` (the agent's `deploy` / `rollback` operations, which run the installer
 in-process):
 deploy   - make the bundle the active release (the archive is sent only if the host lacks an
-           intact copy), then run the host-side installer (src/ddtree/sglang/install.py, from
-           the same bundle): gate, install (.pth + minimal dist-info), verify, record what was
+           intact copy), then run the host-side installer (ddtree_ops/hostside/sglang_install.py,
+           from the same bundle): gate, install (.pth + minimal dist-info), verify, record what was
            added under WORKDIR/deployments/. The verification is the one other Python start:
            it must be a fresh interpreter, which loads the plugin as SGLang would;
 rollback - remove exactly what the record lists.
@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from ddtree_ops.errors import RemoteStepError
 from ddtree_ops.inventory import Host
-from ddtree_ops.release import ReleaseBundle
+from ddtree_ops.release import HOSTSIDE_DIR, ReleaseBundle
 from ddtree_ops.ids import IdKind, check_optional_host_id
 from ddtree_ops.remote_layout import (
     DEFAULT_KEEP,
@@ -34,7 +34,10 @@ from ddtree_ops.remote_layout import (
 )
 from ddtree_ops.transport.base import Transport
 
-INSTALLER = "src/ddtree/sglang/install.py"
+INSTALLER = f"{HOSTSIDE_DIR}/sglang_install.py"
+# Where a checkout from before the host side was one package keeps it: deploying such a
+# checkout (going back to an older release) runs its own installer.
+OLDER_INSTALLER = "src/ddtree/sglang/install.py"
 # The gate and its data, served in memory on the host (a bare `ddtree` package: the real
 # ddtree/__init__.py imports torch, which the gate does not need).
 GATE_PACKAGES = ("ddtree", "ddtree.sglang", "ddtree.sglang.manifests")
@@ -170,7 +173,9 @@ def rollback_host(transport: Transport, host: Host, bundle: ReleaseBundle) -> Ro
 def installer_stdin(bundle: ReleaseBundle, op: str) -> bytes:
     """What the installer reads on stdin: its own source (length-prefixed for BOOTSTRAP),
     then, except for rollback, the gate's modules as one JSON line."""
-    source = _bundle_text(bundle, INSTALLER).encode("utf-8")
+    relpaths = {entry.relpath for entry in bundle.files}
+    installer = INSTALLER if INSTALLER in relpaths or OLDER_INSTALLER not in relpaths else OLDER_INSTALLER
+    source = _bundle_text(bundle, installer).encode("utf-8")
     stdin = b"%d\n" % len(source) + source
     if op != "rollback":
         stdin += json.dumps(gate_payload(bundle)).encode("utf-8") + b"\n"

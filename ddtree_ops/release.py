@@ -1,7 +1,8 @@
 """Release bundles: what `push` sends, its sha256 manifest, and its content-addressed id.
 
-A bundle keeps the repository-relative layout (`src/ddtree/...`, `smoke/...`) so that
-`<workdir>/current/src` on `sys.path` imports our `ddtree` on the host. The manifest lists
+A bundle keeps the repository-relative layout (`src/ddtree/...`, `ddtree_ops/hostside/...`) so
+that `<workdir>/current/src` on `sys.path` imports our `ddtree` on the host, and `<workdir>/current`
+the host-side package. The manifest lists
 `<sha256>  <relpath>` per file, sorted; the release id is the first 16 hex digits of the
 manifest's sha256, so equal content gives an equal id on every machine.
 """
@@ -22,8 +23,12 @@ from ddtree_ops.errors import UsageError
 
 MANIFEST_NAME = "MANIFEST.sha256"  # the host agent uses the same name
 RELEASE_ID_CHARS = 16
-# Repository-relative directories a release carries; missing optional ones are skipped.
-BUNDLE_DIRS: tuple[str, ...] = ("src/ddtree", "smoke")
+HOSTSIDE_DIR = "ddtree_ops/hostside"  # the code that runs on a host: agent, runner, stages, installer
+RUNNER_RELPATH = f"{HOSTSIDE_DIR}/runner.py"
+STAGES_DIR = f"{HOSTSIDE_DIR}/stages"
+# Repository-relative directories and files a release carries; missing optional ones are skipped.
+BUNDLE_DIRS: tuple[str, ...] = ("src/ddtree", HOSTSIDE_DIR)
+BUNDLE_FILES: tuple[str, ...] = ("ddtree_ops/__init__.py",)  # makes the host side a package there
 REQUIRED_DIR = "src/ddtree"
 _SKIPPED_DIRS = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 _SKIPPED_SUFFIXES = (".pyc", ".pyo", ".swp")
@@ -143,6 +148,9 @@ def collect_files(source_root: Path) -> list[tuple[str, Path]]:
         directory = source_root / rel_dir
         if directory.is_dir():
             pairs += _walk(directory, rel_dir)
+    for relpath in BUNDLE_FILES:
+        if (source_root / relpath).is_file():
+            pairs.append((relpath, source_root / relpath))
     return sorted(pairs)
 
 

@@ -42,7 +42,7 @@ SWEEP_TABLE = "sweep"
 DECODE_STAGE = "decode-bench"
 DECODE_TABLE = "methods"  # one row per method: method, budget, tau, speedup, ... (runsummary)
 LOST_STAGE = "lost"  # a stage's report status when the host was lost during it
-TIMINGS_TABLE = "timings"  # a timed stage's min / median / max per cell (smoke/protocol.py)
+TIMINGS_TABLE = "timings"  # a timed stage's min / median / max per cell (hostside/protocol.py)
 # What the report adds to a decode-bench row (its timing spread and noise verdict): not part
 # of the row the host wrote, so taken off again before the row is read as a method summary.
 DECODE_NOISE_KEYS = ("tpot_min_ms", "tpot_median_ms", "tpot_max_ms", "spread", "noisy", "noisy_why")
@@ -409,7 +409,7 @@ def parse_metric_checks(data: dict[str, Any], path: Path) -> list[MetricCheck]:
 
 def _is_non_finite(value: Any) -> bool:
     """A float infinity or NaN, or its string form ("inf", "-inf", "nan": how the runner writes
-    non-finite values, smoke/protocol.py jsonable)."""
+    non-finite values, hostside/protocol.py jsonable)."""
     number = _as_number(value)
     return number is not None and not math.isfinite(number)
 

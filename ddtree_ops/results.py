@@ -11,7 +11,7 @@ Layout (the root is `--runs-dir`, else `$DDTREE_OPS_RUNS_DIR`, else `./runs`):
                                            and the operator-side outcome (e.g. lost, error)
     runs/<run-id>/<host>/remote/...        files fetched by `ddtree-ops collect`
 
-The record format is the one in `smoke/protocol.py` (this module reads it by field name, so
+The record format is the one in `ddtree_ops/hostside/protocol.py` (this module reads it by field name, so
 the operator side does not need the host-side package on its path).
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ _STAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # used with fullmatch
 
 
 class StageStatus(str, Enum):
-    """Mirrors smoke.protocol.Status on the wire."""
+    """Mirrors ddtree_ops.hostside.protocol.Status on the wire."""
 
     PASS = "pass"
     FAIL = "fail"
@@ -155,7 +155,7 @@ def record_field_error(record: dict[str, Any]) -> str | None:
 
 def record_owner_error(record: dict[str, Any], run_id: str, host: str) -> str | None:
     """Why a record is not this run's and host's, or None. Every record carries `run_id` and
-    `host` (smoke/protocol.py make_event): another run's log copied into this folder must
+    `host` (hostside/protocol.py make_event): another run's log copied into this folder must
     never be read as this run's result."""
     from ddtree_ops.ids import shown
 

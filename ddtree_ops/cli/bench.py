@@ -37,10 +37,10 @@ DEFAULT_BENCH_REPEAT = 10
 def _bench_stages(source: Optional[Path], push: bool) -> list[str]:
     if not push:
         return ["env", "tree-bench"]
-    from ddtree_ops.release import build_bundle
+    from ddtree_ops.release import STAGES_DIR, build_bundle
 
     relpaths = {f.relpath for f in build_bundle(source).files}
-    return [s for s in BENCH_STAGES if f"smoke/stages/{s.replace('-', '_')}.py" in relpaths]
+    return [s for s in BENCH_STAGES if f"{STAGES_DIR}/{s.replace('-', '_')}.py" in relpaths]
 
 
 def bench(

@@ -43,7 +43,7 @@ def push(
         "--dry-run", "--check",
         help="Say per host what would be sent, activated and pruned, and the size; change nothing.")] = False,
 ) -> int:
-    """Send the release (src/ddtree + smoke/) where it is missing, verify it, switch `current`."""
+    """Send the release (src/ddtree + ddtree_ops/hostside/) where it is missing, verify it, switch `current`."""
     from ddtree_ops.cli.console import run_on_hosts, say
     from ddtree_ops.release import build_bundle
     from ddtree_ops.remote_layout import PushAction, ensure_release

@@ -32,11 +32,11 @@ from ddtree_ops.cli.options import (
     rollout_policy,
 )
 from ddtree_ops.cli.report import RunsDirOpt
+from ddtree_ops.release import RUNNER_RELPATH
 
 if TYPE_CHECKING:  # pragma: no cover
     from ddtree_ops.inventory import Host
 
-RUNNER_RELPATH = "current/smoke/runner.py"
 DEFAULT_STAGE_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 15.0
 
@@ -85,8 +85,10 @@ def parse_stages(text: Optional[str]) -> list[str]:
 def check_stages_in_bundle(stages: list[str], relpaths: set[str]) -> None:
     from ddtree_ops.errors import UsageError
 
-    available = sorted(p[len("smoke/stages/"):-3].replace("_", "-") for p in relpaths
-                       if p.startswith("smoke/stages/") and p.endswith(".py")
+    from ddtree_ops.release import STAGES_DIR
+
+    available = sorted(p[len(STAGES_DIR) + 1:-3].replace("_", "-") for p in relpaths
+                       if p.startswith(STAGES_DIR + "/") and p.endswith(".py")
                        and not p.rsplit("/", 1)[1].startswith("_"))
     unknown = [s for s in stages if s not in available]  # `parse_stages` spelled them; `__init__` is no stage
     if unknown:
@@ -253,7 +255,7 @@ class SmokePlan:
 
 def runner_control_argv(host: "Host", workdir: str, run_id: str, subcommand: str) -> list[str]:
     """argv of `runner.py SUBCOMMAND` for one run (`stop`, `files`; `run` adds its options)."""
-    return [host.python, f"{workdir.rstrip('/')}/{RUNNER_RELPATH}", subcommand,
+    return [host.python, f"{workdir.rstrip('/')}/current/{RUNNER_RELPATH}", subcommand,
             "--run-id", run_id, "--workdir", workdir]
 
 
@@ -279,7 +281,7 @@ def run_timeout(plan: SmokePlan, host: "Host") -> float:
     return max(host.command_timeout, stages * (plan.stage_timeout_s + 10) + 60)
 
 
-# The runner sends a heartbeat every 5 s (smoke/runner.py HEARTBEAT_S), even while it imports
+# The runner sends a heartbeat every 5 s (hostside/runner.py HEARTBEAT_S), even while it imports
 # torch: a host silent this long froze (or its network did), and is lost, not waited for.
 SILENCE_LIMIT_S = 60.0
 

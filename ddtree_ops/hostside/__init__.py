@@ -1,4 +1,7 @@
-"""Scripts that run on the hosts in the host's own Python (stdlib only, Python >= 3.8).
+"""Everything that runs on a GPU host, in the host's own Python (stdlib, torch and `ddtree` only).
 
-They are never imported on the operator side: `ddtree_ops.remote_layout` reads their source and
-sends it over the connection (see `agent_stdin`)."""
+Shipped in every release (`<workdir>/current/ddtree_ops/hostside`): the agent (lock, install
+release, prune, deploy/rollback; sent on stdin, stdlib only, Python >= 3.8), the release check,
+the smoke runner and its stages, the SGLang installer, and the record protocol that the operator
+side also imports.
+"""

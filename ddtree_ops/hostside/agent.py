@@ -829,7 +829,7 @@ def release_problem(workdir):
 
 
 def load_installer(stream):
-    """The SGLang installer (src/ddtree/sglang/install.py of the release being deployed),
+    """The SGLang installer (ddtree_ops/hostside/sglang_install.py of the release being deployed),
     sent length-prefixed on stdin, then its JSON line of gate modules (absent for rollback).
     Run in this process, so a deploy starts the host's Python once (plus the installer's
     own check in a fresh interpreter, which must be fresh: it loads the plugin as SGLang would)."""
@@ -905,7 +905,7 @@ def op_rollback(workdir, lock_wait):
 # ---------------------------------------------------------------- collect (a run's files)
 
 SHA256_PAX_KEY = "DDTREE.sha256"
-RUNNER_PID_FILE = "runner.pid"  # smoke/runner.py's PID_FILE: live state, not a result
+RUNNER_PID_FILE = "runner.pid"  # runner.py's PID_FILE: live state, not a result
 
 
 class ExactReader(object):

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from ddtree_ops.cli.app import main  # noqa: E402
 from ddtree_ops.cli.console import inert  # noqa: E402
 from ddtree_ops.results import RunStore  # noqa: E402
-from smoke.protocol import EventKind, encode_event, make_event  # noqa: E402
+from ddtree_ops.hostside.protocol import EventKind, encode_event, make_event  # noqa: E402
 
 # clipboard write (OSC 52), screen clear, title change, a bare CR that overdraws the line, a
 # one-byte C1 CSI, a bidi override, BEL, and Rich markup and emoji codes

@@ -115,12 +115,12 @@ def test_a_linked_folder_in_the_source_is_refused_not_dropped(tmp_path, capsys):
 def test_unprintable_file_names_in_the_source_are_refused(tmp_path, capsys):
     for index, name in enumerate(["line\nbreak.py", "sep\u2028.py", "cr\r.py"]):
         checkout = make_checkout(tmp_path / f"c{index}", "1")
-        (checkout / "smoke" / name).write_text("x")
+        (checkout / "ddtree_ops" / "hostside" / name).write_text("x")
         assert main(["push", "-i", str(inventory(tmp_path)), "--source", str(checkout)]) == 2
         err = capsys.readouterr().err
         assert "file name holds" in err and "must be printable UTF-8" in err and len(err.strip().splitlines()) == 1
     checkout = make_checkout(tmp_path / "c-bytes", "1")
-    with open(os.path.join(os.fsencode(checkout / "smoke"), b"latin\xe9.py"), "w") as handle:
+    with open(os.path.join(os.fsencode(checkout / "ddtree_ops" / "hostside"), b"latin\xe9.py"), "w") as handle:
         handle.write("x")
     assert main(["push", "-i", str(inventory(tmp_path)), "--source", str(checkout)]) == 2
     assert "latin\\udce9.py" in capsys.readouterr().err

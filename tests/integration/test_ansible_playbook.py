@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from ddtree_ops.cli.app import main
-from ddtree_ops.cli.smoke import RUNNER_RELPATH
+from ddtree_ops.release import RUNNER_RELPATH
 
 PLAYBOOK = Path(__file__).resolve().parents[2] / "docs" / "ansible" / "smoke.yml"
 ANSIBLE_PLAYBOOK = shutil.which("ansible-playbook")
@@ -27,7 +27,7 @@ pytestmark = [
 
 def test_the_playbook_runs_the_runner_where_push_put_it():
     play = yaml.safe_load(PLAYBOOK.read_text())[0]
-    assert play["vars"]["runner_relpath"] == RUNNER_RELPATH  # the docs follow the release layout
+    assert play["vars"]["runner_relpath"] == f"current/{RUNNER_RELPATH}"  # the docs follow the release layout
 
 
 def export(inventory: Path, capsys, target: Path) -> Path:

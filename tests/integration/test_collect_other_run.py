@@ -13,7 +13,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ddtree_ops.cli.app import main  # noqa: E402
-from smoke.protocol import EventKind, encode_event, make_event  # noqa: E402
+from ddtree_ops.hostside.protocol import EventKind, encode_event, make_event  # noqa: E402
 
 PASSED, FAILED = "20261201-100000-aaaaa1", "20261201-100000-aaaaa2"
 

@@ -27,7 +27,7 @@ from sglang_plugin.dist import make_sglang_venv, site_listing
 
 pytestmark = [pytest.mark.sshd, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
-INSTALLER = REPO / "src" / "ddtree" / "sglang" / "install.py"
+INSTALLER = REPO / "ddtree_ops" / "hostside" / "sglang_install.py"
 LOAD_PLUGIN = """
 import json, sys, types, importlib.util
 spec = importlib.util.find_spec("sglang")
@@ -48,8 +48,11 @@ def env(tmp_path_factory):
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
     snapshot = root / "checkout"
-    for rel in ("src/ddtree", "smoke"):
-        shutil.copytree(REPO / rel, snapshot / rel, ignore=shutil.ignore_patterns("__pycache__"))
+    for rel in ("src/ddtree", "ddtree_ops/hostside", "ddtree_ops/__init__.py"):
+        if (REPO / rel).is_file():
+            shutil.copy(REPO / rel, snapshot / rel)
+        else:
+            shutil.copytree(REPO / rel, snapshot / rel, ignore=shutil.ignore_patterns("__pycache__"))
     return python, site, snapshot
 
 
@@ -75,7 +78,7 @@ def clean_env(env):
 def variant(snapshot: Path, where: Path, tag: str, plugin_tail: str = "") -> Path:
     """A copy of the snapshot that is a different release (and, with plugin_tail, a broken one)."""
     shutil.copytree(snapshot, where)
-    (where / "smoke" / f"release-{tag}.txt").write_text(f"release {tag}\n")
+    (where / "ddtree_ops" / "hostside" / f"release-{tag}.txt").write_text(f"release {tag}\n")
     if plugin_tail:
         plugin = where / "src" / "ddtree" / "sglang" / "plugin.py"
         plugin.write_text(plugin.read_text() + plugin_tail)
@@ -340,7 +343,9 @@ def test_an_older_release_whose_installer_predates_the_environment_lock_still_de
     inventory, _ = host
     python, _, snapshot = env
     older = variant(snapshot, tmp_path / "older", "older")
+    # An older checkout kept its installer inside the core package.
     installer = older / "src" / "ddtree" / "sglang" / "install.py"
+    (older / "ddtree_ops" / "hostside" / "sglang_install.py").rename(installer)
     source = installer.read_text()
     assert "def op_install(workdir, release_id, force, sources, lock_wait=None):" in source
     installer.write_text(source.replace("def op_install(workdir, release_id, force, sources, lock_wait=None):",

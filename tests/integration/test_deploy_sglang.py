@@ -34,8 +34,11 @@ def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("sglang-env")
     python = make_sglang_venv(root)
     snapshot = root / "checkout"
-    for rel in ("src/ddtree", "smoke"):
-        shutil.copytree(REPO / rel, snapshot / rel, ignore=shutil.ignore_patterns("__pycache__"))
+    for rel in ("src/ddtree", "ddtree_ops/hostside", "ddtree_ops/__init__.py"):
+        if (REPO / rel).is_file():
+            shutil.copy(REPO / rel, snapshot / rel)
+        else:
+            shutil.copytree(REPO / rel, snapshot / rel, ignore=shutil.ignore_patterns("__pycache__"))
     return python, snapshot
 
 
@@ -77,8 +80,8 @@ PLUGIN_STAGE = """
 import json, sys
 from pathlib import Path
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/src"]
-from smoke.protocol import SmokeOptions, StageContext
-from smoke.stages.plugin import run
+from ddtree_ops.hostside.protocol import SmokeOptions, StageContext
+from ddtree_ops.hostside.stages.plugin import run
 ctx = StageContext(stage="plugin", device="cpu", options=SmokeOptions(), host={}, run_dir=Path("/tmp"),
                    release_root=Path(sys.argv[1]), expected_release=None, log=print, emit_metric=lambda n, v: None)
 result = run(ctx)
@@ -262,7 +265,7 @@ def test_a_new_release_replaces_the_old_one_file_for_file(host, env, capsys, tmp
     python, snapshot = env
     other = tmp_path / "checkout-b"
     shutil.copytree(snapshot, other)
-    (other / "smoke" / "release-b.txt").write_text("a different release\n")
+    (other / "ddtree_ops" / "hostside" / "release-b.txt").write_text("a different release\n")
     before = site_listing(python)
     code, first = run_cli(capsys, inventory, snapshot, "deploy")
     assert code == 0, first

@@ -44,7 +44,7 @@ def assert_release_intact(workdir: Path, release_id: str) -> None:
 
 def big_checkout(tmp_path: Path, mib: int = 24) -> Path:
     root = make_checkout(tmp_path / "big", version="big")
-    (root / "smoke" / "weights.bin").write_bytes(os.urandom(mib << 20))  # incompressible: a slow transfer
+    (root / "ddtree_ops" / "hostside" / "weights.bin").write_bytes(os.urandom(mib << 20))  # incompressible: a slow transfer
     return root
 
 

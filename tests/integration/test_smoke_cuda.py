@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_runner_runs_device_stages_on_cuda(tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(REPO / "smoke" / "runner.py"), "run", "--run-id", "cuda",
+        [sys.executable, str(REPO / "ddtree_ops" / "hostside" / "runner.py"), "run", "--run-id", "cuda",
          "--workdir", str(tmp_path), "--release-root", str(REPO), "--stages",
          "env,golden,invariants,tree-bench", "--options",
          json.dumps({"budgets": [16, 256, 1024], "batch_sizes": [1, 16], "repeat": 5})],

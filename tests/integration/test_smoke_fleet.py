@@ -24,7 +24,7 @@ EXTRA_STAGES = {
             'def run(ctx):\n    print("hanging on", ctx.host["name"], flush=True)\n'
             '    time.sleep(3600)\n',
     "slow": 'NAME = "slow"\nDESCRIPTION = "takes a few seconds"\nimport time\n'
-            'from smoke.protocol import StageResult\n'
+            'from ddtree_ops.hostside.protocol import StageResult\n'
             'def run(ctx):\n    print("slow stage started", flush=True)\n'
             '    time.sleep(4)\n    return StageResult.passed("done")\n',
 }

@@ -21,8 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddtree import BuildMethod, build_ddtree_tree_from_logits, build_ddtree_trees, validate_tree
-from ddtree import fast_build, frontier_build, heap_build, row_select
-from ddtree.frontier_build import build_frontier_tree
+from ddtree import fast_build, heap_build, row_select
+from oracles import frontier_build
+from oracles.frontier_build import build_frontier_tree
 from ddtree.heap_build import top_log_probs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))

@@ -10,8 +10,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from smoke.protocol import SmokeOptions, StageContext, Status  # noqa: E402
-from smoke.stages import decode_bench, lossless  # noqa: E402
+from ddtree_ops.hostside.protocol import SmokeOptions, StageContext, Status  # noqa: E402
+from ddtree_ops.hostside.stages import decode_bench, lossless  # noqa: E402
 
 from ddtree.lossless import TINY_VOCAB, build_tiny_target, save_tiny_dflash_drafter, tiny_dflash_config  # noqa: E402
 
@@ -74,7 +74,7 @@ def test_lossless_stage_fails_when_draft_positions_are_off_by_one(tmp_path, monk
 
 
 def test_lossless_profiles_and_the_full_stage():
-    from smoke.stages import lossless_full
+    from ddtree_ops.hostside.stages import lossless_full
 
     assert lossless.select_profile({}) is lossless.QUICK
     full = lossless.select_profile({"lossless_full": True})

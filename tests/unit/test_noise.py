@@ -15,7 +15,7 @@ from ddtree_ops.cli.app import main  # noqa: E402
 from ddtree_ops.noise import LOAD_PER_CPU_LIMIT, SPREAD_LIMIT, cell_noise, load_problem  # noqa: E402
 from ddtree_ops.report import build_report, compare_with_baseline, load_baseline  # noqa: E402
 from ddtree_ops.results import RunStore  # noqa: E402
-from smoke.protocol import EventKind, encode_event, make_event, timing_row  # noqa: E402
+from ddtree_ops.hostside.protocol import EventKind, encode_event, make_event, timing_row  # noqa: E402
 
 QUIET = {"before": {"loadavg_1m": 0.2, "cpus": 4}, "after": {"loadavg_1m": 3.9, "cpus": 4}}
 BUSY = {"before": {"loadavg_1m": 6.1, "cpus": 2}, "after": {"loadavg_1m": 6.4, "cpus": 2}}
@@ -44,14 +44,14 @@ def test_timing_row_keeps_min_median_max():
 
 
 def test_the_runner_samples_load_and_cpus():
-    from smoke.runner import host_load
+    from ddtree_ops.hostside.runner import host_load
 
     sample = host_load()
     assert sample["cpus"] >= 1 and sample["loadavg_1m"] >= 0 and sample["time"] > 0
 
 
 def test_tree_bench_records_every_cell_with_its_spread(tmp_path):
-    from smoke.stages import tree_bench
+    from ddtree_ops.hostside.stages import tree_bench
     from tests.unit.test_smoke_stages import make_ctx
 
     assert tree_bench.TIMED

@@ -29,7 +29,7 @@ def local_host(workdir: Path, python: str = sys.executable):
 
 def test_manifest_and_release_id(tmp_path):
     bundle = build_bundle(make_checkout(tmp_path / "c"))
-    assert [f.relpath for f in bundle.files] == ["smoke/runner.py", "src/ddtree/__init__.py", "src/ddtree/tree.py"]
+    assert [f.relpath for f in bundle.files] == ["ddtree_ops/hostside/runner.py", "src/ddtree/__init__.py", "src/ddtree/tree.py"]
     assert bundle.release_id == hashlib.sha256(bundle.manifest).hexdigest()[:16]
     lines = bundle.manifest.decode().splitlines()
     assert lines[1] == hashlib.sha256(b"VERSION = '1'\n").hexdigest() + "  src/ddtree/__init__.py"
@@ -40,7 +40,7 @@ def test_manifest_and_release_id(tmp_path):
     with tarfile.open(fileobj=io.BytesIO(bundle.archive())) as tar:
         members = tar.getmembers()
     assert members[0].name == MANIFEST_NAME
-    assert {m.name: m.mode for m in members}["smoke/runner.py"] == 0o755
+    assert {m.name: m.mode for m in members}["ddtree_ops/hostside/runner.py"] == 0o755
 
 
 def test_bundle_without_smoke_and_bad_source(tmp_path):

@@ -21,7 +21,7 @@ from ddtree_ops.report import (  # noqa: E402
     sweep_pivot,
 )
 from ddtree_ops.results import RunStore  # noqa: E402
-from smoke.protocol import EventKind, encode_event, make_event  # noqa: E402
+from ddtree_ops.hostside.protocol import EventKind, encode_event, make_event  # noqa: E402
 
 
 def stage_end(host, stage, index, status, reason="", metrics=None, tables=None, tb=None, run_id="r1"):

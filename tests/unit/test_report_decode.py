@@ -28,8 +28,8 @@ from ddtree_ops.report import (  # noqa: E402
     plot_run,
 )
 from ddtree_ops.results import RunStore  # noqa: E402
-from smoke.protocol import EventKind, SmokeOptions, StageContext, Status, encode_event, jsonable, make_event  # noqa: E402
-from smoke.stages import decode_bench  # noqa: E402
+from ddtree_ops.hostside.protocol import EventKind, SmokeOptions, StageContext, Status, encode_event, jsonable, make_event  # noqa: E402
+from ddtree_ops.hostside.stages import decode_bench  # noqa: E402
 
 BUDGETS = [4, 16]
 NEW_TOKENS = 12

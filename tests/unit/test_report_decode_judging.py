@@ -17,7 +17,7 @@ from ddtree_ops.baselines import Baseline  # noqa: E402
 from ddtree_ops.cli.app import main  # noqa: E402
 from ddtree_ops.report import build_report, compare_decode  # noqa: E402
 from ddtree_ops.results import RunStore  # noqa: E402
-from smoke.protocol import EventKind, encode_event, make_event  # noqa: E402
+from ddtree_ops.hostside.protocol import EventKind, encode_event, make_event  # noqa: E402
 
 CELL = "math500 · Qwen3-8B · T=0"
 

@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from smoke.protocol import check_knobs
-from smoke.stages import sglang_e2e as e2e
+from ddtree_ops.hostside.protocol import check_knobs
+from ddtree_ops.hostside.stages import sglang_e2e as e2e
 
 
 class StandIn:

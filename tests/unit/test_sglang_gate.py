@@ -11,7 +11,7 @@ import pytest
 
 from ddtree.sglang import gate
 from ddtree.sglang.gate import FindingKind, run_gate
-from ddtree.sglang.install import REFUSAL_FINDINGS_SHOWN, entry_point_refusal, foreign_entry_points, gate_refusal
+from ddtree_ops.hostside.sglang_install import REFUSAL_FINDINGS_SHOWN, entry_point_refusal, foreign_entry_points, gate_refusal
 from ddtree.sglang.manifest import (
     NameKind,
     find_definition,

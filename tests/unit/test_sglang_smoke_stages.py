@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from smoke.protocol import SmokeOptions, StageContext, Status
-from smoke.stages import plugin as plugin_stage
-from smoke.stages import sglang_e2e as e2e
+from ddtree_ops.hostside.protocol import SmokeOptions, StageContext, Status
+from ddtree_ops.hostside.stages import plugin as plugin_stage
+from ddtree_ops.hostside.stages import sglang_e2e as e2e
 from sglang_plugin.dist import sglang_package_dir
 
 

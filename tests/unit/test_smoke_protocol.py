@@ -1,4 +1,4 @@
-"""The stage protocol and record format (smoke/protocol.py)."""
+"""The stage protocol and record format (ddtree_ops/hostside/protocol.py)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from smoke.protocol import (  # noqa: E402
+from ddtree_ops.hostside.protocol import (  # noqa: E402
     PROTOCOL_VERSION,
     STAGE_ORDER,
     EventKind,
@@ -37,7 +37,7 @@ def test_stage_module_names_and_order():
 def test_each_shipped_stage_module_declares_the_protocol(stage):
     import importlib
 
-    module = importlib.import_module(f"smoke.stages.{stage_module_name(stage)}")
+    module = importlib.import_module(f"ddtree_ops.hostside.stages.{stage_module_name(stage)}")
     assert module.NAME == stage
     assert isinstance(module.DESCRIPTION, str) and module.DESCRIPTION
     assert callable(module.run)
@@ -94,13 +94,13 @@ def test_smoke_package_imports_only_ddtree_stdlib_and_torch():
     import re
 
     # sglang_ddtree_utils: the seed script's own import line, carried as text by `golden`
-    allowed = set(sys.stdlib_module_names) | {"torch", "ddtree", "smoke", "sglang_ddtree_utils"}
+    allowed = set(sys.stdlib_module_names) | {"torch", "ddtree", "ddtree_ops", "sglang_ddtree_utils"}
     pattern = re.compile(r"^\s*(?:import|from)\s+([a-zA-Z_]+)", re.M)
     mine = ["__init__.py", "protocol.py", "release_check.py", "runner.py", "stages/__init__.py", "stages/env.py",
             "stages/import.py", "stages/golden.py", "stages/invariants.py",
             "stages/tree_bench.py", "stages/lossless.py", "stages/lossless_full.py",
             "stages/decode_bench.py"]
-    for path in (REPO / "smoke" / name for name in mine):
+    for path in (REPO / "ddtree_ops" / "hostside" / name for name in mine):
         imported = set(pattern.findall(path.read_text()))
         assert imported <= allowed, (path, imported - allowed)
 

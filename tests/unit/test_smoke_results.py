@@ -21,7 +21,7 @@ from ddtree_ops.results import (  # noqa: E402
     new_run_id,
     runs_root,
 )
-from smoke.protocol import EventKind, encode_event, make_event  # noqa: E402
+from ddtree_ops.hostside.protocol import EventKind, encode_event, make_event  # noqa: E402
 
 
 def line(kind: EventKind, host: str = "h1", **fields) -> str:

@@ -1,4 +1,4 @@
-"""The host-side runner, run for real (`python smoke/runner.py run ...` in a subprocess) on a
+"""The host-side runner, run for real (`python ddtree_ops/hostside/runner.py run ...` in a subprocess) on a
 scratch release that holds purpose-built stages: pass, fail, raise, hang, abort, segfault."""
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ STAGES = {
 NAME = "ok"
 DESCRIPTION = "passes with a metric"
 def run(ctx):
-    from smoke.protocol import StageResult
+    from ddtree_ops.hostside.protocol import StageResult
     ctx.log("hello from ok")
     ctx.emit_metric("answer", 42)
     return StageResult.passed("fine", metrics={"device": ctx.device},
@@ -30,7 +30,7 @@ def run(ctx):
 NAME = "bad"
 DESCRIPTION = "returns a failure"
 def run(ctx):
-    from smoke.protocol import StageResult
+    from ddtree_ops.hostside.protocol import StageResult
     return StageResult.failed("bad on purpose", metrics={"x": 1.5})
 """,
     "boom": """
@@ -67,7 +67,7 @@ def run(ctx):
 NAME = "skipme"
 DESCRIPTION = "skips"
 def run(ctx):
-    from smoke.protocol import StageResult
+    from ddtree_ops.hostside.protocol import StageResult
     return StageResult.skipped("nothing to do here")
 """,
     "pid": """
@@ -75,7 +75,7 @@ NAME = "pid"
 DESCRIPTION = "reports the worker pid"
 import os
 def run(ctx):
-    from smoke.protocol import StageResult
+    from ddtree_ops.hostside.protocol import StageResult
     return StageResult.passed(metrics={"pid": os.getpid()})
 """,
     "spawner": """
@@ -97,14 +97,14 @@ NAME = "odd"
 DESCRIPTION = "a reason that is no string"
 def run(ctx):
     from pathlib import Path
-    from smoke.protocol import StageResult
+    from ddtree_ops.hostside.protocol import StageResult
     return StageResult.failed(ValueError("made by an exception"), metrics={"where": str(Path("/x"))})
 """,
     "listtables": """
 NAME = "listtables"
 DESCRIPTION = "tables as a list"
 def run(ctx):
-    from smoke.protocol import StageResult
+    from ddtree_ops.hostside.protocol import StageResult
     return StageResult.passed("rows", tables=[{"budget": 16, "ms": 1.0}])
 """,
     "threadlog": """
@@ -112,7 +112,7 @@ NAME = "threadlog"
 DESCRIPTION = "logs from several threads at once"
 import threading
 def run(ctx):
-    from smoke.protocol import StageResult
+    from ddtree_ops.hostside.protocol import StageResult
     def chatter(tag):
         for i in range(1500):
             ctx.log(tag * 6000)
@@ -136,20 +136,21 @@ def _alive(pid: int) -> bool:
 @pytest.fixture(scope="module")
 def release(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("release")
-    (root / "smoke" / "stages").mkdir(parents=True)
+    (root / "ddtree_ops" / "hostside" / "stages").mkdir(parents=True)
+    shutil.copy(REPO / "ddtree_ops" / "__init__.py", root / "ddtree_ops" / "__init__.py")
     for name in ("__init__.py", "protocol.py", "release_check.py", "runner.py"):
-        shutil.copy(REPO / "smoke" / name, root / "smoke" / name)
-    shutil.copy(REPO / "smoke" / "stages" / "__init__.py", root / "smoke" / "stages")
-    shutil.copy(REPO / "smoke" / "stages" / "env.py", root / "smoke" / "stages")
+        shutil.copy(REPO / "ddtree_ops" / "hostside" / name, root / "ddtree_ops" / "hostside" / name)
+    shutil.copy(REPO / "ddtree_ops" / "hostside" / "stages" / "__init__.py", root / "ddtree_ops" / "hostside" / "stages")
+    shutil.copy(REPO / "ddtree_ops" / "hostside" / "stages" / "env.py", root / "ddtree_ops" / "hostside" / "stages")
     for name, code in STAGES.items():
-        (root / "smoke" / "stages" / f"{name}.py").write_text(code)
+        (root / "ddtree_ops" / "hostside" / "stages" / f"{name}.py").write_text(code)
     (root / "src").symlink_to(REPO / "src")
     return root
 
 
 def run_runner(release: Path, workdir: Path, stages: str, *extra: str, run_id: str = "r1",
                timeout: float = 60) -> tuple[int, list[dict], str]:
-    argv = [sys.executable, str(release / "smoke" / "runner.py"), "run", "--run-id", run_id,
+    argv = [sys.executable, str(release / "ddtree_ops" / "hostside" / "runner.py"), "run", "--run-id", run_id,
             "--workdir", str(workdir), "--release-root", str(release), "--host", "h1",
             "--stages", stages, *extra]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
@@ -241,7 +242,7 @@ def test_crash_without_keep_going_reports_the_rest_as_not_run(release, tmp_path)
 
 
 def test_stages_share_one_worker_process(release, tmp_path):
-    (release / "smoke" / "stages" / "pid2.py").write_text(
+    (release / "ddtree_ops" / "hostside" / "stages" / "pid2.py").write_text(
         STAGES["pid"].replace('NAME = "pid"', 'NAME = "pid2"'))
     code, records, _ = run_runner(release, tmp_path, "pid,pid2")
     assert code == 0
@@ -264,7 +265,7 @@ def test_bad_options_are_a_usage_error(release, tmp_path):
 
 
 def test_stop_interrupts_a_running_run_and_keeps_what_arrived(release, tmp_path):
-    argv = [sys.executable, str(release / "smoke" / "runner.py"), "run", "--run-id", "r9",
+    argv = [sys.executable, str(release / "ddtree_ops" / "hostside" / "runner.py"), "run", "--run-id", "r9",
             "--workdir", str(tmp_path), "--release-root", str(release), "--stages",
             "ok,hang,skipme"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
@@ -275,7 +276,7 @@ def test_stop_interrupts_a_running_run_and_keeps_what_arrived(release, tmp_path)
         lines.append(json.loads(line))
         if lines[-1]["event"] == "stage_start" and lines[-1]["stage"] == "hang":
             break
-    stop = subprocess.run([sys.executable, str(release / "smoke" / "runner.py"), "stop",
+    stop = subprocess.run([sys.executable, str(release / "ddtree_ops" / "hostside" / "runner.py"), "stop",
                            "--run-id", "r9", "--workdir", str(tmp_path)],
                           capture_output=True, text=True, timeout=30)
     assert json.loads(stop.stdout)["stopped"] is True
@@ -293,7 +294,7 @@ def test_stop_interrupts_a_running_run_and_keeps_what_arrived(release, tmp_path)
 
 def test_closed_stdout_does_not_stop_the_run(release, tmp_path):
     """A dropped SSH channel: the runner keeps writing its files for `collect`."""
-    argv = [sys.executable, str(release / "smoke" / "runner.py"), "run", "--run-id", "r7",
+    argv = [sys.executable, str(release / "ddtree_ops" / "hostside" / "runner.py"), "run", "--run-id", "r7",
             "--workdir", str(tmp_path), "--release-root", str(release), "--stages", "ok,bad"]
     read_end, write_end = os.pipe()
     proc = subprocess.Popen(argv, stdout=write_end)
@@ -307,7 +308,7 @@ def test_closed_stdout_does_not_stop_the_run(release, tmp_path):
 
 def test_files_lists_the_run_with_hashes(release, tmp_path):
     run_runner(release, tmp_path, "ok")
-    proc = subprocess.run([sys.executable, str(release / "smoke" / "runner.py"), "files",
+    proc = subprocess.run([sys.executable, str(release / "ddtree_ops" / "hostside" / "runner.py"), "files",
                            "--run-id", "r1", "--workdir", str(tmp_path)],
                           capture_output=True, text=True, timeout=30)
     listed = {json.loads(line)["path"]: json.loads(line) for line in proc.stdout.splitlines()}
@@ -356,7 +357,7 @@ def test_a_stop_while_torch_imports_runs_nothing(release, tmp_path):
     shutil.copytree(release, slow, symlinks=True, ignore=shutil.ignore_patterns("src"))
     (slow / "src" / "ddtree").mkdir(parents=True)
     (slow / "src" / "ddtree" / "__init__.py").write_text("import time\ntime.sleep(30)\n")
-    argv = [sys.executable, str(slow / "smoke" / "runner.py"), "run", "--run-id", "r5",
+    argv = [sys.executable, str(slow / "ddtree_ops" / "hostside" / "runner.py"), "run", "--run-id", "r5",
             "--workdir", str(tmp_path), "--release-root", str(slow), "--stages", "ok,skipme"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     pid_file = tmp_path / "runs" / "r5" / "runner.pid"
@@ -364,7 +365,7 @@ def test_a_stop_while_torch_imports_runs_nothing(release, tmp_path):
     while not pid_file.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.5)
-    subprocess.run([sys.executable, str(slow / "smoke" / "runner.py"), "stop", "--run-id", "r5",
+    subprocess.run([sys.executable, str(slow / "ddtree_ops" / "hostside" / "runner.py"), "stop", "--run-id", "r5",
                     "--workdir", str(tmp_path)], capture_output=True, timeout=30, check=True)
     out, _ = proc.communicate(timeout=30)
     records = [json.loads(line) for line in out.splitlines() if line.strip()]
@@ -380,7 +381,7 @@ def test_the_runner_keeps_talking_while_a_slow_torch_imports(release, tmp_path):
     shutil.copytree(release, slow, symlinks=True)
     (slow / "torch").mkdir()
     (slow / "torch" / "__init__.py").write_text("import time\ntime.sleep(6.5)\n__version__ = '0.fake'\n")
-    argv = [sys.executable, str(slow / "smoke" / "runner.py"), "run", "--run-id", "r2", "--workdir",
+    argv = [sys.executable, str(slow / "ddtree_ops" / "hostside" / "runner.py"), "run", "--run-id", "r2", "--workdir",
             str(tmp_path), "--release-root", str(slow), "--host", "h1", "--stages", "skipme"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     lines = proc.stdout.split("\n")

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from ddtree_ops.release import build_bundle  # noqa: E402
-from smoke.protocol import SmokeOptions, StageContext, Status  # noqa: E402
+from ddtree_ops.hostside.protocol import SmokeOptions, StageContext, Status  # noqa: E402
 
 
 def make_ctx(tmp_path: Path, stage: str, release_root: Path = REPO, expected: str | None = None,
@@ -45,7 +45,7 @@ def workdir(tmp_path_factory) -> tuple[Path, str]:
 
 def run_import_stage(workdir: Path, *extra: str, env: dict | None = None) -> dict:
     proc = subprocess.run(
-        [sys.executable, str(workdir / "current" / "smoke" / "runner.py"), "run", "--run-id",
+        [sys.executable, str(workdir / "current" / "ddtree_ops" / "hostside" / "runner.py"), "run", "--run-id",
          "t", "--workdir", str(workdir), "--stages", "import", *extra],
         capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})})
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]  # blank: keepalive
@@ -91,7 +91,7 @@ def release_copy(workdir: Path, factory) -> tuple[Path, Path]:
 
 def run_runner(workdir: Path, stages: str, *extra: str) -> tuple[int, list[dict], str]:
     proc = subprocess.run(
-        [sys.executable, str(workdir / "current" / "smoke" / "runner.py"), "run", "--run-id",
+        [sys.executable, str(workdir / "current" / "ddtree_ops" / "hostside" / "runner.py"), "run", "--run-id",
          "t", "--workdir", str(workdir), "--stages", stages, *extra],
         capture_output=True, text=True, timeout=120)
     return proc.returncode, [json.loads(line) for line in proc.stdout.splitlines() if line.strip()], proc.stderr
@@ -176,7 +176,7 @@ def test_planted_bytecode_in_the_release_is_never_run(workdir, tmp_path_factory)
 
 
 def test_check_release_names_every_kind_of_damage(workdir, tmp_path_factory):
-    from smoke.release_check import check_release
+    from ddtree_ops.hostside.release_check import check_release
 
     root, release_id = workdir
     assert check_release(root / "current") == (release_id, [])
@@ -184,7 +184,7 @@ def test_check_release_names_every_kind_of_damage(workdir, tmp_path_factory):
     (release / "src" / "ddtree" / "tree.py").write_text("edited")
     (release / "src" / "ddtree" / "extra.py").write_text("stray")
     (release / "src" / "ddtree" / "inputs.py").unlink()
-    (release / "smoke" / "linked.py").symlink_to(release / "smoke" / "protocol.py")
+    (release / "ddtree_ops" / "hostside" / "linked.py").symlink_to(release / "ddtree_ops" / "hostside" / "protocol.py")
     (release / "src" / "ddtree" / "__pycache__").mkdir(exist_ok=True)
     (release / "src" / "ddtree" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"ignored")
     renamed = release.parent / "0000000000000000"
@@ -195,17 +195,17 @@ def test_check_release_names_every_kind_of_damage(workdir, tmp_path_factory):
     assert sorted(p for p in problems if p != edited) == sorted([
         "src/ddtree/inputs.py: unreadable (No such file or directory)",
         "src/ddtree/extra.py: unexpected file (not in the manifest)",
-        "smoke/linked.py: unexpected link",
+        "ddtree_ops/hostside/linked.py: unexpected link",
         f"release directory 0000000000000000 holds manifest {release_id}",
     ])
 
 
 def test_import_in_process_sees_ddtree_from_elsewhere(workdir, tmp_path):
     """This test process imported ddtree from the checkout, not from the release."""
-    from smoke.stages import env as _  # noqa: F401
+    from ddtree_ops.hostside.stages import env as _  # noqa: F401
     import importlib
 
-    stage = importlib.import_module("smoke.stages.import")
+    stage = importlib.import_module("ddtree_ops.hostside.stages.import")
     root, release_id = workdir
     result = stage.run(make_ctx(tmp_path, "import", root / "current", release_id))
     assert result.status is Status.FAIL
@@ -213,7 +213,7 @@ def test_import_in_process_sees_ddtree_from_elsewhere(workdir, tmp_path):
 
 
 def test_golden_passes_and_carries_the_seed_output(tmp_path):
-    from smoke.stages import golden
+    from ddtree_ops.hostside.stages import golden
 
     result = golden.run(make_ctx(tmp_path, "golden"))
     assert result.status is Status.PASS, result.reason
@@ -229,7 +229,7 @@ def test_golden_passes_and_carries_the_seed_output(tmp_path):
 
 def test_golden_fails_on_a_broken_builder(tmp_path, monkeypatch):
     import ddtree
-    from smoke.stages import golden
+    from ddtree_ops.hostside.stages import golden
 
     real = ddtree.build_ddtree_tree_from_logits
     monkeypatch.setattr(ddtree, "build_ddtree_tree_from_logits",
@@ -242,7 +242,7 @@ def test_golden_fails_on_a_broken_builder(tmp_path, monkeypatch):
 
 def test_invariants_fail_when_the_batched_builder_drifts(tmp_path, monkeypatch):
     import ddtree
-    from smoke.stages import invariants
+    from ddtree_ops.hostside.stages import invariants
 
     real = ddtree.build_ddtree_trees
     monkeypatch.setattr(ddtree, "build_ddtree_trees",
@@ -253,7 +253,7 @@ def test_invariants_fail_when_the_batched_builder_drifts(tmp_path, monkeypatch):
 
 
 def test_env_reports_the_interpreter(tmp_path):
-    from smoke.stages import env
+    from ddtree_ops.hostside.stages import env
 
     result = env.run(make_ctx(tmp_path, "env"))
     assert result.status is Status.PASS
@@ -265,7 +265,7 @@ def test_env_reports_the_interpreter(tmp_path):
 
 
 def test_tree_bench_small_sweep_has_every_point(tmp_path):
-    from smoke.stages import tree_bench
+    from ddtree_ops.hostside.stages import tree_bench
 
     ctx = make_ctx(tmp_path, "tree-bench", budgets=[0, 8], batch_sizes=[1, 3], repeat=1,
                    extra={"vocab": 500})
@@ -295,7 +295,7 @@ class SteppingClock:
 def test_tree_bench_time_budget_cuts_calls_never_points(tmp_path, monkeypatch, seconds, calls):
     """Past its time budget the sweep still times every point, once each (and skips the
     warm-ups); with no budget (0) every point gets `repeat` calls."""
-    from smoke.stages import tree_bench
+    from ddtree_ops.hostside.stages import tree_bench
 
     monkeypatch.setattr(tree_bench.time, "perf_counter", SteppingClock(1.0))
     ctx = make_ctx(tmp_path, "tree-bench", budgets=[4, 8], batch_sizes=[1, 2], repeat=4,
@@ -309,7 +309,7 @@ def test_tree_bench_time_budget_cuts_calls_never_points(tmp_path, monkeypatch, s
 
 
 def test_tree_bench_time_budget_knob_is_checked():
-    from smoke.protocol import check_knobs
+    from ddtree_ops.hostside.protocol import check_knobs
 
     assert check_knobs({"tree_bench_seconds": 0}) == {"tree_bench_seconds": 0}
     with pytest.raises(ValueError, match="tree_bench_seconds: expected a number >= 0"):
@@ -317,7 +317,7 @@ def test_tree_bench_time_budget_knob_is_checked():
 
 
 def test_pacer_spreads_the_budget_over_the_points(monkeypatch):
-    from smoke.stages import tree_bench
+    from ddtree_ops.hostside.stages import tree_bench
 
     monkeypatch.setattr(tree_bench.time, "perf_counter", lambda: 100.0)
     pacer = tree_bench.Pacer(2.0, 4)
@@ -328,7 +328,7 @@ def test_pacer_spreads_the_budget_over_the_points(monkeypatch):
 def test_the_runner_keeps_torch_threads_from_spinning(monkeypatch):
     """The runner sets OMP_WAIT_POLICY=PASSIVE before it imports torch, unless the operator
     chose a policy."""
-    from smoke import runner
+    from ddtree_ops.hostside import runner
 
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     runner._preload()
@@ -353,7 +353,7 @@ from pathlib import Path
 NAME = "switch"
 DESCRIPTION = "re-points current, as a push during the run would"
 def run(ctx):
-    from smoke.protocol import StageResult
+    from ddtree_ops.hostside.protocol import StageResult
     current = Path(ctx.run_dir).parents[1] / "current"
     os.unlink(current)
     os.symlink(ctx.options.extra["to"], current)
@@ -365,14 +365,14 @@ def test_a_push_during_a_run_does_not_change_the_release_the_run_executes(tmp_pa
     from fixtures.checkout import copy_release_files
 
     whoami = 'NAME = "whoami"\nDESCRIPTION = "says which release"\n' \
-             'def run(ctx):\n    from smoke.protocol import StageResult\n    return StageResult.passed({!r})\n'
+             'def run(ctx):\n    from ddtree_ops.hostside.protocol import StageResult\n    return StageResult.passed({!r})\n'
     first = install_release(tmp_path, copy_release_files(tmp_path / "a", {"switch": SWITCH_STAGE,
                                                                            "whoami": whoami.format("first")}))
     second = install_release(tmp_path, copy_release_files(tmp_path / "b", {"switch": SWITCH_STAGE,
                                                                             "whoami": whoami.format("second")}))
     (tmp_path / "current").symlink_to(f"releases/{first.name}")
     proc = subprocess.run(
-        [sys.executable, str(tmp_path / "current" / "smoke" / "runner.py"), "run", "--run-id", "t",
+        [sys.executable, str(tmp_path / "current" / "ddtree_ops" / "hostside" / "runner.py"), "run", "--run-id", "t",
          "--workdir", str(tmp_path), "--stages", "switch,whoami,import",
          "--options", json.dumps({"extra": {"to": f"releases/{second.name}"}})],
         capture_output=True, text=True, timeout=120)

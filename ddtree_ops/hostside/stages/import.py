@@ -4,7 +4,7 @@ Checks that `ddtree` (and every loaded `ddtree.*` module) comes from `<release_r
 that no other `ddtree` sits on the host's `sys.path` (a stale or foreign copy would shadow
 ours in other processes, e.g. SGLang's), that every file the release's `MANIFEST.sha256`
 lists still has its hash, and that the manifest's id is the release the operator pushed.
-What "intact" means is `smoke.release_check`'s (the runner checks it before it imports
+What "intact" means is `ddtree_ops.hostside.release_check`'s (the runner checks it before it imports
 `ddtree`; this stage says so in the results).
 """
 from __future__ import annotations
@@ -13,8 +13,8 @@ import os
 import sys
 from pathlib import Path
 
-from smoke.protocol import StageContext, StageResult
-from smoke.release_check import MANIFEST_NAME, check_release, summary
+from ddtree_ops.hostside.protocol import StageContext, StageResult
+from ddtree_ops.hostside.release_check import MANIFEST_NAME, check_release, summary
 
 NAME = "import"
 DESCRIPTION = "the release's ddtree is the one imported, and its files match the manifest"

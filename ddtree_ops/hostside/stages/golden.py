@@ -12,7 +12,7 @@ import io
 import sys
 from pathlib import Path
 
-from smoke.protocol import StageContext, StageResult
+from ddtree_ops.hostside.protocol import StageContext, StageResult
 
 NAME = "golden"
 DESCRIPTION = "the seed's golden vector and its own smoke script output, exactly"

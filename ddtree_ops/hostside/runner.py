@@ -1,4 +1,4 @@
-"""The host-side smoke runner: `python <workdir>/current/smoke/runner.py run ...`.
+"""The host-side smoke runner: `python <workdir>/current/ddtree_ops/hostside/runner.py run ...`.
 
 One Python start per host per run. The parent process (this script) imports torch and the
 release's `ddtree` once, then forks a worker that runs the selected stages in order and sends
@@ -58,20 +58,20 @@ def _compile_release_from_source(release_root: str) -> None:
 
 
 if __package__ in (None, ""):
-    # Run as a script: import `smoke` and `ddtree` from the release this file belongs to,
-    # ahead of anything else on the host's sys.path (the script's own folder is dropped so
-    # `smoke/*.py` never shadows a top-level module), compiled from their sources. The path is
+    # Run as a script: import `ddtree_ops.hostside` and `ddtree` from the release this file
+    # belongs to, ahead of anything else on the host's sys.path (the script's own folder is
+    # dropped so `hostside/*.py` never shadows a top-level module), compiled from their sources. The path is
     # resolved once, here: `current` may be switched by a push during the run, and every stage
     # must still come from the release the run started with.
     _script_dir = os.path.dirname(os.path.realpath(__file__))
-    _release_root = os.path.dirname(_script_dir)
+    _release_root = os.path.dirname(os.path.dirname(_script_dir))  # <release>/ddtree_ops/hostside
     _own_dirs = {_script_dir, os.path.dirname(os.path.abspath(__file__))}
     sys.path[:] = [p for p in sys.path
                    if os.path.abspath(p or ".") not in _own_dirs and os.path.realpath(p or ".") not in _own_dirs]
     sys.path[:0] = [_release_root, os.path.join(_release_root, "src")]
     _compile_release_from_source(_release_root)
 
-from smoke.protocol import (  # noqa: E402
+from ddtree_ops.hostside.protocol import (  # noqa: E402
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_STAGE_FAILED,
@@ -141,7 +141,7 @@ def resolve_stages(requested: list[str] | None) -> list[str]:
 
 
 def load_stage(name: str) -> Any:
-    module = importlib.import_module(f"smoke.stages.{stage_module_name(name)}")
+    module = importlib.import_module(f"ddtree_ops.hostside.stages.{stage_module_name(name)}")
     for attr in ("NAME", "DESCRIPTION", "run"):
         if not hasattr(module, attr):
             raise AttributeError(f"stage module {module.__name__} has no {attr}")
@@ -448,10 +448,10 @@ def _preload() -> dict[str, Any]:
 
 def release_problem(release_root: Path, workdir: Path, default_root: bool) -> str | None:
     """Why this release must not run, or None. A pushed release (one with a manifest) is
-    checked before anything of it beyond `smoke` is imported: a tampered file must never run
+    checked before anything of it beyond `ddtree_ops.hostside` is imported: a tampered file must never run
     as if verified. A folder without a manifest (a checkout given as --release-root) runs,
     and the `import` stage says it is not a pushed release."""
-    from smoke.release_check import check_release, has_manifest, summary
+    from ddtree_ops.hostside.release_check import check_release, has_manifest, summary
 
     if default_root:  # the runner's own release, reached through `current`
         releases = os.path.realpath(workdir / "releases")

@@ -43,7 +43,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from smoke.protocol import TIMINGS_TABLE, StageContext, StageResult, timing_row
+from ddtree_ops.hostside.protocol import TIMINGS_TABLE, StageContext, StageResult, timing_row
 
 NAME = "sglang-e2e"
 DESCRIPTION = "SGLang end to end: no speculation vs DFlash vs DFlash+DDTree (tokens, acceptance, tokens/s)"

@@ -19,7 +19,7 @@ import statistics
 import time
 from typing import Any, Callable, NamedTuple
 
-from smoke.protocol import TIMINGS_TABLE, StageContext, StageResult, timing_row
+from ddtree_ops.hostside.protocol import TIMINGS_TABLE, StageContext, StageResult, timing_row
 
 NAME = "tree-bench"
 DESCRIPTION = "tree-build time vs budget (heap, public, batched, topk floor), batch 1 and 16"

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from smoke.protocol import StageContext, StageResult
+from ddtree_ops.hostside.protocol import StageContext, StageResult
 
 NAME = "lossless"
 DESCRIPTION = "DDTree/DFlash emit exactly the autoregressive tokens on a tiny real transformer"

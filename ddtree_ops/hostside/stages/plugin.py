@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 
-from smoke.protocol import StageContext, StageResult
+from ddtree_ops.hostside.protocol import StageContext, StageResult
 
 NAME = "plugin"
 DESCRIPTION = "DDTree SGLang plugin: gate, entry point, hooks applied by SGLang's load_plugins()"

@@ -1,5 +1,5 @@
 """Is a pushed release on this host intact? Stdlib only: the runner asks before it imports
-anything of the release beyond `smoke` itself, and the `import` stage asks again.
+anything of the release beyond `ddtree_ops.hostside` itself, and the `import` stage asks again.
 
 The manifest format is ddtree_ops/release.py's: `<sha256>  <relpath>` lines (split on
 "\\n" only), id = the first 16 hex digits of the manifest's sha256. Intact means: every listed

@@ -1,6 +1,6 @@
 """The stage protocol and the wire format of smoke records (host side; stdlib only).
 
-A stage is one module `smoke/stages/<name with '-' -> '_'>.py` that defines
+A stage is one module `ddtree_ops/hostside/stages/<name with '-' -> '_'>.py` that defines
 
     NAME: str                  # the stage name, e.g. "tree-bench"
     DESCRIPTION: str           # one line, shown by the CLI
@@ -91,7 +91,7 @@ EXIT_INTERRUPTED = 130
 
 
 def stage_module_name(stage: str) -> str:
-    """`tree-bench` -> `tree_bench` (the module under smoke/stages/)."""
+    """`tree-bench` -> `tree_bench` (the module under ddtree_ops/hostside/stages/)."""
     return stage.replace("-", "_")
 
 

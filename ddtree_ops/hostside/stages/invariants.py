@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from smoke.protocol import StageContext, StageResult
+from ddtree_ops.hostside.protocol import StageContext, StageResult
 
 NAME = "invariants"
 DESCRIPTION = "validate_tree, fast/batched == heap, retrieve-array walk == follow_verified_tree"

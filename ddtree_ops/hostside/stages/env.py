@@ -5,7 +5,7 @@ import importlib.metadata
 import platform
 import sys
 
-from smoke.protocol import StageContext, StageResult
+from ddtree_ops.hostside.protocol import StageContext, StageResult
 
 NAME = "env"
 DESCRIPTION = "Python, torch, CUDA/GPUs and SGLang of the host's environment"

@@ -3,8 +3,8 @@
 `ddtree-ops smoke --stages lossless-full`."""
 from __future__ import annotations
 
-from smoke.protocol import StageContext, StageResult
-from smoke.stages import lossless
+from ddtree_ops.hostside.protocol import StageContext, StageResult
+from ddtree_ops.hostside.stages import lossless
 
 NAME = "lossless-full"
 DESCRIPTION = "the lossless proof with more models, budgets, tokens and samples"

@@ -28,7 +28,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from smoke.protocol import TIMINGS_TABLE, StageContext, StageResult, timing_row
+from ddtree_ops.hostside.protocol import TIMINGS_TABLE, StageContext, StageResult, timing_row
 
 NAME = "decode-bench"
 DESCRIPTION = "AR vs DFlash vs DDTree budgets on the host's target + drafter: tau, speedup, stage split"
