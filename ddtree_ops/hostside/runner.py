@@ -91,7 +91,7 @@ from ddtree_ops.hostside.protocol import (  # noqa: E402
 
 # The release this runner belongs to, `current` resolved as the run starts (a push may switch
 # `current` while the run goes on).
-OWN_RELEASE_ROOT = Path(os.path.realpath(__file__)).parent.parent
+OWN_RELEASE_ROOT = Path(os.path.realpath(__file__)).parents[2]  # <release>/ddtree_ops/hostside/runner.py
 
 DEFAULT_STAGE_TIMEOUT_S = 600.0
 HEARTBEAT_S = 5.0

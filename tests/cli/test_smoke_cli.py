@@ -154,7 +154,7 @@ def test_report_baseline_and_plot(env, capsys, tmp_path):
         assert "1 baseline check(s) not judged" in err and f"regression: {metric}" not in err
     else:
         assert f"regression: {metric} on local: expected" in err
-        assert f"measured {measured['per_request_ms']!r}" in err
+        assert f"measured {measured['per_request_ms']:g} " in err  # values are shown as %g, never as reprs
     assert "golden.nosuch on local: expected 1, measured nothing (not measured)" in err
 
     broken = tmp_path / "broken.yaml"
