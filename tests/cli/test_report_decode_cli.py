@@ -32,8 +32,9 @@ def decode_run(tmp_path_factory) -> dict:
         "models": {"target": str(root / "tiny-target"), "drafter": str(root / "tiny-drafter"), "block_size": 6,
                    "prompts": str(root / "mini.jsonl")}}}}))
     runs = root / "runs"
+    # 24 new tokens: enough rounds for tau and the lossless check, a tenth of the default's time
     code = main(["smoke", "-i", str(inventory), "--runs-dir", str(runs), "--stages", "decode-bench",
-                 "--budgets", "4,16", "--json"])
+                 "--budgets", "4,16", "--set", "max_new_tokens=24", "--json"])
     assert code == 0
     stage = json.loads(next((runs).glob("*/local/stages/decode-bench.json")).read_text())
     assert stage["status"] == "pass", stage["reason"]

@@ -124,7 +124,8 @@ def make_sglang_venv(root: Path) -> Path:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
     wheel = sglang_wheel("%d.%d" % sys.version_info[:2])  # the venv's own interpreter version
-    _pip("--python", str(python), "install", "--no-deps", "--no-index", str(wheel))
+    # --no-compile: byte-compiling all of sglang costs more than the tests' own imports of it
+    _pip("--python", str(python), "install", "--no-deps", "--no-index", "--no-compile", str(wheel))
     borrowed = root / "borrowed-torch"
     borrowed.mkdir()
     here = Path(sysconfig.get_paths()["purelib"])
