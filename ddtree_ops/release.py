@@ -71,7 +71,7 @@ def git_origin(root: Path) -> Optional[GitOrigin]:
     commit = (git("rev-parse", "--verify", "HEAD") or "").strip()
     if not commit:
         return None
-    status = git("status", "--porcelain", "--untracked-files=normal", "--", *BUNDLE_DIRS)
+    status = git("status", "--porcelain", "--untracked-files=normal", "--", *BUNDLE_DIRS, *BUNDLE_FILES)
     return GitOrigin(commit=commit, dirty=status is None or bool(status.strip()))
 
 

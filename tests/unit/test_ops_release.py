@@ -248,8 +248,8 @@ def test_the_release_names_its_git_commit_and_whether_it_was_dirty(tmp_path):
     changed = build_bundle(root)
     assert changed.git.dirty is True and changed.described.endswith(f"(git {head[:12]}, dirty)")
     git("checkout", "-q", "--", "src/ddtree/tree.py")
-    (root / "smoke" / "extra.py").write_text("Y = 1\n")  # untracked, but bundled
+    (root / "ddtree_ops" / "hostside" / "extra.py").write_text("Y = 1\n")  # untracked, but bundled
     assert build_bundle(root).git.dirty is True
-    (root / "smoke" / "extra.py").unlink()
+    (root / "ddtree_ops" / "hostside" / "extra.py").unlink()
     (root / "notes.txt").write_text("not bundled\n")  # outside the bundled folders: still clean
     assert build_bundle(root).git.dirty is False
