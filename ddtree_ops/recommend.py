@@ -74,8 +74,9 @@ def _ratio(a: _Cell | None, b: _Cell | None) -> float | None:
 
 
 def recommend_level(host: str, concurrency: int, rows: Iterable[Mapping[str, Any]],
-                    margin: float = DEFAULT_MARGIN) -> Recommendation:
-    """The verdict for one host and level from that level's `sglang_load` rows."""
+                    margin: float = DEFAULT_MARGIN, noisy_why: str = "") -> Recommendation:
+    """The verdict for one host and level from that level's `sglang_load` rows; `noisy_why`
+    (the host was busy while they were measured) makes it undecided."""
     cells = sorted(_cells(rows), key=lambda c: -c.tokens_per_s)
     best_of = {kind: next((c for c in cells if c.choice is kind), None) for kind in Choice}
     no_spec, dflash = best_of[Choice.NO_SPECULATION], best_of[Choice.DFLASH]
@@ -85,6 +86,8 @@ def recommend_level(host: str, concurrency: int, rows: Iterable[Mapping[str, Any
                               chosen.tokens_per_s if chosen else None, _ratio(chosen, no_spec),
                               _ratio(chosen, dflash), why)
 
+    if noisy_why:
+        return verdict(Choice.UNDECIDED, None, f"too noisy to decide: {noisy_why}; measure again on a quiet host")
     missing = [name for name, cell in (("no speculation", no_spec), ("DFlash", dflash),
                                        ("any DDTree budget", best_of[Choice.DDTREE])) if cell is None]
     if missing:
@@ -109,11 +112,65 @@ def recommend_level(host: str, concurrency: int, rows: Iterable[Mapping[str, Any
                                                f"deploy neither DFlash nor DDTree")
 
 
-def recommend(load_rows: Iterable[Mapping[str, Any]], margin: float = DEFAULT_MARGIN) -> list[Recommendation]:
-    """A verdict per (host, concurrency) present in `load_rows` (each row carries `host`)."""
+def recommend(load_rows: Iterable[Mapping[str, Any]], margin: float = DEFAULT_MARGIN,
+              noisy_hosts: Mapping[str, str] | None = None) -> list[Recommendation]:
+    """A verdict per (host, concurrency) present in `load_rows` (each row carries `host`);
+    `noisy_hosts`: host -> why its measurements cannot be trusted."""
     groups: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
     for row in load_rows:
         level = row.get("concurrency")
         if isinstance(level, int) and not isinstance(level, bool):
             groups.setdefault((str(row.get("host")), level), []).append(row)
-    return [recommend_level(host, level, rows, margin) for (host, level), rows in sorted(groups.items())]
+    noisy_hosts = noisy_hosts or {}
+    return [recommend_level(host, level, rows, margin, noisy_hosts.get(host, ""))
+            for (host, level), rows in sorted(groups.items())]
+
+
+# ----------------------------------------------------------------------------- from a run
+
+LOAD_STAGE, LOAD_TABLE = "sglang-e2e", "sglang_load"
+PREDICTION_STAGE, PREDICTION_TABLE = "decode-bench", "predictions"
+_PREDICTED_METHOD = {"no-spec": "ar", "dflash": "dflash", "ddtree": "ddtree"}  # sglang mode -> model method
+
+
+def _stage_rows(run: Any, stage: str, table: str) -> list[dict[str, Any]]:
+    rows = []
+    for host, record in run.hosts.items():
+        found = record.stages.get(stage)
+        for row in (found.tables.get(table, []) if found is not None else []):
+            if isinstance(row, Mapping):
+                rows.append({**row, "host": host})
+    return rows
+
+
+def run_recommendations(run: Any, margin: float = DEFAULT_MARGIN) -> list[Recommendation]:
+    """Verdicts from a run's sglang-e2e load tables, undecided on a host that was busy then."""
+    from ddtree_ops.noise import load_problem
+
+    noisy = {}
+    for host, record in run.hosts.items():
+        found = record.stages.get(LOAD_STAGE)
+        why = load_problem(found.load) if found is not None else ""
+        if why:
+            noisy[host] = why
+    return recommend(_stage_rows(run, LOAD_STAGE, LOAD_TABLE), margin, noisy)
+
+
+def predicted_vs_measured(run: Any) -> list[dict[str, Any]]:
+    """Where decode-bench predicted a cell that sglang-e2e measured (same host, level, method
+    and budget): both throughputs and the prediction's error relative to the measurement."""
+    predicted = {(r["host"], r.get("concurrency"), r.get("method"), r.get("budget")): r
+                 for r in _stage_rows(run, PREDICTION_STAGE, PREDICTION_TABLE)}
+    rows = []
+    for measured in _stage_rows(run, LOAD_STAGE, LOAD_TABLE):
+        method = _PREDICTED_METHOD.get(str(measured.get("mode")))
+        budget = measured.get("budget") if method == "ddtree" else None
+        match = predicted.get((measured["host"], measured.get("concurrency"), method, budget))
+        speed, guess = measured.get("tokens_per_s"), match.get("tokens_per_s") if match else None
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+                   for v in (speed, guess)):
+            continue
+        rows.append({"host": measured["host"], "concurrency": measured.get("concurrency"),
+                     "variant": measured.get("variant"), "predicted_tokens_per_s": guess,
+                     "measured_tokens_per_s": speed, "error": round(guess / speed - 1.0, 4)})
+    return rows

@@ -185,6 +185,43 @@ def render_report(report: "Report", console: "Console") -> None:
     render_loads(report, console)
 
 
+RECOMMEND_NOTE = ("deploy: the fastest variant per concurrency level in sglang-e2e's load runs; undecided when "
+                  "a variant is missing, the host was busy, or the runner-up of another kind is within 5% "
+                  "(one measurement per cell). vs no spec / vs DFlash: its tokens/s over theirs at that level.")
+PREDICT_NOTE = ("predicted: decode-bench's throughput model (verify cost of HF forwards on this host, tau from "
+                "its decodes); measured: sglang-e2e. error: predicted / measured - 1 (SGLang's kernels are "
+                "faster than HF forwards: compare rankings, not absolute values).")
+
+
+def render_recommendations(recommendations: list[Any], predictions: list[dict[str, Any]], console: "Console") -> None:
+    from rich.table import Table
+
+    if recommendations:
+        table = Table(title="recommendation: which variant pays at each load", title_justify="left")
+        for column in ("host", "concurrent", "deploy", "budget", "tokens/s", "vs no spec", "vs DFlash", "why"):
+            table.add_column(column, justify="left" if column in ("host", "deploy", "why") else "right",
+                             overflow="fold")
+        speeds = column_format([r.tokens_per_s for r in recommendations])
+        versus = column_format([r.speedup_vs_no_spec for r in recommendations]
+                               + [r.speedup_vs_dflash for r in recommendations], "x")
+        for r in recommendations:
+            table.add_row(r.host, str(r.concurrency), r.choice.value, "-" if r.budget is None else str(r.budget),
+                          speeds(r.tokens_per_s), versus(r.speedup_vs_no_spec), versus(r.speedup_vs_dflash), r.why)
+        console.print(table)
+        console.print(f"  {RECOMMEND_NOTE}", soft_wrap=True)
+    if predictions:
+        table = Table(title="throughput model: predicted beside measured (tokens/s)", title_justify="left")
+        for column in ("host", "concurrent", "variant", "predicted", "measured", "error"):
+            table.add_column(column, justify="left" if column in ("host", "variant") else "right")
+        predicted = column_format([r["predicted_tokens_per_s"] for r in predictions])
+        measured = column_format([r["measured_tokens_per_s"] for r in predictions])
+        for r in predictions:
+            table.add_row(r["host"], str(r["concurrency"]), str(r["variant"]), predicted(r["predicted_tokens_per_s"]),
+                          measured(r["measured_tokens_per_s"]), f"{r['error']:+.0%}")
+        console.print(table)
+        console.print(f"  {PREDICT_NOTE}", soft_wrap=True)
+
+
 def _clock(stamp: Any) -> str:
     import time
 
@@ -297,6 +334,7 @@ def report(
         load_any_baseline,
         plot_run,
     )
+    from ddtree_ops.recommend import predicted_vs_measured, run_recommendations
     from ddtree_ops.results import RunStore, check_run_id, runs_root
 
     if run_id is not None:
@@ -315,6 +353,7 @@ def report(
         raise UsageError(f"{', '.join(given)} applies to a decode baseline; {what}")
     run = RunStore(runs_root(runs_dir)).load(run_id)
     model = build_report(run)
+    recommendations, predictions = run_recommendations(run), predicted_vs_measured(run)
     comparisons: list[Any] = []
     decode = None
     if kind is BaselineKind.METRICS:
@@ -336,6 +375,8 @@ def report(
     if json_out:
         document = {"command": "report", **model.to_dict()}
         document["exit_code"] = int(code)  # this command's (0, or 5 on a regression)
+        document["recommendations"] = [r.to_dict() for r in recommendations]
+        document["predicted_vs_measured"] = predictions
         if kind is BaselineKind.METRICS:
             document["baseline"] = {"file": str(baseline), "kind": kind.value,
                                     "comparisons": [c.to_dict() for c in comparisons],
@@ -351,6 +392,7 @@ def report(
     else:
         console = stdout_console()
         render_report(model, console)
+        render_recommendations(recommendations, predictions, console)
         if kind is BaselineKind.METRICS:
             render_comparisons(comparisons, console)
         elif decode is not None:

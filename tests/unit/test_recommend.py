@@ -58,3 +58,8 @@ def test_a_verdict_per_host_and_level_in_order():
     assert [(v.host, v.concurrency, v.choice) for v in verdicts] == [
         ("gpu-a", 1, Choice.DDTREE), ("gpu-a", 8, Choice.DDTREE), ("gpu-b", 8, Choice.DFLASH)]
     assert verdicts[0].to_dict()["choice"] == "ddtree" and verdicts[2].to_dict()["budget"] is None
+
+
+def test_a_host_busy_during_the_measurement_is_undecided_whatever_its_numbers():
+    verdict = recommend(rows(b64=300.0), noisy_hosts={"gpu-a": "host load 40.00 on 16 CPUs"})[0]
+    assert verdict.choice is Choice.UNDECIDED and verdict.why.startswith("too noisy to decide: host load 40.00")
