@@ -24,6 +24,7 @@ from ddtree_ops.inventory import Host
 from ddtree_ops.release import HOSTSIDE_DIR, ReleaseBundle
 from ddtree_ops.ids import IdKind, check_optional_host_id
 from ddtree_ops.remote_layout import (
+    AGENT_REPLY_MAX_BYTES,
     DEFAULT_KEEP,
     agent_argv,
     agent_preamble,
@@ -71,7 +72,8 @@ def call_installer(
 ) -> dict[str, Any]:
     stdin = installer_stdin(bundle, op)
     # With site-packages: the installer works on the environment's site dir.
-    result = transport.run(agent_argv(host, op, *args, site=True), stdin=stdin, timeout=timeout)
+    result = transport.run(agent_argv(host, op, *args, site=True), stdin=stdin, timeout=timeout,
+                           max_output_bytes=AGENT_REPLY_MAX_BYTES)
     return parse_agent_reply(host, op, result)
 
 
@@ -159,7 +161,8 @@ class RollbackOutcome:
 def rollback_host(transport: Transport, host: Host, bundle: ReleaseBundle) -> RollbackOutcome:
     argv = agent_argv(host, "rollback", f"{lock_wait_within(host.command_timeout):g}", site=True)
     stdin = agent_preamble() + installer_stdin(bundle, "rollback")
-    reply = parse_agent_reply(host, "rollback", transport.run(argv, stdin=stdin, timeout=host.command_timeout))
+    reply = parse_agent_reply(host, "rollback", transport.run(argv, stdin=stdin, timeout=host.command_timeout,
+                                                              max_output_bytes=AGENT_REPLY_MAX_BYTES))
     reply = reply["rollback"]
     removed = reply.get("removed") or {}
     return RollbackOutcome(

@@ -164,6 +164,11 @@ def parse_agent_reply(host: Host, op: str, result: CommandResult) -> dict[str, A
 _DANGLING_LINK_PROBE = 'if [ -L "$1" ] && [ ! -e "$1" ]; then readlink "$1"; exit 3; fi'
 
 
+# An agent answers in a line or two of JSON (hosts-check facts included); a host sending more
+# is stopped there, not read into memory.
+AGENT_REPLY_MAX_BYTES = 16 << 20
+
+
 def python_not_found(transport: Transport, host: Host) -> RemoteStepError:
     """The error for a `python:` the host could not run (exit 127): a link whose target is
     gone (a removed virtualenv's interpreter, say) is named as such, not as missing."""
@@ -189,7 +194,8 @@ def call_agent(
     timeout: Optional[float] = None,
 ) -> dict[str, Any]:
     stdin = _Chain(io.BytesIO(agent_preamble()), payload) if payload is not None else agent_preamble()
-    result = transport.run(agent_argv(host, op, *args), stdin=stdin, timeout=timeout)
+    result = transport.run(agent_argv(host, op, *args), stdin=stdin, timeout=timeout,
+                           max_output_bytes=AGENT_REPLY_MAX_BYTES)
     if result.exit_status == 127:
         raise python_not_found(transport, host)
     return parse_agent_reply(host, op, result)
@@ -272,6 +278,7 @@ def run_with_release_on_demand(
             stdin=_Chain(io.BytesIO(agent_preamble() + before), gate),
             timeout=timeout,
             on_stdout_line=on_line,
+            max_output_bytes=AGENT_REPLY_MAX_BYTES,
         )
     finally:
         gate.finish()

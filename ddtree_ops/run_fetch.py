@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ddtree_ops.errors import ConfigError, RemoteStepError
+from ddtree_ops.errors import ConfigError, RemoteStepError, quoted
 from ddtree_ops.inventory import Host
 from ddtree_ops.remote_layout import agent_argv, agent_preamble, parse_agent_reply
 from ddtree_ops.results import adopt_remote_records, sha256_file
@@ -32,6 +32,9 @@ SHA256_PAX_KEY = "DDTREE.sha256"  # = hostside.agent.SHA256_PAX_KEY
 # What one host may send in one collect, at most: a run keeps logs and traces (a profiler
 # trace is ~100 MB), and a broken or hostile host must not fill the operator's disk.
 DEFAULT_MAX_BYTES = 8 << 30
+MAX_FILES = 10_000  # files in one collect: empty files cost no bytes, but each costs a file
+MAX_HEADER_BYTES = 1 << 20  # one member's headers (a GNU long name, pax records) at most
+MAX_NAME_BYTES = 4096  # a member's path (PATH_MAX)
 PART_SUFFIX = ".part"  # a file being received; never counted as held
 _QUEUE_CHUNKS = 64  # backpressure: at most this many chunks wait for the unpacker
 
@@ -74,11 +77,13 @@ def member_relpath(member: tarfile.TarInfo) -> str:
     name = member.name
     if not member.isreg():
         kind = "a link" if (member.issym() or member.islnk()) else "not a regular file"
-        raise UnsafeMember(f"archive member {name!r} is {kind}")
+        raise UnsafeMember(f"archive member {quoted(name)} is {kind}")
+    if len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
+        raise UnsafeMember(f"archive member {quoted(name)} has a name longer than {MAX_NAME_BYTES} bytes")
     if not name or name.startswith("/") or "\\" in name or "\0" in name:
-        raise UnsafeMember(f"archive member {name!r} is not a relative path")
+        raise UnsafeMember(f"archive member {quoted(name)} is not a relative path")
     if any(part in ("", ".", "..") for part in name.split("/")):
-        raise UnsafeMember(f"archive member {name!r} has an empty, '.' or '..' part")
+        raise UnsafeMember(f"archive member {quoted(name)} has an empty, '.' or '..' part")
     return name
 
 
@@ -88,13 +93,13 @@ def safe_target(root: Path, relpath: str) -> Path:
     for part in relpath.split("/")[:-1]:
         path = path / part
         if path.is_symlink() or (path.exists() and not path.is_dir()):
-            raise UnsafeMember(f"archive member {relpath!r}: {path} is a link or not a folder")
+            raise UnsafeMember(f"archive member {quoted(relpath)}: {path} is a link or not a folder")
     target = path / relpath.split("/")[-1]
     if target.is_symlink() or target.is_dir():
-        raise UnsafeMember(f"archive member {relpath!r}: {target} is a link or a folder")
+        raise UnsafeMember(f"archive member {quoted(relpath)}: {target} is a link or a folder")
     real_root = os.path.realpath(root)
     if os.path.commonpath([real_root, os.path.realpath(target.parent)]) != real_root:
-        raise UnsafeMember(f"archive member {relpath!r} would land outside {root}")
+        raise UnsafeMember(f"archive member {quoted(relpath)} would land outside {root}")
     return target
 
 
@@ -109,6 +114,14 @@ class _ChunkStream:
         self.ended = False
         self.reading = threading.Event()
         self.reading.set()
+        self.consumed = 0  # bytes handed to the reader
+        self.allowed = MAX_HEADER_BYTES  # ... at most this many, so far (see `allow`)
+
+    def allow(self, more: int) -> None:
+        """Let the reader take `more` bytes past what it has taken (a member's data, or the next
+        member's headers): tarfile buffers a header whole, so a 1 GB long name is refused here,
+        before it is read."""
+        self.allowed = self.consumed + more
 
     def feed(self, chunk: bytes) -> None:
         while self.reading.is_set():
@@ -134,6 +147,9 @@ class _ChunkStream:
         if size < 0:
             size = len(self.buffer)
         data, self.buffer = self.buffer[:size], self.buffer[size:]
+        self.consumed += len(data)
+        if self.consumed > self.allowed:
+            raise UnsafeMember(f"an archive header longer than {MAX_HEADER_BYTES} bytes (a huge name?)")
         return data
 
 
@@ -146,21 +162,28 @@ class _Unpacked:
 
 def unpack_stream(stream: Any, root: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> _Unpacked:
     """Write each member of a tar stream under root (see the module docstring); stops at the
-    first unsafe member, the first member past `max_bytes` in all, or a broken stream, and
-    says why in `error`."""
+    first unsafe member, the first member past `max_bytes` or MAX_FILES in all, a header past
+    MAX_HEADER_BYTES (with a `_ChunkStream`), or a broken stream, and says why in `error`;
+    what landed before stays."""
     outcome = _Unpacked()
     total = 0
+    bounded = isinstance(stream, _ChunkStream)
     try:
         with tarfile.open(fileobj=stream, mode="r|") as archive:
-            for member in archive:
+            for count, member in enumerate(archive, 1):
                 relpath = member_relpath(member)
                 total += member.size
                 if total > max_bytes:
-                    raise UnsafeMember(f"archive member {relpath!r} takes the stream past the limit of "
+                    raise UnsafeMember(f"archive member {quoted(relpath)} takes the stream past the limit of "
                                        f"{max_bytes} bytes ({len(outcome.fetched)} file(s) landed)")
+                if count > MAX_FILES:
+                    raise UnsafeMember(f"archive member {quoted(relpath)} is past the limit of {MAX_FILES} files "
+                                       f"({len(outcome.fetched)} file(s) landed)")
+                if bounded:  # this member's data (in 512-byte blocks), then the next one's headers
+                    stream.allow(-(-member.size // 512) * 512 + MAX_HEADER_BYTES)
                 expected = member.pax_headers.get(SHA256_PAX_KEY, "")
                 if len(expected) != 64:
-                    raise UnsafeMember(f"archive member {relpath!r} carries no sha256")
+                    raise UnsafeMember(f"archive member {quoted(relpath)} carries no sha256")
                 target = safe_target(root, relpath)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 safe_target(root, relpath)  # again: nothing became a link meanwhile

@@ -275,3 +275,44 @@ def test_a_host_sending_more_than_max_gib_fails_and_a_wider_limit_converges(loca
     assert code == 0, doc
     assert not set(doc["hosts"]["local"]["result"]["fetched"]) & landed
     assert_same_files(host_run, host_dir / "remote")
+
+
+FLOODER = """#!{python}
+# A hostile host answering collect with {what}.
+import hashlib, io, json, sys, tarfile
+out = sys.stdout.buffer
+with tarfile.open(fileobj=out, mode="w|", format=tarfile.{format}) as tar:
+    for index, (name, data) in enumerate({members}):
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        info.pax_headers = {{"DDTREE.sha256": hashlib.sha256(data).hexdigest()}}
+        tar.addfile(info, io.BytesIO(data))
+out.flush()
+sys.stderr.write(json.dumps({{"ok": True, "sent": 1, "kept": 0, "skipped": []}}) + "\\n")
+"""
+
+
+@pytest.mark.sshd
+@pytest.mark.parametrize("what, tar_format, members, why, landed", [
+    ("a GNU long name of 2 MiB", "GNU_FORMAT", "[('x' * (2 << 20), b'2')]",
+     "an archive header longer than 1048576 bytes (a huge name?)", 0),
+    ("a pax name of 2 MiB", "PAX_FORMAT", "[('first.txt', b'1'), ('y' * (2 << 20), b'2')]",
+     "an archive header longer than 1048576 bytes (a huge name?)", 1),
+    ("more empty files than a collect takes", "PAX_FORMAT", "[('f%05d' % i, b'') for i in range(300)]",
+     "archive member 'f00100' is past the limit of 100 files (100 file(s) landed)", 100),
+])
+def test_a_host_flooding_collect_with_names_or_files_fails_keeping_what_landed(
+        sshd_fleet, runs, tmp_path, capsys, monkeypatch, what, tar_format, members, why, landed):
+    monkeypatch.setattr("ddtree_ops.run_fetch.MAX_FILES", 100)  # 10,000 in use
+    fleet = sshd_fleet(2)
+    flooder = tmp_path / "flooder"
+    flooder.write_text(FLOODER.format(python=sys.executable, what=what, format=tar_format, members=members))
+    flooder.chmod(0o755)
+    inventory = str(fleet.write_inventory(host_overrides={"h1": {"python": str(flooder)}}))
+    host_runs = {h.name: make_host_run(h.workdir, h.name) for h in fleet.hosts}
+    run = make_local_run(runs, {h.name: h.workdir for h in fleet.hosts})
+    code, doc = collect_json(capsys, "-i", inventory)
+    assert code == 6, doc  # partial: h0 collected, h1 refused
+    assert_same_files(host_runs["h0"], run / "h0" / "remote")
+    assert doc["hosts"]["h1"]["error"] == f"h1: collect: refused the host's archive: {why}"
+    assert len([p for p in (run / "h1" / "remote").rglob("*") if p.is_file()]) == landed

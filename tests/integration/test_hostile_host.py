@@ -129,3 +129,25 @@ def test_one_hosts_bad_record_fails_that_host_and_every_other_host_is_shown(sshd
     assert main(["report", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["run_exit_code"] == 6 and report["hosts"]["h0"]["outcome"] == "pass"
+
+
+def test_a_probe_reply_past_its_bound_fails_the_host_and_stops_it(sshd_fleet, tmp_path, monkeypatch, capsys):
+    import json
+
+    from ddtree_ops.cli.app import main
+
+    monkeypatch.setattr("ddtree_ops.remote_layout.AGENT_REPLY_MAX_BYTES", 1 << 20)  # 16 MiB in use
+    fleet = sshd_fleet(1)
+    chatty = tmp_path / "chatty-python"
+    chatty.write_text(f"#!{sys.executable}\nimport sys, time\n"
+                      "for _ in range(64): sys.stdout.write('{' + 'x' * 65535 + '\\n')\n"
+                      "sys.stdout.flush(); time.sleep(300)\n")
+    os.chmod(chatty, 0o755)
+    inventory = fleet.write_inventory(host_overrides={"h0": {"python": str(chatty)}})
+    started = time.monotonic()
+    code = main(["hosts", "check", "-i", str(inventory), "--json"])
+    hosts = json.loads(capsys.readouterr().out)["hosts"]
+    assert code == 5, hosts
+    assert hosts["h0"]["error"] == f"h0: {chatty} sent more than 1048576 bytes; stopped (what arrived before is kept)"
+    assert time.monotonic() - started < 25  # at the limit, not at the command timeout (30 s)
+    assert wait_until_gone(str(chatty)) == []
