@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO, Optional
+from typing import Any, BinaryIO, Optional
 
 from ddtree_ops.errors import (
     AuthenticationFailed,
@@ -127,7 +127,7 @@ _REFUSED_DIRECTIVES: dict[str, tuple[str, Optional[frozenset[str]], str]] = {
     "proxycommand": ("ProxyCommand", None, "use ProxyJump"),
     "userknownhostsfile": ("UserKnownHostsFile", None,
                            "host keys are checked only against the inventory's known_hosts; "
-                           "set `known_hosts:` in the inventory instead"),
+                           "set `known_hosts:` in the inventory instead (naming that same file is accepted)"),
     # StrictHostKeyChecking is not here: ignoring it only ever keeps checks strict (`Host *`
     # with `accept-new` is a common setup, and refusing it would refuse every host).
     "x-ddtree-canonicalizehostname": ("CanonicalizeHostname", frozenset({"no"}),
@@ -293,6 +293,16 @@ def jump_targets(host: Host, target: SshTarget, _seen: tuple[str, ...] = ()) -> 
     return jump_targets(host, first, seen) + hops
 
 
+def _names_our_known_hosts(host: Host, value: Any) -> bool:
+    """UserKnownHostsFile naming exactly one file, the inventory's known_hosts (same file after
+    `~` and links are resolved)."""
+    files = str(value).split()
+    if len(files) != 1:
+        return False
+    ours = os.path.realpath(os.path.expanduser(known_hosts_path(host)))
+    return os.path.realpath(os.path.expanduser(files[0])) == ours
+
+
 def resolve_target(host: Host, alias: Optional[str] = None, *, user: Optional[str] = None,
                    port: Optional[int] = None) -> SshTarget:
     """Merge ssh_config's entry for the alias under the inventory's explicit values; refuse
@@ -305,6 +315,8 @@ def resolve_target(host: Host, alias: Optional[str] = None, *, user: Optional[st
         raise _config_error(host, f"cannot look up {alias!r}: {type(err).__name__}: {err}") from None
     for key, (spelling, fine, instead) in _REFUSED_DIRECTIVES.items():
         value = entry.get(key)
+        if key == "userknownhostsfile" and value is not None and _names_our_known_hosts(host, value):
+            continue  # the very file the inventory checks against: nothing differs
         if value is not None and not (fine and str(value).lower() in fine):
             raise _config_error(host, f"{spelling} {value} (for {alias!r}) is not supported: {instead}")
     is_main = alias == host.hostname

@@ -242,3 +242,24 @@ def test_trust_on_first_use_never_glues_lines(sshd_fleet):
         f"[127.0.0.1]:{fleet.hosts[0].port} ssh-ed25519 ")
     with open_transport(fleet.inventory().hosts["h1"]) as transport:  # its line still reads
         assert transport.run(["true"]).exit_status == 0
+
+
+def test_userknownhostsfile_naming_the_inventorys_known_hosts_is_accepted(sshd_fleet, tmp_path, capsys):
+    """The same file (also through a link) is nothing to refuse: keys are still checked against
+    it; another file, or several, stay refused (exit 3)."""
+    from ddtree_ops.cli.app import main
+
+    fleet = sshd_fleet(1)
+    link = tmp_path / "kh-link"
+    link.symlink_to(fleet.known_hosts)
+    for named in (fleet.known_hosts, link):
+        config = tmp_path / "ssh_config"
+        config.write_text(f"Host *\n  UserKnownHostsFile {named}\n")
+        inventory = fleet.write_inventory(host_overrides={"h0": {"ssh_config": str(config)}})
+        assert main(["hosts", "check", "-i", str(inventory)]) == 0, capsys.readouterr().err
+        capsys.readouterr()
+    for other in (f"{tmp_path / 'other_known_hosts'}", f"{fleet.known_hosts} {tmp_path / 'second'}"):
+        config.write_text(f"Host *\n  UserKnownHostsFile {other}\n")
+        inventory = fleet.write_inventory(host_overrides={"h0": {"ssh_config": str(config)}})
+        assert main(["hosts", "check", "-i", str(inventory)]) == 3
+        assert f"UserKnownHostsFile {other} (for '127.0.0.1') is not supported" in capsys.readouterr().err
