@@ -538,7 +538,39 @@ def push_locked(workdir, release_id, keep):
 
 def create_new(path, mode=0o644):
     """A file opened for writing that did not exist (no link followed, nothing truncated)."""
-    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode), "wb")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    return NamedWriter(path, os.fdopen(fd, "wb"))
+
+
+class NamedWriter:
+    """A file being written whose errors name it: a write or close that fails on a full disk
+    carries no file name of its own (`push: : No space left on device`)."""
+
+    def __init__(self, path, handle):
+        self.path, self.handle = path, handle
+
+    def write(self, data):
+        try:
+            return self.handle.write(data)
+        except OSError as err:
+            raise named(err, self.path) from None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.handle.close()  # flushes: the last buffered bytes may meet the full disk here
+        except OSError as err:
+            if exc[0] is None:
+                raise named(err, self.path) from None
+
+
+def named(err, path):
+    """`err` naming `path` when it names no file itself."""
+    if err.filename is not None:
+        return err
+    return type(err)(err.errno, err.strerror or str(err), path)
 
 
 def receive_archive(stream, target, release_id):
@@ -1014,7 +1046,8 @@ def run(argv):
     except AgentError as err:
         reply, code = {"ok": False, "kind": err.kind, "error": str(err)}, 1
     except OSError as err:
-        reply, code = {"ok": False, "kind": "os-error", "error": "%s: %s" % (err.filename or "", err.strerror or err)}, 1
+        where = "%s: " % err.filename if err.filename is not None else ""
+        reply, code = {"ok": False, "kind": "os-error", "error": "%s%s" % (where, err.strerror or err)}, 1
     reply_stream.write("\n" + json.dumps(reply) + "\n")
     reply_stream.flush()
     return code

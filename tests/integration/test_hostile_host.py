@@ -151,3 +151,25 @@ def test_a_probe_reply_past_its_bound_fails_the_host_and_stops_it(sshd_fleet, tm
     assert hosts["h0"]["error"] == f"h0: {chatty} sent more than 1048576 bytes; stopped (what arrived before is kept)"
     assert time.monotonic() - started < 25  # at the limit, not at the command timeout (30 s)
     assert wait_until_gone(str(chatty)) == []
+
+
+def test_a_full_disk_during_push_names_the_file(sshd_fleet, tmp_path, capsys):
+    import json
+
+    from ddtree_ops.cli.app import main
+    from fixtures.checkout import make_checkout
+
+    fleet = sshd_fleet(1)
+    # "a full disk": the kernel refuses every write past 64 KiB to the host's python (EFBIG, as
+    # a full filesystem refuses it with ENOSPC); nothing names the file in that error itself
+    limited = tmp_path / "python-on-a-full-disk"
+    limited.write_text(f"#!/bin/sh\nulimit -f 64\nexec {sys.executable} \"$@\"\n")
+    os.chmod(limited, 0o755)
+    inventory = fleet.write_inventory(host_overrides={"h0": {"python": str(limited)}})
+    source = make_checkout(tmp_path / "checkout")
+    (source / "src" / "ddtree" / "weights.bin").write_bytes(os.urandom(256 << 10))
+    code = main(["push", "--json", "-i", str(inventory), "--source", str(source)])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 5, doc
+    error = doc["hosts"]["h0"]["error"]
+    assert "/src/ddtree/weights.bin: File too large" in error and ": : " not in error, error
