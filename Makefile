@@ -12,7 +12,8 @@ run: setup
 	$(BIN)/ddtree-ops hosts check -H local
 	$(BIN)/ddtree-ops smoke -H local
 
-test: setup
+test:
+	@BOOTSTRAP_NEEDS_SSHD=1 bash scripts/bootstrap.sh
 	$(BIN)/python -m pytest -q
 
 bench: setup
