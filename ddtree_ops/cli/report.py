@@ -150,8 +150,8 @@ def render_report(report: "Report", console: "Console") -> None:
             noisy = set(row.get("noisy_builders", ()))
             noisy_seen |= bool(noisy)
             cells = [_noisy(formats[b](row.get(b)), b in noisy) for b in builders]
-            if speedup:
-                cells.append(_ratio(row.get("heap"), row.get("public")))
+            if speedup:  # a ratio of noisy medians is no steadier than they are
+                cells.append(_noisy(_ratio(row.get("heap"), row.get("public")), bool({"heap", "public"} & noisy)))
             sweep.add_row(str(row["host"]), str(row["batch_size"]), str(row["budget"]),
                           str(row.get("nodes", "-")), *cells)
         console.print(sweep)

@@ -74,13 +74,17 @@ def _stage_end(stage, index, metrics, tables, load):
 @pytest.fixture
 def noisy_run(tmp_path):
     """tree-bench on one host: budget 16 steady, budget 64 spread wide; host load as given."""
-    def make(load):
+    def make(load, with_heap=False):
         store = RunStore(tmp_path / "runs")
         store.create_run("r1", {"hosts": ["gpu-a"], "stages": ["tree-bench"]})
         rows = [{"builder": "public", "batch_size": 1, "budget": b, "per_request_ms": m, "nodes": b}
                 for b, m in ((16, 0.5), (64, 12.25))]
         timings = [timing_row("build_ms.public.bs1.b16", [0.48, 0.5, 0.52], "ms"),
                    timing_row("build_ms.public.bs1.b64", [1.0, 12.25, 40.0], "ms")]
+        if with_heap:  # steady at both budgets: the b64 ratio is noisy through public alone
+            rows += [{"builder": "heap", "batch_size": 1, "budget": b, "per_request_ms": 2.0, "nodes": b}
+                     for b in (16, 64)]
+            timings += [timing_row(f"build_ms.heap.bs1.b{b}", [1.9, 2.0, 2.1], "ms") for b in (16, 64)]
         recorder = store.host_recorder("r1", "gpu-a", {})
         for line in (encode_event(make_event(EventKind.RUN_START, "r1", "gpu-a", stages=["tree-bench"])),
                      _stage_end("tree-bench", 0, {"build_ms.public.bs1.b16": 0.5, "build_ms.public.bs1.b64": 12.25,
@@ -177,3 +181,13 @@ def test_charts_give_every_series_its_own_look_and_band(noisy_run, tmp_path):
         matplotlib.axes.Axes.fill_between = real_fill
     assert [p.name for p in paths] == ["tree-build-vs-budget-bs1.png"] and paths[0].stat().st_size > 0
     assert drawn == [([16, 64], [0.48, 1.0], [0.52, 40.0])]  # the min-max band of public
+
+
+def test_the_heap_public_ratio_is_as_noisy_as_its_parts(noisy_run, capsys):
+    store = noisy_run(QUIET, with_heap=True)
+    assert main(["report", "--runs-dir", str(store.root)]) == 0
+    out = capsys.readouterr().out
+    row_16 = next(line for line in out.splitlines() if " 16 " in line and "gpu-a" in line)
+    row_64 = next(line for line in out.splitlines() if " 64 " in line and "gpu-a" in line)
+    assert "4.00x" in row_16 and "noisy" not in row_16
+    assert "0.16x noisy" in row_64
