@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ddtree_ops.cli.app import main
+from ddtree_ops.release import BUNDLE_DIRS, BUNDLE_FILES
 from fixtures.checkout import make_checkout
 
 pytestmark = pytest.mark.sshd
@@ -78,9 +79,11 @@ def envs(tmp_path_factory):
     repo = Path(__file__).resolve().parents[2]
     root = tmp_path_factory.mktemp("rollout-envs")
     pythons = [make_sglang_venv(root / f"env{i}") for i in range(2)]
-    snapshot = root / "checkout"
-    for rel in ("src/ddtree", "smoke"):
+    snapshot = root / "checkout"  # what a release holds, frozen: the checkout may change under the suite
+    for rel in BUNDLE_DIRS:
         shutil.copytree(repo / rel, snapshot / rel, ignore=shutil.ignore_patterns("__pycache__"))
+    for rel in BUNDLE_FILES:
+        shutil.copy(repo / rel, snapshot / rel)
     return pythons, snapshot
 
 
