@@ -195,7 +195,8 @@ def test_a_frozen_then_thawed_host_keeps_its_loss_after_collect(sshd_fleet, runs
     shows its results and still the loss (when, after what silence), never a clean pass."""
     import ddtree_ops.cli.smoke as smoke_cli
 
-    monkeypatch.setattr(smoke_cli, "SILENCE_LIMIT_S", 12.0)  # > the runner's 5 s heartbeat
+    # > the runner's 5 s heartbeat, with room for a busy machine (h0 must not be lost too)
+    monkeypatch.setattr(smoke_cli, "SILENCE_LIMIT_S", 20.0)
     fleet = sshd_fleet(2, command_timeout=600)
     inventory = str(fleet.write_inventory())
     victim = fleet.hosts[1]
@@ -221,10 +222,10 @@ def test_a_frozen_then_thawed_host_keeps_its_loss_after_collect(sshd_fleet, runs
     assert h1["outcome"] == "lost" and report["run_exit_code"] == report["original_exit_code"] == 6
     assert [h1["stages"][s]["status"] for s in ("env", "slow", "golden")] == ["pass"] * 3  # what it finished
     history = h1["history"]
-    assert history["stage"] == "slow" and 12 <= history["silent_s"] < 60
+    assert history["stage"] == "slow" and 20 <= history["silent_s"] < 120
     assert history["completed_on_host"] == "pass" and history["host_exit_code"] == 0
     assert history["lost_at"] < history["finished_on_host_at"] < history["collected_at"]
-    assert any(f["host"] == "h1" and "sent nothing for 12s" in f["reason"] for f in report["failures"])
+    assert any(f["host"] == "h1" and "sent nothing for 20s" in f["reason"] for f in report["failures"])
 
     assert main(["report", doc["run_id"]]) == 0
     out = capsys.readouterr().out
