@@ -745,7 +745,7 @@ def plot_decode(report: Report, out_dir: Path,
                 if flat["host"] == host and flat.get("method") == "dflash" and \
                         _as_number(flat.get(key)) is not None:
                     axis.axhline(flat[key], alpha=0.6, label=f"{host} · DFlash",
-                                 **{**series_style(1, number), "linestyle": "--"})
+                                 **series_style(1, number))  # DFlash's colour, the host's line style
         _overlay_baseline(axis, baseline or [], key)
         axis.set_xscale("log", base=2)
         axis.set_xlabel("tree budget (draft nodes)")
