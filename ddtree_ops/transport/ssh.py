@@ -624,8 +624,10 @@ class SshTransport(Transport):
         try:
             channel = transport.open_session(timeout=_KILL_WAIT_S)
             channel.exec_command(f"kill -9 -{pgid} 2>/dev/null || kill -9 {pgid} 2>/dev/null")
-            channel.status_event.wait(_KILL_WAIT_S)
-            channel.close()
+            # Closed only once it has exited: a login shell cut off while it starts (its rc
+            # files) can leave their locks behind on the host.
+            if channel.status_event.wait(max(_KILL_WAIT_S, self.connect_timeout)):
+                channel.close()
         except Exception:  # noqa: BLE001 - the host or link may be gone: the error raised says so
             pass
 
