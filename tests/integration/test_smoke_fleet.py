@@ -164,7 +164,8 @@ def test_a_host_frozen_mid_run_is_lost_after_the_silence_limit_not_the_run_bound
     """SIGSTOP: TCP stays open and nothing arrives, so only the missing heartbeats tell."""
     import ddtree_ops.cli.smoke as smoke_cli
 
-    monkeypatch.setattr(smoke_cli, "SILENCE_LIMIT_S", 12.0)  # > the runner's 5 s heartbeat
+    # > the runner's 5 s heartbeat, with room for a busy machine (h0 must not be lost too)
+    monkeypatch.setattr(smoke_cli, "SILENCE_LIMIT_S", 20.0)
     fleet = sshd_fleet(2, command_timeout=600)
     inventory = str(fleet.write_inventory())
     victim = fleet.hosts[1]
@@ -176,17 +177,17 @@ def test_a_host_frozen_mid_run_is_lost_after_the_silence_limit_not_the_run_bound
     finally:
         freezer.join(5)
         victim.thaw()
-    assert time.monotonic() - started < 60  # the run bound here is over an hour
+    assert time.monotonic() - started < 600  # the run bound here is over 90 minutes: 9x margin
     assert code == 6
     assert doc["hosts"]["h0"]["outcome"] == "pass"
     lost = doc["hosts"]["h1"]
     assert lost["outcome"] == "lost" and lost["stages"]["env"]["status"] == "pass"
     [failure] = [f for f in doc["failures"] if f["host"] == "h1" and f["stage"] == "-"]
-    assert "sent nothing for 12s (the host or the connection froze)" in failure["reason"]
+    assert "sent nothing for 20s (the host or the connection froze)" in failure["reason"]
     # the stage under way reads `lost` with how long it had run (>= the silence), not `fail 0.0s`
-    assert lost["stages"]["slow"]["status"] == "lost" and lost["stages"]["slow"]["duration_s"] >= 12
+    assert lost["stages"]["slow"]["status"] == "lost" and lost["stages"]["slow"]["duration_s"] >= 20
     history = lost["history"]
-    assert history["stage"] == "slow" and 12 <= history["silent_s"] < 60 and history["ran_s"] >= history["silent_s"]
+    assert history["stage"] == "slow" and 20 <= history["silent_s"] < 120 and history["ran_s"] >= history["silent_s"]
     assert history["completed_on_host"] is None and history["collected_at"] is None
 
 
