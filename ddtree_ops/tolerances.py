@@ -1,4 +1,4 @@
-"""Comparison defaults shared by `ddtree_ops.report` and the CLI. A module of its own so that
+"""Comparison defaults shared by `ddtree_ops.report.decode_checks` and the CLI. A module of its own so that
 the CLI can show them in `--help` without importing the report code at start-up."""
 from __future__ import annotations
 

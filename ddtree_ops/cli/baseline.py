@@ -24,7 +24,7 @@ OutputOpt = Annotated[
 
 
 def _emit(baseline, output: Optional[Path]) -> None:  # noqa: ANN001 - Baseline, imported lazily
-    from ddtree_ops.baselines import write_atomically
+    from ddtree_ops.report.baselines import write_atomically
     from ddtree_ops.cli.console import say
 
     text = baseline.to_json()
@@ -62,7 +62,7 @@ def import_runs(
     already = _already_baselines(runs)
     if already:
         return _use_as_is(runs, already, output)
-    from ddtree_ops.baselines import import_reference_runs
+    from ddtree_ops.report.baselines import import_reference_runs
 
     baseline = import_reference_runs(runs)
     if output is not None:
@@ -118,7 +118,7 @@ def _use_as_is(runs: List[Path], already: list[Path], output: Optional[Path]) ->
 @baseline_app.command("paper")
 def paper(output: OutputOpt = None) -> int:
     """The paper's Table 1, MATH-500 budget sweep and histogram as a baseline file."""
-    from ddtree_ops.baselines import paper_baseline
+    from ddtree_ops.report.baselines import paper_baseline
 
     _emit(paper_baseline(), output)
     return 0

@@ -81,7 +81,8 @@ def bench(
         runs_dir=runs_dir, parallel=parallel, accept_new_host_keys=accept_new_host_keys,
         command="bench", run_id=run_id)
     if plot is not None:
-        from ddtree_ops.report import build_report, plot_run
+        from ddtree_ops.report.model import build_report
+        from ddtree_ops.report.plots import plot_run
         from ddtree_ops.results import RunStore, runs_root
 
         store = RunStore(runs_root(runs_dir))

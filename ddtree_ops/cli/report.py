@@ -15,7 +15,9 @@ from ddtree_ops.tolerances import DEFAULT_TAU_TOLERANCE
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
 
-    from ddtree_ops.report import Comparison, DecodeComparison, Report
+    from ddtree_ops.report.decode_checks import DecodeComparison
+    from ddtree_ops.report.metric_checks import MetricComparison
+    from ddtree_ops.report.model import Report
 
 _STATUS_STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow", "not_run": "dim", "lost": "bold red",
                  "running": "cyan"}
@@ -95,7 +97,7 @@ NOISY_NOTE = ("noisy: the median cannot be trusted: the cell's samples spread ov
 def render_report(report: "Report", console: "Console") -> None:
     from rich.table import Table
 
-    from ddtree_ops.report import sweep_pivot
+    from ddtree_ops.report.model import sweep_pivot
 
     command = report.meta.get("command") or "smoke"
     table = Table(title=f"{command} run {report.run_id}", title_justify="left")
@@ -268,7 +270,7 @@ def render_loads(report: "Report", console: "Console") -> None:
                 console.print(line, soft_wrap=True)
 
 
-def render_comparisons(comparisons: "list[Comparison]", console: "Console") -> None:
+def render_comparisons(comparisons: "list[MetricComparison]", console: "Console") -> None:
     for item in comparisons:
         console.print(_mark(item.verdict, 10), inert(item.line(), one_line=True))
 
@@ -325,15 +327,10 @@ def report(
     """Render a smoke run: status per host and stage, failures, the sweeps; compare with a baseline."""
     from ddtree_ops.cli.console import emit_json, say, stdout_console
     from ddtree_ops.errors import ExitCode, UsageError
-    from ddtree_ops.report import (
-        BaselineKind,
-        build_report,
-        compare_decode,
-        compare_with_baseline,
-        decode_baseline_overlay,
-        load_any_baseline,
-        plot_run,
-    )
+    from ddtree_ops.report.decode_checks import compare_decode, decode_baseline_overlay
+    from ddtree_ops.report.metric_checks import BaselineKind, compare_metrics, load_any_baseline
+    from ddtree_ops.report.model import build_report
+    from ddtree_ops.report.plots import plot_run
     from ddtree_ops.recommend import predicted_vs_measured, run_recommendations
     from ddtree_ops.results import RunStore, check_run_id, runs_root
 
@@ -357,7 +354,7 @@ def report(
     comparisons: list[Any] = []
     decode = None
     if kind is BaselineKind.METRICS:
-        comparisons = compare_with_baseline(run, loaded)
+        comparisons = compare_metrics(run, loaded)
     elif kind is BaselineKind.DECODE:
         decode = compare_decode(model, loaded, DEFAULT_TAU_TOLERANCE if tau_tolerance is None else tau_tolerance,
                                 dataset=baseline_dataset, model=baseline_model)

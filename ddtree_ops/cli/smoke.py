@@ -310,7 +310,7 @@ def run_smoke(
     from ddtree_ops.errors import ExitCode, RemoteStepError
     from ddtree_ops.fanout import HostState, run_fanout
     from ddtree_ops.rollout import RolloutPolicy, run_rollout
-    from ddtree_ops.report import build_report
+    from ddtree_ops.report.model import build_report
     from ddtree_ops.results import RUNS_DIR_ENV, RunStore, new_run_id, runs_root
 
     from ddtree_ops.transport.factory import check_connection_config

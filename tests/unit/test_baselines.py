@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from ddtree.runsummary import MethodSummary, summarize_methods
-from ddtree_ops.baselines import (
+from ddtree_ops.report.baselines import (
     PAPER_DIR,
     Baseline,
-    compare_with_baseline,
+    compare_summaries,
     import_reference_runs,
     load_reference_run,
     paper_baseline,
@@ -199,25 +199,25 @@ def summary(method, tau, speedup=None, identical=None, temperature=0.0, dataset=
 def test_comparison_checks_tau_tolerance_and_token_identity():
     baseline = paper_baseline()
     run = [summary("ddtree_tb64", 9.6, 6.5, 1.0), summary("ddtree_tb128", 10.2, 6.9, 1.0), summary("dflash", 7.0, 5.0, 1.0)]
-    result = compare_with_baseline(run, baseline, tau_tolerance=0.5)
+    result = compare_summaries(run, baseline, tau_tolerance=0.5)
     rows = {row.key[3]: row for row in result.rows}
     assert rows["ddtree_tb64"].tau_ok and rows["ddtree_tb64"].baseline_tau == 9.748
     assert rows["dflash"].tau_ok is False  # 7.0 vs the paper's 7.79
     assert rows["ddtree_best"].baseline_tau == 10.73 and rows["ddtree_best"].speedup == 6.9  # fastest budget
     assert not result.ok and [r.key[3] for r in result.failures] == ["dflash", "ddtree_best"]  # 10.2 vs 10.73
-    assert compare_with_baseline(run, baseline, tau_tolerance=0.8).ok
+    assert compare_summaries(run, baseline, tau_tolerance=0.8).ok
 
     lossy = [summary("ddtree_tb64", 9.7, 6.5, identical=0.5)]
-    row = compare_with_baseline(lossy, baseline, tau_tolerance=1.0).rows[0]
+    row = compare_summaries(lossy, baseline, tau_tolerance=1.0).rows[0]
     assert row.tau_ok and row.lossless_ok is False and not row.ok
 
     unknown = [summary("ddtree_tb64", 3.0, 2.0, 1.0, dataset="ddtree-ops-mini")]
-    row = compare_with_baseline(unknown, baseline, tau_tolerance=0.1).rows[0]
+    row = compare_summaries(unknown, baseline, tau_tolerance=0.1).rows[0]
     assert row.tau_ok is None and row.baseline_tau is None and row.ok
-    aliased = compare_with_baseline(unknown, baseline, 0.1, dataset_alias={"ddtree-ops-mini": "math500"}).rows[0]
+    aliased = compare_summaries(unknown, baseline, 0.1, dataset_alias={"ddtree-ops-mini": "math500"}).rows[0]
     assert aliased.baseline_tau == 9.748 and aliased.tau_ok is False
     with pytest.raises(ValueError, match="tau tolerance must be >= 0, got -1"):
-        compare_with_baseline(run, baseline, tau_tolerance=-1)
+        compare_summaries(run, baseline, tau_tolerance=-1)
 
 
 def test_our_records_summarise_like_the_reference_ones():
@@ -229,7 +229,7 @@ def test_our_records_summarise_like_the_reference_ones():
 
 
 def test_budget_series_for_plots():
-    from ddtree_ops.baselines import budget_series
+    from ddtree_ops.report.baselines import budget_series
 
     series = budget_series(paper_baseline().entries)
     sweep = series[("math500", "Qwen3-8B", 0.0)]
@@ -266,7 +266,7 @@ def test_comparison_rows_name_the_cell_looked_up_and_the_best_budget():
     run = [summary("ddtree_tb64", 9.6, 6.5, 1.0, dataset="mini"), summary("ddtree_tb128", 10.2, 6.9, 0.5, dataset="mini")]
     for entry in run:
         entry.model = "tiny"
-    result = compare_with_baseline(run, paper_baseline(), 0.5, dataset_alias={"mini": "math500"},
+    result = compare_summaries(run, paper_baseline(), 0.5, dataset_alias={"mini": "math500"},
                                    model_alias={"tiny": "Qwen3-8B"})
     rows = {row.key[3]: row for row in result.rows}
     assert rows["ddtree_tb64"].baseline_key == ("math500", "Qwen3-8B", 0.0, "ddtree_tb64")
@@ -274,5 +274,5 @@ def test_comparison_rows_name_the_cell_looked_up_and_the_best_budget():
     assert rows["ddtree_best"].budget == 128 and rows["ddtree_best"].baseline_tau == 10.73
     # token identity is judged once, on the budget's own row, not again on the derived best row
     assert rows["ddtree_tb128"].lossless_ok is False and rows["ddtree_best"].lossless_ok is None
-    without_model = compare_with_baseline(run, paper_baseline(), 0.5, dataset_alias={"mini": "math500"})
+    without_model = compare_summaries(run, paper_baseline(), 0.5, dataset_alias={"mini": "math500"})
     assert all(row.tau_ok is None for row in without_model.rows)

@@ -9,7 +9,12 @@ import math
 import pytest
 import torch
 
-from ddtree_ops.baselines import compare_with_baseline, import_reference_runs, load_reference_run, paper_baseline
+from ddtree_ops.report.baselines import (
+    compare_summaries,
+    import_reference_runs,
+    load_reference_run,
+    paper_baseline,
+)
 from ddtree_ops.errors import BaselineFileError, ExitCode
 from test_baselines import reference_run, save, summary
 
@@ -112,19 +117,19 @@ def test_a_raw_pickle_gets_our_own_one_line_refusal(tmp_path):
 
 def test_token_identity_not_measured_at_t0_is_not_a_pass():
     run = [summary("baseline", 1.0, 1.0, None), summary("ddtree_tb64", 9.7, 6.5, None)]
-    rows = {row.key[3]: row for row in compare_with_baseline(run, paper_baseline(), 0.5).rows}
+    rows = {row.key[3]: row for row in compare_summaries(run, paper_baseline(), 0.5).rows}
     assert rows["ddtree_tb64"].tau_ok and rows["ddtree_tb64"].lossless_ok is False and not rows["ddtree_tb64"].ok
     assert rows["baseline"].lossless_ok is None  # AR is the reference itself
     assert rows["ddtree_best"].lossless_ok is None  # judged on its budget's own row
     hot = [summary("ddtree_tb64", 9.7, 6.5, None, temperature=1.0)]
-    assert compare_with_baseline(hot, paper_baseline(), 0.5).rows[0].lossless_ok is None  # sampling: not checked
+    assert compare_summaries(hot, paper_baseline(), 0.5).rows[0].lossless_ok is None  # sampling: not checked
 
 
 def test_baseline_methods_the_run_lacks_are_listed_as_not_compared():
     run = [summary("ddtree_tb64", 9.7, 6.5, 1.0)]
-    missing = compare_with_baseline(run, paper_baseline(), 0.5).not_compared
+    missing = compare_summaries(run, paper_baseline(), 0.5).not_compared
     assert sorted(e.method for e in missing) == ["ddtree_tb1024", "ddtree_tb128", "ddtree_tb16", "ddtree_tb256",
                                                   "ddtree_tb32", "ddtree_tb512", "dflash"]
     assert all(e.key[:3] == ("math500", "Qwen3-8B", 0.0) for e in missing)  # the run's cell only
     other = [summary("ddtree_tb64", 9.7, 6.5, 1.0, dataset="gsm8k-mini")]
-    assert compare_with_baseline(other, paper_baseline(), 0.5).not_compared == []  # no cell matched: nothing listed
+    assert compare_summaries(other, paper_baseline(), 0.5).not_compared == []  # no cell matched: nothing listed

@@ -13,7 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ddtree_ops.cli.app import main  # noqa: E402
 from ddtree_ops.noise import LOAD_PER_CPU_LIMIT, SPREAD_LIMIT, cell_noise, load_problem  # noqa: E402
-from ddtree_ops.report import build_report, compare_with_baseline, load_baseline  # noqa: E402
+from ddtree_ops.report.metric_checks import compare_metrics, load_baseline  # noqa: E402
+from ddtree_ops.report.model import build_report  # noqa: E402
 from ddtree_ops.results import RunStore  # noqa: E402
 from ddtree_ops.hostside.protocol import EventKind, encode_event, make_event, timing_row  # noqa: E402
 
@@ -116,7 +117,7 @@ def test_the_report_marks_noisy_cells_and_never_calls_them_regressions(noisy_run
     assert stage["load"] == QUIET and stage["load_problem"] is None
     assert stage["timings"]["build_ms.public.bs1.b64"]["noisy"] is True
     # a slower b64 would be a regression, but its cell is noisy: not judged; b16 is judged
-    results = compare_with_baseline(store.load("r1"), load_baseline(_baseline(tmp_path, 0.4, 1.0)))
+    results = compare_metrics(store.load("r1"), load_baseline(_baseline(tmp_path, 0.4, 1.0)))
     verdicts = {c.check.metric: c.verdict for c in results}
     assert verdicts == {"tree-bench.build_ms.public.bs1.b16": "regression",
                         "tree-bench.build_ms.public.bs1.b64": "not judged", "tree-bench.vocab": "ok"}
@@ -126,7 +127,7 @@ def test_a_loaded_host_makes_every_timed_cell_noisy(noisy_run, tmp_path):
     store = noisy_run(BUSY)
     report = build_report(store.load("r1"))
     assert all(row["noisy"] for row in report.sweep)
-    results = compare_with_baseline(store.load("r1"), load_baseline(_baseline(tmp_path, 0.4, 1.0)))
+    results = compare_metrics(store.load("r1"), load_baseline(_baseline(tmp_path, 0.4, 1.0)))
     assert [c.verdict for c in results] == ["not judged", "not judged", "ok"]  # vocab is no timing
 
 
@@ -160,7 +161,7 @@ def test_report_cli_says_noisy_in_table_json_and_exit_code(noisy_run, tmp_path, 
 
 def test_charts_give_every_series_its_own_look_and_band(noisy_run, tmp_path):
     pytest.importorskip("matplotlib")
-    from ddtree_ops.report import plot_sweep, series_style
+    from ddtree_ops.report.plots import plot_sweep, series_style
 
     looks = {(series_style(b, h)["color"], str(series_style(b, h)["linestyle"])) for b in range(5) for h in range(3)}
     assert len(looks) == 15  # 12 lines shared a 10-colour cycle before

@@ -1,4 +1,4 @@
-"""The report model, its rendering, baseline parsing and judging (ddtree_ops/report.py)."""
+"""The report model, its rendering, baseline parsing and judging (ddtree_ops/report/)."""
 from __future__ import annotations
 
 import io
@@ -11,15 +11,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ddtree_ops.errors import ConfigError  # noqa: E402
-from ddtree_ops.report import (  # noqa: E402
-    Better,
-    MetricCheck,
-    build_report,
-    compare_with_baseline,
-    judge,
-    load_baseline,
-    sweep_pivot,
-)
+from ddtree_ops.report.metric_checks import Better, MetricCheck, compare_metrics, judge, load_baseline  # noqa: E402
+from ddtree_ops.report.model import build_report, sweep_pivot  # noqa: E402
 from ddtree_ops.results import RunStore  # noqa: E402
 from ddtree_ops.hostside.protocol import EventKind, encode_event, make_event  # noqa: E402
 
@@ -154,7 +147,7 @@ def test_infinite_measurements_from_the_runner_are_regressions_not_a_number(tmp_
     checks = [MetricCheck("tree-bench.speedup.public.bs1.b64", 2.0, tolerance=0.1, better=Better.HIGHER),
               MetricCheck("tree-bench.build_ms.public.bs1.b64", 1.5, tolerance=0.25, better=Better.LOWER),
               MetricCheck("tree-bench.build_ms.public.bs1.b16", 1.5, tolerance=0.25, better=Better.LOWER)]
-    results = compare_with_baseline(store.load("r4"), checks)
+    results = compare_metrics(store.load("r4"), checks)
     assert [(c.measured, c.ok, c.why) for c in results] == [
         ("inf", False, "not a number"), ("-inf", False, "not a number"), ("nan", False, "not a number")]
 
@@ -162,7 +155,7 @@ def test_infinite_measurements_from_the_runner_are_regressions_not_a_number(tmp_
 def test_comparisons_name_metric_host_expected_and_measured(run):
     checks = [MetricCheck("env.gpu_count", 8, hosts=("gpu-a", "gpu-b")),
               MetricCheck("golden.status", "pass")]
-    results = compare_with_baseline(run, checks)
+    results = compare_metrics(run, checks)
     lines = {c.line() for c in results if not c.ok}
     assert "env.gpu_count on gpu-b: expected 8, measured 0 (outside tolerance)" in lines
     assert "golden.status on gpu-b: expected pass, measured fail (differs)" in lines
@@ -173,7 +166,7 @@ def test_comparisons_name_metric_host_expected_and_measured(run):
 def test_a_check_of_a_host_the_run_did_not_select_is_not_made(run):
     """A fleet baseline against a run with `-H` a subset: the other hosts' checks are shown as
     not checked, neither passed nor regressions."""
-    results = compare_with_baseline(run, [MetricCheck("env.gpu_count", 8, hosts=("gpu-a", "gpu-z"))])
+    results = compare_metrics(run, [MetricCheck("env.gpu_count", 8, hosts=("gpu-a", "gpu-z"))])
     by_host = {c.host: c for c in results}
     assert by_host["gpu-a"].checked and by_host["gpu-a"].ok
     assert not by_host["gpu-z"].checked and by_host["gpu-z"].why == "host not in this run: not checked"
@@ -240,7 +233,7 @@ def test_decode_rows_are_reported_rendered_and_plotted(tmp_path):
     from ddtree_ops.cli.console import inert_console
 
     from ddtree_ops.cli.report import render_report
-    from ddtree_ops.report import plot_run
+    from ddtree_ops.report.plots import plot_run
 
     rows = [{"method": "baseline", "budget": None, "tau": 1.0, "speedup": 1.0,
              "time_per_output_token": 0.02, "identical_to_ar": 1.0},

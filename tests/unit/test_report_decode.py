@@ -16,17 +16,12 @@ pytest.importorskip("transformers")
 from ddtree.decode import DecodeConfig, generate_autoregressive, generate_dflash, generate_ddtree  # noqa: E402
 from ddtree.dflash_drafter import load_dflash_drafter, load_target  # noqa: E402
 from ddtree.lossless import TINY_VOCAB, build_tiny_target, save_tiny_dflash_drafter, tiny_dflash_config  # noqa: E402
-from ddtree_ops.baselines import import_reference_runs, paper_baseline  # noqa: E402
+from ddtree_ops.report.baselines import import_reference_runs, paper_baseline  # noqa: E402
 from ddtree_ops.errors import BaselineFileError, ConfigError  # noqa: E402
-from ddtree_ops.report import (  # noqa: E402
-    BaselineKind,
-    build_report,
-    compare_decode,
-    decode_baseline_overlay,
-    load_any_baseline,
-    load_baseline,
-    plot_run,
-)
+from ddtree_ops.report.decode_checks import compare_decode, decode_baseline_overlay  # noqa: E402
+from ddtree_ops.report.metric_checks import BaselineKind, load_any_baseline, load_baseline  # noqa: E402
+from ddtree_ops.report.model import build_report  # noqa: E402
+from ddtree_ops.report.plots import plot_run  # noqa: E402
 from ddtree_ops.results import RunStore  # noqa: E402
 from ddtree_ops.hostside.protocol import EventKind, SmokeOptions, StageContext, Status, encode_event, jsonable, make_event  # noqa: E402
 from ddtree_ops.hostside.stages import decode_bench  # noqa: E402

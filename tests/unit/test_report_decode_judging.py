@@ -13,9 +13,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ddtree.runsummary import MethodSummary  # noqa: E402
-from ddtree_ops.baselines import Baseline  # noqa: E402
+from ddtree_ops.report.baselines import Baseline  # noqa: E402
 from ddtree_ops.cli.app import main  # noqa: E402
-from ddtree_ops.report import build_report, compare_decode  # noqa: E402
+from ddtree_ops.report.decode_checks import compare_decode  # noqa: E402
+from ddtree_ops.report.model import build_report  # noqa: E402
 from ddtree_ops.results import RunStore  # noqa: E402
 from ddtree_ops.hostside.protocol import EventKind, encode_event, make_event  # noqa: E402
 

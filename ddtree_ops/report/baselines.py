@@ -8,8 +8,8 @@
 - `import_reference_runs(paths)` -> `Baseline`: per (dataset, model, temperature, method)
   tau, acceptance histogram, time per output token, speedup over AR, token identity with AR.
 - `paper_baseline(folder)`: the paper's Table 1, budget sweep and histogram (shipped CSVs).
-- `compare_with_baseline(run, baseline, tau_tolerance)`: the rule `report --baseline` applies
-  to a decode baseline (`ddtree_ops.report.compare_decode` turns it into per-host checks).
+- `compare_summaries(run, baseline, tau_tolerance)`: the rule `report --baseline` applies
+  to a decode baseline (`ddtree_ops.report.decode_checks.compare_decode` turns it into per-host checks).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from ddtree_ops.errors import BaselineFileError, UsageError, quoted
 from ddtree_ops.results import sha256_file
 
 BASELINE_FORMAT = "ddtree-ops-baseline/1"
-PAPER_DIR = Path(__file__).resolve().parent.parent / "baselines"
+PAPER_DIR = Path(__file__).resolve().parents[2] / "baselines"  # the checkout's baselines/ folder
 PAPER_SOURCE = "DDTree paper (Ringel & Romano 2026, arXiv 2604.12989)"
 
 # The reference's dataset keys (its `--dataset`) and the paper's display names.
@@ -387,7 +387,7 @@ def paper_baseline(folder: Path = PAPER_DIR) -> Baseline:
 
 
 @dataclass
-class ComparisonRow:
+class SummaryComparisonRow:
     key: tuple[str, str, float, str]  # (dataset, model, temperature, method) of the run
     tau: float
     baseline_tau: float | None
@@ -405,8 +405,8 @@ class ComparisonRow:
 
 
 @dataclass
-class Comparison:
-    rows: list[ComparisonRow]
+class SummaryComparison:
+    rows: list[SummaryComparisonRow]
     tau_tolerance: float
     # baseline entries of a (dataset, model, temperature) cell the run measured, for a method
     # the run has no row for (e.g. `dflash`, or a budget the run did not sweep)
@@ -417,7 +417,7 @@ class Comparison:
         return all(row.ok for row in self.rows)
 
     @property
-    def failures(self) -> list[ComparisonRow]:
+    def failures(self) -> list[SummaryComparisonRow]:
         return [row for row in self.rows if not row.ok]
 
 
@@ -434,13 +434,13 @@ def best_ddtree(entries: Iterable[MethodSummary]) -> list[MethodSummary]:
     return [MethodSummary(**{**entry.__dict__, "method": "ddtree_best"}) for entry in best.values()]
 
 
-def compare_with_baseline(
+def compare_summaries(
     run: Sequence[MethodSummary],
     baseline: Baseline,
     tau_tolerance: float,
     dataset_alias: Mapping[str, str] | None = None,
     model_alias: Mapping[str, str] | None = None,
-) -> Comparison:
+) -> SummaryComparison:
     """Compare a run's per-method summaries (decode-bench's `methods` table) with a baseline.
 
     tau passes when |tau - baseline tau| <= tau_tolerance (absolute); at T=0 every method must
@@ -466,7 +466,7 @@ def compare_with_baseline(
                 lossless = entry.identical_to_ar == 1.0
             elif method != AUTOREGRESSIVE_KEY:  # AR is the reference itself
                 lossless = False  # not measured at T=0: never a pass
-        rows.append(ComparisonRow(
+        rows.append(SummaryComparisonRow(
             key=entry.key, tau=entry.tau, baseline_tau=cell.tau if cell else None,
             speedup=entry.speedup, baseline_speedup=cell.speedup if cell else None,
             identical_to_ar=entry.identical_to_ar,
@@ -476,7 +476,7 @@ def compare_with_baseline(
     looked_up_keys = {row.baseline_key for row in rows}
     cells = {key[:3] for key in looked_up_keys if key is not None}
     missing = [e for e in baseline.entries if e.key[:3] in cells and e.key not in looked_up_keys]
-    return Comparison(rows=rows, tau_tolerance=tau_tolerance, not_compared=missing)
+    return SummaryComparison(rows=rows, tau_tolerance=tau_tolerance, not_compared=missing)
 
 
 def summaries_from_rows(rows: Sequence[Mapping[str, Any]], where: str) -> list[MethodSummary]:

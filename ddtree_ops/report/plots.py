@@ -1,0 +1,156 @@
+"""PNG charts of a run: tree-build time vs budget (tree-bench) and, with decode-bench results,
+acceptance length and speedup vs budget, a decode baseline overlaid. matplotlib is imported
+only when a chart is drawn."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ddtree_ops.report.model import Report, as_number
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        from ddtree_ops.errors import UsageError
+
+        raise UsageError("--plot needs matplotlib (pip install matplotlib, or the project's "
+                         "`test` extra)") from None
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_run(report: Report, out_dir: Path,
+             decode_baseline: list[dict[str, Any]] | None = None) -> list[Path]:
+    """Every chart the run has data for: tree-build time vs budget (tree-bench) and, with
+    decode-bench results, acceptance length and speedup vs budget."""
+    return plot_sweep(report, out_dir) + plot_decode(report, out_dir, decode_baseline)
+
+
+def plot_decode(report: Report, out_dir: Path,
+                baseline: list[dict[str, Any]] | None = None) -> list[Path]:
+    """tau and speedup against the DDTree budget, a line per host (DFlash as a dashed level);
+    `baseline` rows (`budget`, `tau`, `speedup`, optional `label`) are overlaid."""
+    rows = [r for r in report.decode if as_number(r.get("budget")) is not None]
+    if not rows:
+        return []
+    plt = _pyplot()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for axis, key, label in ((axes[0], "tau", "acceptance length tau"),
+                             (axes[1], "speedup", "speedup over autoregressive")):
+        hosts = sorted({r["host"] for r in rows})
+        for number, host in enumerate(hosts):
+            points = sorted((r["budget"], r[key], None, None, bool(r.get("noisy")) and key == "speedup")
+                            for r in rows if r["host"] == host and as_number(r.get(key)) is not None)
+            if points:
+                _plot_series(axis, points, f"{host} · DDTree", series_style(0, number))
+            for flat in report.decode:
+                if flat["host"] == host and flat.get("method") == "dflash" and \
+                        as_number(flat.get(key)) is not None:
+                    axis.axhline(flat[key], alpha=0.6, label=f"{host} · DFlash",
+                                 **series_style(1, number))  # DFlash's colour, the host's line style
+        _overlay_baseline(axis, baseline or [], key)
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("tree budget (draft nodes)")
+        axis.set_ylabel(label)
+        axis.grid(True, which="both", alpha=0.3)
+        handles, labels = axis.get_legend_handles_labels()
+        unique = dict(zip(labels, handles))
+        axis.legend(unique.values(), unique.keys(), fontsize=7)
+    fig.suptitle(f"DDTree decode vs budget · run {report.run_id}")
+    fig.tight_layout()
+    path = out_dir / "decode-vs-budget.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return [path]
+
+
+def plot_sweep(report: Report, out_dir: Path) -> list[Path]:
+    """One PNG per batch size: per-request tree-build time against budget, a line per host
+    and builder (log-log, like the paper's budget trade-off figure)."""
+    if not report.sweep:
+        return []
+    plt = _pyplot()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for batch_size in sorted({r.get("batch_size") for r in report.sweep}):
+        rows = [r for r in report.sweep if r.get("batch_size") == batch_size]
+        fig, axis = plt.subplots(figsize=(7, 4.5))
+        hosts = sorted({r["host"] for r in report.sweep})
+        builders = sorted({r["builder"] for r in report.sweep})
+        for host in hosts:
+            for builder in builders:
+                points = sorted((r["budget"], r["per_request_ms"], r.get("min_ms"), r.get("max_ms"),
+                                 bool(r.get("noisy"))) for r in rows
+                                if r["host"] == host and r["builder"] == builder
+                                and as_number(r.get("per_request_ms")) is not None)
+                if points:
+                    _plot_series(axis, points, f"{host} · {builder}", series_style(builders.index(builder),
+                                                                                 hosts.index(host)))
+        axis.set_xscale("log", base=2)
+        axis.set_yscale("log")
+        axis.set_xlabel("tree budget (draft nodes)")
+        axis.set_ylabel("tree build time per request (ms)")
+        axis.set_title(f"DDTree tree build vs budget · batch {batch_size} · run {report.run_id}")
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend(fontsize=7, title=NOISY_LEGEND, title_fontsize=7)
+        fig.tight_layout()
+        path = out_dir / f"tree-build-vs-budget-bs{batch_size}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+NOISY_LEGEND = "hollow marker: noisy; band: min-max"
+LINE_STYLES = ("-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (5, 5)))
+
+
+def series_style(series: int, host: int) -> dict[str, Any]:
+    """One colour per builder (or method) and one line style per host, so that no two
+    series of a chart look alike until the styles run out (20 colours x 8 styles)."""
+    import matplotlib
+
+    colours = matplotlib.colormaps["tab20"].colors
+    return {"color": colours[(2 * series) % 20 + (series // 10) % 2],
+            "linestyle": LINE_STYLES[host % len(LINE_STYLES)]}
+
+
+def _plot_series(axis: Any, points: list[tuple], label: str, style: dict[str, Any]) -> None:
+    """(x, median, min, max, noisy) points: a line, a min-max band where both were recorded,
+    and hollow markers on noisy points."""
+    xs = [p[0] for p in points]
+    axis.plot(xs, [p[1] for p in points], marker="o", label=label, markersize=4, **style)
+    banded = [p for p in points if as_number(p[2]) is not None and as_number(p[3]) is not None]
+    if banded:
+        axis.fill_between([p[0] for p in banded], [p[2] for p in banded], [p[3] for p in banded],
+                          color=style["color"], alpha=0.15, linewidth=0)
+    noisy = [p for p in points if p[4]]
+    if noisy:
+        axis.plot([p[0] for p in noisy], [p[1] for p in noisy], linestyle="none", marker="o", markersize=8,
+                  markerfacecolor="white", markeredgecolor=style["color"])
+
+
+def _overlay_baseline(axis: Any, rows: list[dict[str, Any]], key: str) -> None:
+    """Baseline sweep points joined per label (black, dashed, x) and flat DFlash levels (dotted)."""
+    by_label: dict[str, list[tuple[float, float]]] = {}
+    for row in rows:
+        value = as_number(row.get(key))
+        if value is None:
+            continue
+        label = str(row.get("label", "baseline"))
+        budget = as_number(row.get("budget"))
+        if budget is None:
+            if row.get("method") == "dflash":
+                axis.axhline(value, color="black", linestyle=":", alpha=0.7, label=label)
+            continue
+        by_label.setdefault(label, []).append((budget, value))
+    for label, points in by_label.items():
+        points.sort()
+        axis.plot([p[0] for p in points], [p[1] for p in points], color="black", linestyle="--",
+                  marker="x", alpha=0.8, label=label)
