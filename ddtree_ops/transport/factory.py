@@ -26,7 +26,8 @@ def check_connection_config(hosts: Sequence[Host]) -> None:
     ssh_hosts = [h for h in hosts if h.transport is not TransportKind.LOCAL]
     if not ssh_hosts:
         return
-    from ddtree_ops.transport.ssh import check_known_hosts, jump_targets, load_ssh_config, resolve_target
+    from ddtree_ops.transport.known_hosts import check_known_hosts
+    from ddtree_ops.transport.ssh_config import jump_targets, load_ssh_config, resolve_target
 
     for host in ssh_hosts:
         load_ssh_config(host)

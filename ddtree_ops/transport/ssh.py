@@ -1,4 +1,4 @@
-"""The SSH transport (Paramiko), built around the traps measured in ssh-facts.md.
+"""The SSH transport (Paramiko), built around the traps an SSH fleet sets.
 
 - Host keys: only the inventory's `known_hosts` (default ~/.ssh/known_hosts) with a reject
   policy. `accept_new_host_keys=True` trusts an *unknown* key once and appends it to that file;
@@ -7,32 +7,22 @@
   `connect_timeout`; each command and transfer by its own deadline.
 - The socket is connected by us with TCP_NODELAY (Paramiko never sets it).
 - A channel that ends without an exit status (Paramiko's `-1`) is a lost connection.
-- ssh_config (`Host` aliases, HostName, User, Port, IdentityFile, ProxyJump) is honoured;
-  values set in the inventory win over ssh_config. Directives we would silently get wrong
-  (Include, ProxyCommand, UserKnownHostsFile, CanonicalizeHostname, `Match exec` and criteria
-  paramiko cannot evaluate) are a ConfigError instead; StrictHostKeyChecking is ignored
-  (host keys are always checked strictly; --accept-new-host-keys trusts new ones).
+- ssh_config is read in `ssh_config`, host keys in `known_hosts`.
 - Paramiko's exception zoo is classified once here into `ddtree_ops.errors` transport errors.
 """
 from __future__ import annotations
 
-import base64
-import getpass
-import hashlib
-import logging
 import os
 import select
 import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, BinaryIO, Optional
+from typing import BinaryIO, Optional
 
 from ddtree_ops.errors import (
     AuthenticationFailed,
     OutputLimitExceeded,
-    ConfigError,
     CommandTimeout,
     ConnectionLost,
     ConnectionRefused,
@@ -43,6 +33,17 @@ from ddtree_ops.errors import (
     TransportError,
 )
 from ddtree_ops.inventory import Host
+from ddtree_ops.transport.known_hosts import (
+    RejectUnknownKeys,
+    RevokedHostKey,
+    TrustOnFirstUse,
+    UnknownHostKey,
+    fingerprint,
+    known_hosts_path,
+    read_known_hosts,
+)
+from ddtree_ops.transport.paramiko_import import paramiko
+from ddtree_ops.transport.ssh_config import SshTarget, jump_targets, resolve_target
 from ddtree_ops.transport.base import (
     MAX_LINE_BYTES,
     MAX_OUTPUT_BYTES,
@@ -56,335 +57,12 @@ from ddtree_ops.transport.base import (
 )
 
 
-def _import_paramiko_without_invoke():
-    """paramiko.config imports `invoke` (~190 ms, more than half of paramiko's import time)
-    only to evaluate `Match exec` in ssh_config, which we do not support. Hide it during the
-    import; anything imported later (Fabric) still gets the real invoke."""
-    import sys
-
-    if "invoke" in sys.modules:
-        import paramiko as module
-
-        return module
-    sys.modules["invoke"] = None  # type: ignore[assignment]  # makes `import invoke` fail fast
-    try:
-        import paramiko as module
-    finally:
-        del sys.modules["invoke"]
-    return module
-
-
-paramiko = _import_paramiko_without_invoke()
-# Paramiko logs a failed handshake's traceback at ERROR; with no handler of its own, Python's
-# last-resort handler would print it on the operator's terminal. Our errors already say what
-# happened in one line; the CLI routes these records to its debug log (`cli.app`).
-logging.getLogger("paramiko").addHandler(logging.NullHandler())
-
 _CHUNK = 1 << 16
 _POLL_S = 0.2
 _KILL_WAIT_S = 5.0
 # The remote shell says its pid first, on stderr: sshd made it a session and process group
 # leader, so that pid names the group a stopped command is killed with.
 _PID_MARK = b"ddtree-ops-pgid "
-_KNOWN_HOSTS_WRITE = threading.Lock()  # TOFU appends from several fan-out threads
-
-
-@dataclass(frozen=True)
-class SshTarget:
-    """Where and as whom to connect, after ssh_config and the inventory are merged."""
-
-    alias: str
-    hostname: str
-    port: int
-    user: str
-    identity_files: tuple[str, ...]
-    proxy_jump: Optional[str]
-
-
-def _default_path(configured: Optional[str], fallback: str) -> Optional[str]:
-    if configured:
-        return configured
-    path = os.path.expanduser(fallback)
-    return path if os.path.exists(path) else None
-
-
-def _config_name(host: Host) -> str:
-    return host.ssh_config or "~/.ssh/config"
-
-
-def _config_error(host: Host, message: str) -> ConfigError:
-    return ConfigError(f"{_config_name(host)}: ssh_config of host {host.name}: {message}")
-
-
-# Match criteria paramiko evaluates itself. Any other (`exec` runs a shell command through
-# `invoke`, which we hide; `localnetwork`, `tagged`, ... paramiko silently treats as matching).
-_MATCH_CRITERIA = frozenset({"all", "canonical", "final", "host", "originalhost", "user", "localuser"})
-# Directives that would change where or how OpenSSH connects but that we do not implement:
-# honouring them silently wrong is worse than refusing. value -> None means "any value".
-_REFUSED_DIRECTIVES: dict[str, tuple[str, Optional[frozenset[str]], str]] = {
-    # key: (spelling, values that are fine, what to do instead)
-    "include": ("Include", None, "copy the included settings into this file"),
-    "proxycommand": ("ProxyCommand", None, "use ProxyJump"),
-    "userknownhostsfile": ("UserKnownHostsFile", None,
-                           "host keys are checked only against the inventory's known_hosts; "
-                           "set `known_hosts:` in the inventory instead (naming that same file is accepted)"),
-    # StrictHostKeyChecking is not here: ignoring it only ever keeps checks strict (`Host *`
-    # with `accept-new` is a common setup, and refusing it would refuse every host).
-    "x-ddtree-canonicalizehostname": ("CanonicalizeHostname", frozenset({"no"}),
-                                      "write the full name in HostName"),
-}
-# paramiko expands %r in IdentityFile to ssh_config's User (or the local user) while looking
-# up; the inventory's `user:` wins over both, so %r is parked here and filled in afterwards.
-_REMOTE_USER_TOKEN = "\x00ddtree-remote-user\x00"
-
-
-def _prepare_config(host: Host, config: "paramiko.SSHConfig") -> None:
-    """Refuse Match criteria we cannot evaluate, and park what paramiko would act on during
-    lookup (canonicalisation resolves names; %r expands to the wrong user). Uses paramiko's
-    parsed sections (`_config`, stable since paramiko 2.7) since there is no public view."""
-    for section in config._config:  # noqa: SLF001 - see docstring
-        for criterion in section.get("matches", []):
-            kind = criterion["type"]
-            if kind not in _MATCH_CRITERIA:
-                what = "runs a command" if kind == "exec" else "is a criterion paramiko cannot evaluate"
-                raise _config_error(host, f"`Match {kind}` is not supported (it {what}); "
-                                          f"use Host patterns instead")
-        options = section["config"]
-        if "canonicalizehostname" in options:
-            options["x-ddtree-canonicalizehostname"] = options.pop("canonicalizehostname")
-        if "identityfile" in options:
-            options["identityfile"] = [p.replace("%r", _REMOTE_USER_TOKEN) for p in options["identityfile"]]
-
-
-def load_ssh_config(host: Host) -> Optional["paramiko.SSHConfig"]:
-    """The host's ssh_config (inventory `ssh_config`, else ~/.ssh/config), or None when there
-    is no such file. One that exists but cannot be read or parsed (a folder, bad bytes, a
-    malformed line, an unsupported `Match`) is an inventory/config problem: ConfigError (exit 3),
-    naming file and host."""
-    config_path = _default_path(host.ssh_config, "~/.ssh/config")
-    if not config_path or not os.path.lexists(config_path):
-        return None
-    try:
-        config = paramiko.SSHConfig.from_path(config_path)
-    except (OSError, paramiko.SSHException, ValueError) as err:
-        reason = getattr(err, "strerror", None) or (str(err).splitlines() or [type(err).__name__])[0]
-        raise ConfigError(f"{config_path}: ssh_config of host {host.name}: cannot read it: {reason}") from None
-    _prepare_config(host, config)
-    return config
-
-
-def known_hosts_path(host: Host) -> str:
-    """The host's known_hosts: the inventory's, else ~/.ssh/known_hosts (created on first use
-    with --accept-new-host-keys)."""
-    return _default_path(host.known_hosts, "~/.ssh/known_hosts") or os.path.expanduser("~/.ssh/known_hosts")
-
-
-@dataclass(frozen=True)
-class KnownHosts:
-    """Plain host keys plus the keys marked `@revoked` (refused even when listed).
-    `@cert-authority` lines are skipped: Paramiko checks plain host keys only, so a CA key
-    can never vouch for a host here."""
-
-    entries: tuple[tuple[str, "paramiko.PKey"], ...]  # (host pattern or |1| hash, key)
-    revoked: frozenset[str]  # base64 key blobs
-
-
-def read_known_hosts(path: str, host_name: str) -> KnownHosts:
-    """Parse a known_hosts file; a line that is not one is a ConfigError naming file:line."""
-    from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
-
-    def bad(lineno: int, reason: str) -> ConfigError:
-        return ConfigError(f"{path}:{lineno}: known_hosts of host {host_name}: {reason}")
-
-    if not os.path.lexists(path):
-        return KnownHosts((), frozenset())
-    if not os.path.isfile(path):
-        raise ConfigError(f"{path}: known_hosts of host {host_name}: not a file")
-    try:
-        with open(path, encoding="utf-8") as handle:
-            lines = handle.read().splitlines()
-    except (OSError, ValueError) as err:
-        reason = getattr(err, "strerror", None) or str(err).splitlines()[0]
-        raise ConfigError(f"{path}: known_hosts of host {host_name}: cannot read it: {reason}") from None
-    parsed: list[tuple[Optional[str], object]] = []
-    for lineno, raw in enumerate(lines, 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        marker = None
-        if line.startswith("@"):
-            marker, _, line = line.replace("\t", " ").partition(" ")
-            line = line.strip()
-            if marker not in ("@cert-authority", "@revoked"):
-                raise bad(lineno, f"unknown marker {marker!r} (only @cert-authority and @revoked exist)")
-        try:
-            entry = HostKeyEntry.from_line(line, lineno)
-        except (InvalidHostKey, paramiko.SSHException, ValueError) as err:
-            raise bad(lineno, f"not a known_hosts line ({type(err).__name__})") from None
-        if entry is not None:  # None: too few fields or a key type paramiko lacks, skipped as ssh does
-            parsed.append((marker, entry))
-    revoked = frozenset(e.key.get_base64() for m, e in parsed if m == "@revoked")
-    entries = tuple(
-        (name, e.key) for m, e in parsed if m is None and e.key.get_base64() not in revoked for name in e.hostnames
-    )
-    return KnownHosts(entries, revoked)
-
-
-def check_known_hosts(host: Host) -> None:
-    """A known_hosts that exists but cannot be read as one (a folder, no read permission, a
-    malformed line) is a config problem of the whole command (ConfigError, exit 3), not of the
-    host behind it."""
-    read_known_hosts(known_hosts_path(host), host.name)
-
-
-def _valid_port(host: Host, value: str, what: str) -> int:
-    if not value.isdigit():
-        raise _config_error(host, f"{what}: port {value!r} is not a number")
-    if not 1 <= int(value) <= 65535:
-        raise _config_error(host, f"{what}: port {value!r} is out of range 1-65535")
-    return int(value)
-
-
-def parse_jump(host: Host, spec: str, whole: str) -> tuple[Optional[str], str, Optional[int]]:
-    """One ProxyJump hop as OpenSSH reads it: `[user@]host[:port]` or `ssh://[user@]host[:port]`,
-    host possibly `[v6-address]` -> (user, host, port)."""
-    what = f"ProxyJump {whole!r}"
-    text = spec.strip()
-    if text.startswith("ssh://"):
-        text = text[len("ssh://"):].rstrip("/")
-    user, at, rest = text.rpartition("@")
-    if at and not user:
-        raise _config_error(host, f"{what}: empty user in hop {spec!r}")
-    if rest.startswith("["):
-        name, bracket, tail = rest[1:].partition("]")
-        if not bracket or (tail and not tail.startswith(":")):
-            raise _config_error(host, f"{what}: malformed bracketed address in hop {spec!r}")
-        colon, port = bool(tail), tail[1:]
-    else:
-        name, colon_text, port = rest.partition(":")
-        colon = bool(colon_text)
-    if not name:
-        raise _config_error(host, f"{what}: hop {spec!r} names no host")
-    port_number = _valid_port(host, port, what) if colon else None
-    return user or None, name, port_number
-
-
-_MAX_JUMPS = 16
-
-
-def jump_targets(host: Host, target: SshTarget, _seen: tuple[str, ...] = ()) -> list[SshTarget]:
-    """The ProxyJump hops before `target`, in order (none without ProxyJump). Like OpenSSH, the
-    first hop's own ProxyJump is followed (recursively), so `gpu -> inner -> outer` goes through
-    outer first; a loop is a ConfigError."""
-    if not target.proxy_jump:
-        return []
-    specs = target.proxy_jump.split(",")
-    hops = []
-    for spec in specs:
-        if not spec.strip():
-            raise _config_error(host, f"ProxyJump {target.proxy_jump!r}: empty hop")
-        user, alias, port = parse_jump(host, spec, target.proxy_jump)
-        hops.append(resolve_target(host, alias, user=user, port=port))
-    seen = (*_seen, target.alias)
-    first = hops[0]
-    if first.alias in seen or len(seen) > _MAX_JUMPS:
-        chain = " -> ".join([*seen, first.alias])
-        raise _config_error(host, f"ProxyJump loop through {first.alias!r} ({chain})")
-    return jump_targets(host, first, seen) + hops
-
-
-def _names_our_known_hosts(host: Host, value: Any) -> bool:
-    """UserKnownHostsFile naming exactly one file, the inventory's known_hosts (same file after
-    `~` and links are resolved)."""
-    files = str(value).split()
-    if len(files) != 1:
-        return False
-    ours = os.path.realpath(os.path.expanduser(known_hosts_path(host)))
-    return os.path.realpath(os.path.expanduser(files[0])) == ours
-
-
-def resolve_target(host: Host, alias: Optional[str] = None, *, user: Optional[str] = None,
-                   port: Optional[int] = None) -> SshTarget:
-    """Merge ssh_config's entry for the alias under the inventory's explicit values; refuse
-    directives we would otherwise ignore or get wrong (ConfigError naming file, host, directive)."""
-    alias = alias or host.hostname
-    config = load_ssh_config(host)
-    try:
-        entry: dict = config.lookup(alias) if config is not None else {}
-    except Exception as err:  # noqa: BLE001 - paramiko's lookup raises anything; it is config
-        raise _config_error(host, f"cannot look up {alias!r}: {type(err).__name__}: {err}") from None
-    for key, (spelling, fine, instead) in _REFUSED_DIRECTIVES.items():
-        value = entry.get(key)
-        if key == "userknownhostsfile" and value is not None and _names_our_known_hosts(host, value):
-            continue  # the very file the inventory checks against: nothing differs
-        if value is not None and not (fine and str(value).lower() in fine):
-            raise _config_error(host, f"{spelling} {value} (for {alias!r}) is not supported: {instead}")
-    is_main = alias == host.hostname
-    if port is None:
-        port = host.port if is_main and host.port else _valid_port(host, str(entry.get("port", 22)).strip(),
-                                                                  f"Port (for {alias!r})")
-    user = user or (host.user if is_main and host.user else entry.get("user") or getpass.getuser())
-    identity = ([host.identity_file] if (is_main and host.identity_file) else []) or [
-        os.path.expanduser(p.replace(_REMOTE_USER_TOKEN, user)) for p in entry.get("identityfile", [])
-    ]
-    jump = entry.get("proxyjump")
-    return SshTarget(
-        alias=alias,
-        hostname=entry.get("hostname", alias),
-        port=port,
-        user=user,
-        identity_files=tuple(identity),
-        proxy_jump=jump if jump and jump.lower() != "none" else None,
-    )
-
-
-def fingerprint(key: paramiko.PKey) -> str:
-    digest = hashlib.sha256(key.asbytes()).digest()
-    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
-
-
-class _UnknownHostKey(Exception):
-    def __init__(self, name: str, key: paramiko.PKey):
-        super().__init__(name)
-        self.name = name
-        self.key = key
-
-
-class _RevokedHostKey(_UnknownHostKey):
-    pass
-
-
-class _RejectUnknown(paramiko.MissingHostKeyPolicy):
-    def __init__(self, revoked: frozenset[str]):
-        self.revoked = revoked
-
-    def missing_host_key(self, client, hostname, key):  # noqa: D401 - paramiko hook
-        # Revoked keys were left out of the known ones, so they always arrive here.
-        raise (_RevokedHostKey if key.get_base64() in self.revoked else _UnknownHostKey)(hostname, key)
-
-
-class _TrustOnFirstUse(_RejectUnknown):
-    """Accept an unknown key once and record it; changed and revoked keys are still refused."""
-
-    def __init__(self, known_hosts: str, revoked: frozenset[str]):
-        super().__init__(revoked)
-        self.known_hosts = known_hosts
-
-    def missing_host_key(self, client, hostname, key):
-        if key.get_base64() in self.revoked:
-            raise _RevokedHostKey(hostname, key)
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        with _KNOWN_HOSTS_WRITE:
-            os.makedirs(os.path.dirname(self.known_hosts) or ".", exist_ok=True)
-            with open(self.known_hosts, "a+b") as handle:
-                handle.seek(0, os.SEEK_END)
-                if handle.tell():
-                    handle.seek(-1, os.SEEK_END)
-                    glue = handle.read(1) != b"\n"  # else our line would join the last one
-                else:
-                    glue = False
-                line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
-                handle.write((("\n" if glue else "") + line).encode("ascii"))
 
 
 def _tcp_connect(host_name: str, hostname: str, port: int, timeout: float) -> socket.socket:
@@ -433,13 +111,13 @@ def _classify_handshake(host_name: str, where: str, err: BaseException, timeout:
     and a peer that hung up before sending one alike, so only the clock tells them apart."""
     if isinstance(err, TransportError):
         return err
-    if isinstance(err, _RevokedHostKey):
+    if isinstance(err, RevokedHostKey):
         return HostKeyRejected(
             host_name,
             f"the host key of {err.name} ({err.key.get_name()} {fingerprint(err.key)}) is marked "
             f"@revoked in {known_hosts}; refusing to connect",
         )
-    if isinstance(err, _UnknownHostKey):
+    if isinstance(err, UnknownHostKey):
         return HostKeyRejected(
             host_name,
             f"{err.name} is not in {known_hosts or 'any known_hosts file'} "
@@ -500,7 +178,7 @@ class SshTransport(Transport):
             host_keys.add(name, key.get_name(), key)
         revoked = self._known.revoked
         client.set_missing_host_key_policy(
-            _TrustOnFirstUse(self.known_hosts, revoked) if self.accept_new_host_keys else _RejectUnknown(revoked)
+            TrustOnFirstUse(self.known_hosts, revoked) if self.accept_new_host_keys else RejectUnknownKeys(revoked)
         )
         return client
 

@@ -104,7 +104,7 @@ def test_unsupported_directives_for_the_host_are_refused(tmp_path, capsys, direc
 
 def test_directives_for_other_hosts_and_harmless_values_are_fine(tmp_path):
     from ddtree_ops.inventory import load_inventory
-    from ddtree_ops.transport.ssh import resolve_target
+    from ddtree_ops.transport.ssh_config import resolve_target
 
     config = tmp_path / "ssh_config"
     config.write_text("Host other\n  ProxyCommand nc %h %p\n  Include x\n"
