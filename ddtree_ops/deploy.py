@@ -8,7 +8,8 @@ deploy   - make the bundle the active release (the archive is sent only if the h
            from the same bundle): gate, install (.pth + minimal dist-info), verify, record what was
            added under WORKDIR/deployments/. The verification is the one other Python start:
            it must be a fresh interpreter, which loads the plugin as SGLang would;
-rollback - remove exactly what the record lists.
+rollback - remove exactly what the record lists, only inside what deploy adds, and only if
+           nothing there changed since deploy (`--force`: changed files go too).
 `--dry-run` sends nothing and takes no lock: the installer only reports its plan.
 The gate's modules travel on stdin and are loaded in memory on the host, so a dry run writes
 nothing there. Refusals (gate findings, conflicts) are RemoteStepError: exit 5.
@@ -108,16 +109,19 @@ def _findings(gate: dict[str, Any]) -> tuple[str, ...]:
 
 def deploy_host(
     transport: Transport, host: Host, bundle: ReleaseBundle, *, force: bool = False, dry_run: bool = False,
+    allow_shared_env: bool = False,
 ) -> DeployOutcome:
+    """`allow_shared_env`: deploy into a site-packages that other accounts can write (refused otherwise)."""
     flag = "1" if force else "0"
+    shared = "1" if allow_shared_env else "0"
     if dry_run:
-        plan = call_installer(transport, host, bundle, "plan", bundle.release_id, flag)["plan"]
+        plan = call_installer(transport, host, bundle, "plan", bundle.release_id, flag, shared)["plan"]
         if plan["refusals"]:
             raise RemoteStepError(f"{host.name}: deploy would be refused: " + "; ".join(plan["refusals"]))
         return _outcome(bundle, plan, action=_would(plan["action"]), verdict="-", reasons=())
     limit = host.command_timeout
     argv = agent_argv(host, "deploy", bundle.release_id, str(DEFAULT_KEEP), f"{lock_wait_within(limit):g}", flag,
-                      site=True)  # with site-packages: the installer works on the environment's site dir
+                      shared, site=True)  # with site-packages: the installer works on the environment's site dir
     result, _ = run_with_release_on_demand(transport, argv, bundle, before=installer_stdin(bundle, "install"),
                                            timeout=limit)
     both = parse_agent_reply(host, "deploy", result)
@@ -158,8 +162,9 @@ class RollbackOutcome:
                 "modified_since_deploy": list(self.modified_since_deploy), "recovered": self.recovered}
 
 
-def rollback_host(transport: Transport, host: Host, bundle: ReleaseBundle) -> RollbackOutcome:
-    argv = agent_argv(host, "rollback", f"{lock_wait_within(host.command_timeout):g}", site=True)
+def rollback_host(transport: Transport, host: Host, bundle: ReleaseBundle, *, force: bool = False) -> RollbackOutcome:
+    """`force`: also remove files changed by hand since deploy (else the rollback is refused, naming them)."""
+    argv = agent_argv(host, "rollback", f"{lock_wait_within(host.command_timeout):g}", "1" if force else "0", site=True)
     stdin = agent_preamble() + installer_stdin(bundle, "rollback")
     reply = parse_agent_reply(host, "rollback", transport.run(argv, stdin=stdin, timeout=host.command_timeout,
                                                               max_output_bytes=AGENT_REPLY_MAX_BYTES))

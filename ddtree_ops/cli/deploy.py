@@ -65,12 +65,13 @@ def run_gate(ctx: Any, bundle: Any, stages: list[str]) -> dict[str, Any]:
             for stage in stages}
 
 
-def gated_deploy(ctx: Any, bundle: Any, force: bool, gate_stages: list[str]) -> dict[str, Any]:
+def gated_deploy(ctx: Any, bundle: Any, force: bool, gate_stages: list[str],
+                 allow_shared_env: bool = False) -> dict[str, Any]:
     """Deploy, then (when asked) the gate: {"deployed": DeployOutcome, "gate": {...} or None}."""
     from ddtree_ops.deploy import deploy_host
 
     ctx.report("deploying")
-    deployed = deploy_host(ctx.transport, ctx.host, bundle, force=force)
+    deployed = deploy_host(ctx.transport, ctx.host, bundle, force=force, allow_shared_env=allow_shared_env)
     if not gate_stages:
         return {"deployed": deployed, "gate": None}
     gate = run_gate(ctx, bundle, gate_stages)
@@ -121,6 +122,10 @@ def deploy(
     force: Annotated[
         bool, typer.Option("--force", help="Deploy despite gate findings (unknown SGLang version, changed files); recorded.")
     ] = False,
+    allow_shared_env: Annotated[
+        bool, typer.Option("--allow-shared-env", help="Deploy into a site-packages other accounts can write"
+                                                      " (refused otherwise: they could replace what deploy writes).")
+    ] = False,
     source: SourceOpt = None,
     json_out: JsonOpt = False,
     parallel: ParallelOpt = DEFAULT_PARALLEL,
@@ -153,8 +158,9 @@ def deploy(
     def task(ctx: Any) -> Any:
         if dry_run:
             ctx.report("planning")
-            return deploy_host(ctx.transport, ctx.host, bundle, force=force, dry_run=True)
-        return gated_deploy(ctx, bundle, force, stages)
+            return deploy_host(ctx.transport, ctx.host, bundle, force=force, dry_run=True,
+                               allow_shared_env=allow_shared_env)
+        return gated_deploy(ctx, bundle, force, stages, allow_shared_env)
 
     def to_json(value: Any) -> Any:
         if isinstance(value, dict):
@@ -191,13 +197,17 @@ RollbackSourceOpt = Annotated[Optional[Path], typer.Option(
 def rollback(
     inventory: InventoryOpt = None,
     hosts: HostsOpt = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Also remove files changed by hand since deploy (else listed and kept).")
+    ] = False,
     source: RollbackSourceOpt = None,
     json_out: JsonOpt = False,
     parallel: ParallelOpt = DEFAULT_PARALLEL,
     fail_fast: FailFastOpt = False,
     accept_new_host_keys: AcceptNewHostKeysOpt = False,
 ) -> int:
-    """Remove exactly what `deploy` added to each host's environment (and finish an interrupted deploy's cleanup)."""
+    """Remove exactly what `deploy` added to each host's environment (and finish an interrupted deploy's cleanup);
+    a file changed since deploy is named and everything kept, unless --force."""
     from ddtree_ops.cli.console import run_on_hosts
     from ddtree_ops.deploy import rollback_host
     from ddtree_ops.release import build_bundle
@@ -207,7 +217,7 @@ def rollback(
 
     def task(ctx: Any) -> Any:
         ctx.report("rolling back")
-        return rollback_host(ctx.transport, ctx.host, bundle)
+        return rollback_host(ctx.transport, ctx.host, bundle, force=force)
 
     return run_on_hosts(
         "rollback",

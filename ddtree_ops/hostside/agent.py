@@ -876,9 +876,9 @@ def load_installer(stream):
     return module, sources
 
 
-def call_installer(installer, operation, *args):
+def call_installer(installer, operation, *args, **options):
     try:
-        return operation(*args)
+        return operation(*args, **options)
     except installer.InstallError as err:
         raise AgentError(err.kind, str(err))
     except AgentError:
@@ -887,7 +887,7 @@ def call_installer(installer, operation, *args):
         raise AgentError("internal", "installer: %s: %s" % (type(err).__name__, err))
 
 
-def op_deploy(workdir, release_id, keep, lock_wait, force):
+def op_deploy(workdir, release_id, keep, lock_wait, force, allow_shared_env="0"):
     """Under the layout lock: make the release active (asking for the archive only if the
     host lacks an intact copy), then gate + install + verify with the installer."""
     check_id(release_id, "release id")
@@ -902,7 +902,8 @@ def op_deploy(workdir, release_id, keep, lock_wait, force):
         env_wait = remaining_wait(lock_wait, started)
         pushed = push_locked(workdir, release_id, keep)
         installed = call_installer(installer, installer.op_install,
-                                   *with_env_wait(installer.op_install, (workdir, release_id, force, sources), env_wait))
+                                   *with_env_wait(installer.op_install, (workdir, release_id, force, sources), env_wait),
+                                   **accepted_options(installer.op_install, allow_shared_env=allow_shared_env == "1"))
     return {"push": pushed, "install": installed}
 
 
@@ -923,7 +924,18 @@ def with_env_wait(operation, args, wait):
     return tuple(args) + (wait,) if takes_wait else tuple(args)
 
 
-def op_rollback(workdir, lock_wait):
+def accepted_options(operation, **options):
+    """The options an installer operation takes (one from an older release may lack some)."""
+    import inspect
+
+    try:
+        params = inspect.signature(operation).parameters
+    except (TypeError, ValueError):
+        return {}
+    return dict((k, v) for k, v in options.items() if k in params)
+
+
+def op_rollback(workdir, lock_wait, force="0"):
     sys.dont_write_bytecode = True
     enable_site_packages()
     installer, _ = load_installer(sys.stdin.buffer)
@@ -931,7 +943,8 @@ def op_rollback(workdir, lock_wait):
     started = time.monotonic()
     with Lock(workdir, "rollback", lock_wait):
         args = with_env_wait(installer.op_rollback, (workdir,), remaining_wait(lock_wait, started))
-        return {"rollback": call_installer(installer, installer.op_rollback, *args)}
+        options = accepted_options(installer.op_rollback, force=force == "1")
+        return {"rollback": call_installer(installer, installer.op_rollback, *args, **options)}
 
 
 # ---------------------------------------------------------------- collect (a run's files)

@@ -33,6 +33,7 @@ import importlib.util
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -63,12 +64,21 @@ def sha256_file(path):
     return digest.hexdigest()
 
 
+TMP_SUFFIX = ".ddtree-tmp"
+
+
 def write_atomic(path, data):
-    """Replace `path` whole. On failure (a full disk) the temporary file is removed and the
-    OSError names `path`, never the temporary."""
-    tmp = "%s.tmp-%d" % (path, os.getpid())
+    """Replace `path` whole, then check what is there. The temporary file is made by mkstemp
+    next to `path` (an unguessable name, O_EXCL: never a file or link someone planted), written,
+    fsynced and renamed over `path`. On failure (a full disk) the temporary file is removed
+    and the OSError names `path`, never the temporary."""
+    import tempfile
+
+    directory, name = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(prefix="." + name + ".", suffix=TMP_SUFFIX, dir=directory)
     try:
-        with open(tmp, "wb") as handle:
+        with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), 0o644)
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
@@ -79,6 +89,35 @@ def write_atomic(path, data):
         except OSError:
             pass
         raise OSError(err.errno, err.strerror, path)
+    check_written(path, hashlib.sha256(data).hexdigest())
+
+
+def written_problem(path, digest):
+    """None when `path` is a plain file of ours, not a link, holding exactly `digest`; else what it is."""
+    try:
+        st = os.lstat(path)
+    except OSError as err:
+        return err.strerror
+    if not stat.S_ISREG(st.st_mode):
+        return "not a plain file"
+    if st.st_uid != os.geteuid():
+        return "owned by uid %d" % st.st_uid
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as err:
+        return err.strerror
+    digest_now = hashlib.sha256()
+    with os.fdopen(fd, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 16), b""):
+            digest_now.update(chunk)
+    return None if digest_now.hexdigest() == digest else "its sha256 differs from what was written"
+
+
+def check_written(path, digest):
+    problem = written_problem(path, digest)
+    if problem is not None:
+        raise InstallError("tampered", "%s: %s, not what deploy wrote: another account is changing this"
+                                       " environment" % (path, problem))
 
 
 def write_json(path, document):
@@ -86,11 +125,13 @@ def write_json(path, document):
 
 
 def read_json(path):
+    """A record or journal (never read through a link), or None when there is none."""
     try:
-        with open(path, "rb") as handle:
-            return json.loads(handle.read().decode("utf-8"))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
         return None
+    with os.fdopen(fd, "rb") as handle:
+        return json.loads(handle.read().decode("utf-8"))
 
 
 def read_text(path):
@@ -241,31 +282,53 @@ def planned_files(site, release_id):
     }
 
 
-def record_line(site, path):
-    with open(path, "rb") as handle:
-        data = handle.read()
+def record_line(site, path, data):
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
     return "%s,sha256=%s,%d" % (os.path.relpath(path, site), digest, len(data))
 
 
-def write_site_files(site, release_id, payload_dir, plan, fault_point=True):
-    """The .pth and dist-info of a deployment. Deterministic in (site, release, payload dir),
-    which is what lets a failed upgrade put the previous deployment back byte for byte."""
-    os.makedirs(plan["dist_info"], exist_ok=True)
-    write_atomic(plan["pth"], (payload_dir + "\n").encode("utf-8"))
-    if fault_point and os.environ.get(FAULT_ENV) == "after-pth":
-        os._exit(137)  # a deploy killed half-way (tests)
+def site_file_contents(site, release_id, payload_dir, plan):
+    """{path: bytes} of a deployment's .pth and dist-info, in plan order. Deterministic in
+    (site, release, payload dir): a failed upgrade puts the previous deployment back byte for
+    byte, and a deployment whose record is lost can still be checked before it is removed."""
     metadata = (
         "Metadata-Version: 2.1\nName: %s\nVersion: %s+%s\n"
         "Summary: DDTree speculative decoding plugin for SGLang, deployed by ddtree-ops\n"
         % (DIST_NAME, DIST_VERSION, release_id)
     )
-    write_atomic(os.path.join(plan["dist_info"], "METADATA"), metadata.encode())
-    write_atomic(os.path.join(plan["dist_info"], "entry_points.txt"), ENTRY_POINTS.encode())
-    write_atomic(os.path.join(plan["dist_info"], "INSTALLER"), INSTALLER_TAG)
-    lines = [record_line(site, p) for p in plan["files"][:-1]]
-    lines.append("%s,," % os.path.relpath(os.path.join(plan["dist_info"], "RECORD"), site))
-    write_atomic(os.path.join(plan["dist_info"], "RECORD"), ("\n".join(lines) + "\n").encode())
+    pth, metadata_path, entry_points, installer, record = plan["files"]
+    contents = {pth: (payload_dir + "\n").encode("utf-8"), metadata_path: metadata.encode(),
+                entry_points: ENTRY_POINTS.encode(), installer: INSTALLER_TAG}
+    lines = [record_line(site, path, data) for path, data in contents.items()]
+    lines.append("%s,," % os.path.relpath(record, site))
+    contents[record] = ("\n".join(lines) + "\n").encode()
+    return contents
+
+
+def write_site_files(site, release_id, payload_dir, plan, fault_point=True):
+    """Write the .pth and dist-info of a deployment (see site_file_contents); returns
+    {path: sha256} of what was written."""
+    make_own_dir(plan["dist_info"])
+    contents = site_file_contents(site, release_id, payload_dir, plan)
+    for path, data in contents.items():
+        write_atomic(path, data)
+        if fault_point and path == plan["pth"] and os.environ.get(FAULT_ENV) == "after-pth":
+            os._exit(137)  # a deploy killed half-way (tests)
+    return dict((path, hashlib.sha256(data).hexdigest()) for path, data in contents.items())
+
+
+def make_own_dir(path):
+    """A folder deploy writes into: made if absent; a real folder of ours that no one else can write."""
+    try:
+        os.mkdir(path, 0o755)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise InstallError("tampered", "%s: not a folder of ours that only we can write (%s, uid %d, mode %04o);"
+                                       " move it out of the way" % (
+                                           path, "symlink" if stat.S_ISLNK(st.st_mode) else "folder"
+                                           if stat.S_ISDIR(st.st_mode) else "file", st.st_uid, stat.S_IMODE(st.st_mode)))
 
 
 def next_payload_dir(directory, release_id, record):
@@ -285,7 +348,7 @@ def copy_payload(release_src, payload_dir):
     for root, dirs, files in os.walk(release_src):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
         target_root = os.path.join(payload_dir, "ddtree", os.path.relpath(root, release_src))
-        os.makedirs(target_root, exist_ok=True)
+        os.makedirs(target_root, mode=0o755, exist_ok=True)
         for name in sorted(files):
             if name.endswith(".pyc"):
                 continue
@@ -293,7 +356,8 @@ def copy_payload(release_src, payload_dir):
                 data = handle.read()
             target = os.path.normpath(os.path.join(target_root, name))
             try:
-                with open(target, "wb") as handle:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                with os.fdopen(os.open(target, flags, 0o644), "wb") as handle:
                     handle.write(data)
             except OSError as err:
                 raise OSError(err.errno, err.strerror, target)
@@ -314,7 +378,7 @@ def payload_hashes(payload_dir):
 
 
 def site_files_intact(record):
-    return all(os.path.isfile(p) and sha256_file(p) == h for p, h in record["files"].items())
+    return all(written_problem(p, h) is None for p, h in record["files"].items())
 
 
 def payload_intact(record):
@@ -324,8 +388,84 @@ def payload_intact(record):
         and payload_hashes(record["payload_dir"]) == expected
 
 
+# ---------------------------------------------------------------- the install's footprint
+
+DIST_INFO_FILES = ("METADATA", "entry_points.txt", "INSTALLER", "RECORD")
+
+
+def is_dist_info_dir(path, site):
+    name = os.path.basename(path)
+    return os.path.dirname(path) == site and name.startswith(DIST_NAME + "-") and name.endswith(".dist-info")
+
+
+def in_footprint(path, site, workdir):
+    """True when `path` is a place deploy writes: site/<.pth>, one of our dist-info folders in
+    site (or a file deploy puts there), or a payload folder under this workdir's deployment
+    folder for this environment. A record names paths; only these may be removed."""
+    if not isinstance(path, str) or not os.path.isabs(path) or os.path.normpath(path) != path:
+        return False
+    parent, name = os.path.split(path)
+    if parent == site and name == PTH_NAME:
+        return True
+    if is_dist_info_dir(path, site) or (is_dist_info_dir(parent, site) and name in DIST_INFO_FILES):
+        return True
+    return parent == deployment_dir(workdir, site) and name.startswith("payload-") and len(name) > len("payload-")
+
+
+def check_footprint(document, site, workdir, what):
+    """Refuse (before anything is removed) a record or journal that names a path deploy never writes."""
+    paths = list(document.get("files", {})) + list(document.get("dirs", []))
+    if document.get("payload_dir"):
+        paths.append(document["payload_dir"])
+    outside = [p for p in paths if not in_footprint(p, site, workdir)]
+    if outside:
+        raise InstallError("refused", "%s lists %s, outside what deploy adds (%s in %s, our dist-info there, payloads"
+                                      " under %s); nothing removed" % (
+                                          what, ", ".join(repr(p) for p in outside[:3]), PTH_NAME, site,
+                                          deployment_dir(workdir, site)))
+
+
+def changed_since_deploy(record):
+    """["path (why)"] for what rollback would remove that is not as deploy left it: a site file
+    whose hash differs or that is no longer a plain file, a payload file edited, added or
+    replaced by a link, anything added to our dist-info folder. Bytecode caches do not count."""
+    changed = []
+    hashes = record.get("files", {})
+    for path in sorted(hashes):
+        if not os.path.lexists(path):
+            continue
+        if os.path.islink(path) or not os.path.isfile(path):
+            changed.append("%s (no longer a plain file)" % path)
+        elif not hashes[path]:
+            changed.append("%s (no hash recorded to check it against)" % path)
+        elif sha256_file(path) != hashes[path]:
+            changed.append("%s (edited)" % path)
+    for directory in sorted(record.get("dirs", [])):
+        if os.path.islink(directory) or not os.path.isdir(directory):
+            continue
+        expected = record.get("payload_files") if directory == record.get("payload_dir") else \
+            {os.path.relpath(p, directory): None for p in hashes if os.path.dirname(p) == directory}
+        if expected is None:
+            changed.append("%s (no hashes recorded to check it against)" % directory)
+            continue
+        for root, dirs, files in os.walk(directory):
+            in_cache = os.path.basename(root) == "__pycache__"
+            for name in sorted(dirs + files):
+                path = os.path.join(root, name)
+                rel = os.path.relpath(path, directory).replace(os.sep, "/")
+                if os.path.islink(path):
+                    changed.append("%s (a link)" % path)
+                elif name in files and not (in_cache and name.endswith(".pyc")):
+                    if rel not in expected:
+                        changed.append("%s (added)" % path)
+                    elif expected[rel] is not None and sha256_file(path) != expected[rel]:
+                        changed.append("%s (edited)" % path)
+    return changed
+
+
 def remove_recorded(document):
-    """Remove the files and directories a record or journal lists; report what happened."""
+    """Remove the files and directories a record or journal lists (the caller checked they are
+    in the footprint); report what happened. A link is removed, never followed."""
     removed, modified, missing = [], [], []
     hashes = document.get("files", {})
     for path in sorted(hashes, key=len, reverse=True):
@@ -337,7 +477,10 @@ def remove_recorded(document):
         os.unlink(path)
         removed.append(path)
     for directory in sorted(document.get("dirs", []), key=len, reverse=True):
-        if os.path.isdir(directory):
+        if os.path.islink(directory):
+            os.unlink(directory)
+            removed.append(directory)
+        elif os.path.isdir(directory):
             shutil.rmtree(directory)
             removed.append(directory)
     return {"removed": removed, "modified_since_deploy": modified, "already_missing": missing}
@@ -383,6 +526,15 @@ def finish_commit(directory, record, previous):
     os.unlink(os.path.join(directory, "journal.json"))
 
 
+def is_stray_temporary(site, name):
+    """A .pth temporary a killed deploy left (this installer's name, or an older one's), ours."""
+    ours = name.startswith("." + PTH_NAME + ".") and name.endswith(TMP_SUFFIX) or name.startswith(PTH_NAME + ".tmp-")
+    if not ours:
+        return False
+    st = os.lstat(os.path.join(site, name))
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+
+
 def recover(workdir, site):
     """Finish or undo an install that died half-way (journal present): if its record was
     written it only finishes the cleanup, else it removes what the install added and puts
@@ -390,13 +542,18 @@ def recover(workdir, site):
     was removed, or None."""
     directory = deployment_dir(workdir, site)
     journal_path = os.path.join(directory, "journal.json")
-    strays = [os.path.join(site, n) for n in sorted(os.listdir(site)) if n.startswith(PTH_NAME + ".tmp-")]
+    strays = [os.path.join(site, n) for n in sorted(os.listdir(site)) if is_stray_temporary(site, n)]
     for path in strays:
         os.unlink(path)
     journal = read_json(journal_path)
     if journal is None:
         return {"removed": strays, "modified_since_deploy": [], "already_missing": []} if strays else None
+    check_footprint({"files": dict.fromkeys(journal["files"], ""), "dirs": journal["dirs"]}, site, workdir, journal_path)
+    if journal.get("previous"):
+        check_footprint(journal["previous"], site, workdir, journal_path)
     record = read_json(os.path.join(directory, "record.json"))
+    if record:
+        check_footprint(record, site, workdir, os.path.join(directory, "record.json"))
     if record and record["release"] == journal["release"] and record["payload_dir"] in journal["dirs"]:
         finish_commit(directory, record, journal.get("previous"))
         return {"removed": strays, "modified_since_deploy": [], "already_missing": [], "completed": True}
@@ -479,7 +636,17 @@ def ownership_refusal(found, workdir, site):
 # ---------------------------------------------------------------- operations
 
 
-def make_plan(workdir, release_id, force, sources):
+def shared_site_problem(site):
+    """Why another account could change what deploy writes into `site`, or None."""
+    st = os.stat(site)
+    if st.st_uid not in (0, os.geteuid()):
+        return "owned by uid %d" % st.st_uid
+    if st.st_mode & 0o022:
+        return "writable by group or others (mode %04o)" % stat.S_IMODE(st.st_mode)
+    return None
+
+
+def make_plan(workdir, release_id, force, sources, allow_shared_env=False):
     facts = environment_facts()
     site = facts["site_dir"]
     if not facts["sglang_dir"]:
@@ -498,6 +665,10 @@ def make_plan(workdir, release_id, force, sources):
         refusals.append(gate_refusal(gate))
     if not facts["site_writable"]:
         refusals.append("%s: not writable" % site)
+    shared = shared_site_problem(site)
+    if shared and not allow_shared_env:
+        refusals.append("%s: %s: another account could replace what deploy writes there; --allow-shared-env"
+                        " deploys anyway" % (site, shared))
     found = unlisted_deployment(site, listed_files, listed_dirs)
     ddtree_dir = facts["ddtree_dir"]
     ours = [d for d in listed_dirs if os.path.basename(d).startswith("payload-")]
@@ -556,8 +727,8 @@ def gate_refusal(gate):
     return "; ".join(parts) + "; --force deploys anyway (recorded)"
 
 
-def op_plan(workdir, release_id, force, sources):
-    return {"ok": True, "plan": make_plan(workdir, release_id, force == "1", sources)}
+def op_plan(workdir, release_id, force, sources, allow_shared_env=False):
+    return {"ok": True, "plan": make_plan(workdir, release_id, force == "1", sources, allow_shared_env)}
 
 
 def with_environment_lock(lock_wait, operation, *args):
@@ -570,18 +741,21 @@ def with_environment_lock(lock_wait, operation, *args):
             raise InstallError("os-error", os_error_line(err))
 
 
-def op_install(workdir, release_id, force, sources, lock_wait=None):
-    return with_environment_lock(lock_wait, install_locked, workdir, release_id, force == "1", sources)
+def op_install(workdir, release_id, force, sources, lock_wait=None, allow_shared_env=False):
+    return with_environment_lock(lock_wait, install_locked, workdir, release_id, force == "1", sources,
+                                 allow_shared_env)
 
 
-def install_locked(site, workdir, release_id, force, sources):
+def install_locked(site, workdir, release_id, force, sources, allow_shared_env=False):
     recovered = recover(workdir, site)
-    plan = make_plan(workdir, release_id, force, sources)
+    plan = make_plan(workdir, release_id, force, sources, allow_shared_env)
     if plan["refusals"]:
         raise InstallError("refused", "refused: " + "; ".join(plan["refusals"]))
     directory = deployment_dir(workdir, site)
     record_path = os.path.join(directory, "record.json")
     old = read_json(record_path)
+    if old:
+        check_footprint(old, site, workdir, record_path)
     if plan["action"] == "unchanged":
         return verify_unchanged(record_path, old, plan, force, recovered)
     release_src = os.path.join(workdir, "releases", release_id, "src", "ddtree")
@@ -592,7 +766,7 @@ def install_locked(site, workdir, release_id, force, sources):
     journal_path = os.path.join(directory, "journal.json")
     journal = {"release": release_id, "started": time.time(), "files": files["files"],
                "dirs": [files["dist_info"], payload_dir], "previous": old}
-    os.makedirs(directory, exist_ok=True)
+    make_own_dir(directory)
     write_json(journal_path, journal)
     replaced = None
     try:
@@ -603,17 +777,19 @@ def install_locked(site, workdir, release_id, force, sources):
         payload_files = copy_payload(release_src, payload_dir)
         if old:
             replaced = remove_recorded(site_part(old))
-        write_site_files(site, release_id, payload_dir, files)
+        site_hashes = write_site_files(site, release_id, payload_dir, files)
         probe = verify_in_fresh_interpreter(force)
         if probe.get("verdict") == "failed":
             raise InstallError("verify", "installed plugin failed its check: %s" % "; ".join(probe.get("reasons", [])))
+        for path, digest in site_hashes.items():  # still what was written, before it is called ok
+            check_written(path, digest)
         record = {
             "release": release_id,
             "python": sys.executable,
             "site_dir": site,
             "payload_dir": payload_dir,
             "payload_files": payload_files,
-            "files": {p: sha256_file(p) for p in files["files"]},
+            "files": site_hashes,
             "dirs": [files["dist_info"], payload_dir],
             "forced": plan["forced"],
             "gate": plan["gate"],
@@ -650,11 +826,11 @@ def verify_unchanged(record_path, record, plan, force, recovered):
             "recovered": recovered}
 
 
-def op_rollback(workdir, lock_wait=None):
-    return with_environment_lock(lock_wait, rollback_locked, workdir)
+def op_rollback(workdir, lock_wait=None, force=False):
+    return with_environment_lock(lock_wait, rollback_locked, workdir, force)
 
 
-def rollback_locked(site, workdir):
+def rollback_locked(site, workdir, force=False):
     recovered = recover(workdir, site)
     directory = deployment_dir(workdir, site)
     record_path = os.path.join(directory, "record.json")
@@ -664,7 +840,14 @@ def rollback_locked(site, workdir):
         if record is None:
             return {"ok": True, "action": "nothing-deployed" if recovered is None else "recovered",
                     "recovered": recovered, "site_dir": site}
+    check_footprint(record, site, workdir, record_path)
+    changed = changed_since_deploy(record)
+    if changed and not force:
+        raise InstallError("changed", "kept the deployment of release %s: %d file(s) changed since deploy: %s;"
+                                      " `rollback --force` removes them too" % (
+                                          record["release"], len(changed), "; ".join(changed)))
     removed = remove_recorded(record)
+    removed["modified_since_deploy"] = changed
     if os.path.exists(record_path):
         os.unlink(record_path)
     try:
@@ -690,7 +873,31 @@ def unrecorded_deployment(workdir, site):
             if line.strip() and path.startswith(dist_info + os.sep):
                 files.append(path)
     dirs = found["dist_infos"] + ([found["payload_dir"]] if found["payload_dir"] else [])
-    return {"release": found["release"], "files": {p: "" for p in files}, "dirs": dirs}
+    # What deploy wrote is known without the record: the site files follow from (release,
+    # payload dir), the payload is the release's src/ddtree (while the release is on the host).
+    expected = {}
+    if found["release"] and found["payload_dir"]:
+        expected = site_file_contents(site, found["release"], found["payload_dir"],
+                                      planned_files(site, found["release"]))
+    hashes = {p: hashlib.sha256(expected[p]).hexdigest() if p in expected else "" for p in files}
+    return {"release": found["release"], "files": hashes, "dirs": dirs, "payload_dir": found["payload_dir"],
+            "payload_files": release_payload_hashes(workdir, found["release"])}
+
+
+def release_payload_hashes(workdir, release_id):
+    """{payload path: sha256} that a payload copied from the release has (copy_payload copies
+    its src/ddtree), from the release's manifest; None when the release is not on the host."""
+    if not release_id:
+        return None
+    manifest = read_text(os.path.join(workdir, "releases", release_id, "MANIFEST.sha256"))
+    if manifest is None:
+        return None
+    hashes = {}
+    for line in manifest.splitlines():
+        digest, _, relpath = line.partition("  ")
+        if relpath.startswith("src/ddtree/"):
+            hashes[relpath[len("src/"):]] = digest
+    return hashes
 
 
 def main(argv):
@@ -701,7 +908,7 @@ def main(argv):
     line = sys.stdin.buffer.readline()
     sources = json.loads(line.decode("utf-8")) if line.strip() else {"modules": {}, "packages": []}
     if op == "plan":
-        return op_plan(workdir, args[0], args[1], sources)
+        return op_plan(workdir, args[0], args[1], sources, args[2:3] == ["1"])
     if op == "install":
         return op_install(workdir, args[0], args[1], sources)
     raise InstallError("usage", "unknown operation %r" % op)

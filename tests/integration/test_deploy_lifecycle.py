@@ -8,6 +8,7 @@ and Python ignores the SIGXFSZ that comes with it."""
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import resource
@@ -347,13 +348,172 @@ def test_an_older_release_whose_installer_predates_the_environment_lock_still_de
     installer = older / "src" / "ddtree" / "sglang" / "install.py"
     (older / "ddtree_ops" / "hostside" / "sglang_install.py").rename(installer)
     source = installer.read_text()
-    assert "def op_install(workdir, release_id, force, sources, lock_wait=None):" in source
-    installer.write_text(source.replace("def op_install(workdir, release_id, force, sources, lock_wait=None):",
-                                        "def op_install(workdir, release_id, force, sources):\n    lock_wait = None")
-                         .replace("def op_rollback(workdir, lock_wait=None):", "def op_rollback(workdir):\n    lock_wait = None"))
+    install_def = "def op_install(workdir, release_id, force, sources, lock_wait=None, allow_shared_env=False):"
+    rollback_def = "def op_rollback(workdir, lock_wait=None, force=False):"
+    assert install_def in source and rollback_def in source
+    installer.write_text(source.replace(install_def, "def op_install(workdir, release_id, force, sources):\n"
+                                                     "    lock_wait, allow_shared_env = None, False")
+                         .replace(rollback_def, "def op_rollback(workdir):\n    lock_wait, force = None, False"))
     code, doc = cli(capsys, inventory, older, "deploy")
     assert code == 0, doc
     assert doc["hosts"]["h0"]["result"]["action"] == "installed"
     code, doc = cli(capsys, inventory, older, "rollback")
     assert code == 0, doc
+    assert site_listing(python) == clean_env
+
+
+# ---------------------------------------------------------------- rollback touches only its own, unchanged files
+
+
+def test_a_file_changed_since_deploy_is_named_and_kept_unless_forced(host, env, clean_env, capsys):
+    inventory, _ = host
+    python, site, snapshot = env
+    before = clean_env
+    doc = deployed_once(capsys, inventory, snapshot)
+    record = json.loads(Path(doc["hosts"]["h0"]["result"]["record"]).read_text())
+    edited = Path(record["payload_dir"]) / "ddtree" / "sglang" / "config.py"
+    edited.write_text(edited.read_text() + "\n# tuned by hand on this host\n")
+    added = Path(record["payload_dir"]) / "ddtree" / "notes.txt"
+    added.write_text("what I saw\n")
+    (Path(record["payload_dir"]) / "ddtree" / "__pycache__").mkdir(exist_ok=True)
+    (Path(record["payload_dir"]) / "ddtree" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"bytecode")
+    deployed = site_listing(python)
+    code, doc = cli(capsys, inventory, snapshot, "rollback")
+    assert code == 5, doc
+    error = doc["hosts"]["h0"]["error"]
+    assert "2 file(s) changed since deploy" in error and f"{edited} (edited)" in error and f"{added} (added)" in error
+    assert "`rollback --force` removes them too" in error
+    assert site_listing(python) == deployed and edited.read_text().endswith("# tuned by hand on this host\n")
+    assert added.read_text() == "what I saw\n"
+    code, doc = cli(capsys, inventory, snapshot, "rollback", "--force")
+    assert code == 0, doc
+    assert doc["hosts"]["h0"]["result"]["modified_since_deploy"] == [f"{added} (added)", f"{edited} (edited)"]
+    assert site_listing(python) == before and not edited.exists()
+
+
+def test_an_edited_site_file_is_named_and_kept_unless_forced(host, env, clean_env, capsys):
+    inventory, _ = host
+    python, site, snapshot = env
+    before = clean_env
+    deployed_once(capsys, inventory, snapshot)
+    pth = site / "ddtree_sglang_plugin.pth"
+    pth.write_text(pth.read_text() + "/opt/my/extra/path\n")
+    deployed = site_listing(python)
+    code, doc = cli(capsys, inventory, snapshot, "rollback")
+    assert code == 5 and f"{pth} (edited)" in doc["hosts"]["h0"]["error"], doc
+    assert site_listing(python) == deployed
+    assert cli(capsys, inventory, snapshot, "rollback", "--force")[0] == 0
+    assert site_listing(python) == before
+
+
+def test_a_record_naming_paths_outside_the_footprint_is_refused(host, env, clean_env, capsys, tmp_path):
+    inventory, _ = host
+    python, site, snapshot = env
+    doc = deployed_once(capsys, inventory, snapshot)
+    record_path = Path(doc["hosts"]["h0"]["result"]["record"])
+    honest = record_path.read_text()
+    victim_dir = tmp_path / "home" / "alice"
+    victim_dir.mkdir(parents=True)
+    (victim_dir / "thesis.tex").write_text("years of work\n")
+    victim = site / "sglang" / "__init__.py"
+    victim_bytes = victim.read_bytes()
+    deployed = site_listing(python)
+    for tamper in (
+        lambda r: r["files"].update({str(victim): hashlib.sha256(victim_bytes).hexdigest()}),
+        lambda r: r["dirs"].append(str(victim_dir)),
+        lambda r: r.update(payload_dir=str(victim_dir)),
+        lambda r: r["dirs"].append(str(site / "ddtree_sglang_plugin-0.1.0+x.dist-info" / ".." / "sglang")),
+    ):
+        record = json.loads(honest)
+        tamper(record)
+        record_path.write_text(json.dumps(record))
+        code, doc = cli(capsys, inventory, snapshot, "rollback", "--force")
+        assert code == 5, doc
+        assert "outside what deploy adds" in doc["hosts"]["h0"]["error"] and "nothing removed" in doc["hosts"]["h0"]["error"]
+        assert (victim_dir / "thesis.tex").read_text() == "years of work\n" and victim.read_bytes() == victim_bytes
+        assert site_listing(python) == deployed
+        # A deploy that would replace (or repair) it reads the same record: refused as well.
+        code, doc = cli(capsys, inventory, variant(snapshot, tmp_path / f"v{len(list(tmp_path.iterdir()))}", "v"), "deploy")
+        assert code == 5 and "outside what deploy adds" in doc["hosts"]["h0"]["error"], doc
+        assert (victim_dir / "thesis.tex").read_text() == "years of work\n" and victim.read_bytes() == victim_bytes
+    record_path.write_text(honest)
+    assert cli(capsys, inventory, snapshot, "rollback")[0] == 0
+    assert site_listing(python) == clean_env
+
+
+# ---------------------------------------------------------------- a site-packages another account can write
+
+
+def test_a_site_packages_others_can_write_is_refused_unless_allowed(host, env, clean_env, capsys):
+    inventory, _ = host
+    python, site, snapshot = env
+    mode = site.stat().st_mode & 0o7777
+    try:
+        os.chmod(site, 0o777)
+        for dry in ((), ("--dry-run",)):
+            code, doc = cli(capsys, inventory, snapshot, "deploy", *dry)
+            assert code == 5, doc
+            assert f"{site}: writable by group or others (mode 0777): another account could replace what deploy" \
+                   " writes there; --allow-shared-env deploys anyway" in doc["hosts"]["h0"]["error"]
+            assert site_listing(python) == clean_env
+        code, doc = cli(capsys, inventory, snapshot, "deploy", "--allow-shared-env")
+        assert code == 0 and doc["hosts"]["h0"]["result"]["action"] == "installed", doc
+    finally:
+        os.chmod(site, mode)
+    assert cli(capsys, inventory, snapshot, "rollback")[0] == 0
+    assert site_listing(python) == clean_env
+
+
+def test_write_atomic_never_writes_through_a_planted_temporary(tmp_path):
+    """The temporary file's name cannot be guessed: a link planted where the name was once
+    predictable (`<file>.tmp-<pid>`) is not followed, and the result is checked."""
+    target = tmp_path / "ddtree_sglang_plugin.pth"
+    victim = tmp_path / "secret"
+    victim.write_bytes(b"root only\n")
+    os.chmod(victim, 0o600)
+    script = textwrap.dedent(f"""
+        import importlib.util, json, os
+        spec = importlib.util.spec_from_file_location("installer", {str(INSTALLER)!r})
+        installer = importlib.util.module_from_spec(spec); spec.loader.exec_module(installer)
+        os.symlink({str(victim)!r}, {str(target)!r} + ".tmp-%d" % os.getpid())  # a racing account's guess
+        installer.write_atomic({str(target)!r}, b"/payload\\n")
+        print(json.dumps(sorted(os.listdir({str(tmp_path)!r}))))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    names = json.loads(done.stdout)
+    assert victim.read_bytes() == b"root only\n" and target.read_bytes() == b"/payload\n"
+    assert [n for n in names if n not in ("secret", target.name) and not n.startswith(target.name + ".tmp-")] == []
+    assert not target.is_symlink() and target.stat().st_mode & 0o777 == 0o644
+
+
+def test_a_site_file_swapped_while_the_deploy_runs_is_caught_before_ok(host, env, clean_env, capsys, tmp_path,
+                                                                         other_account):
+    """Another account replaces the live .pth with its own link while the deploy verifies the
+    plugin (here: from the probe the deploy runs). Deploy checks type, owner and hash of what it
+    wrote before it says ok: it fails, removes what it added and never reports the link as ours."""
+    inventory, _ = host
+    python, site, snapshot = env
+    racer = variant(snapshot, tmp_path / "racer", "racer")
+    probe = racer / "src" / "ddtree" / "sglang" / "probe.py"
+    pth = site / "ddtree_sglang_plugin.pth"
+    future = "from __future__ import annotations\n"
+    head, _, rest = probe.read_text().partition(future)
+    probe.write_text(head + future + textwrap.dedent(f"""
+        import os
+        _pth = {str(pth)!r}
+        _copy = _pth + ".theirs"
+        with open(_pth, "rb") as _src, open(_copy, "wb") as _dst:
+            _dst.write(_src.read())
+        os.unlink(_pth)
+        os.symlink(_copy, _pth)
+        os.lchown(_pth, {other_account.pw_uid}, {other_account.pw_gid})
+    """) + rest)
+    code, doc = cli(capsys, inventory, racer, "deploy")
+    assert code == 5, doc
+    error = doc["hosts"]["h0"]["error"]
+    assert f"{pth}: not a plain file, not what deploy wrote: another account is changing this environment" in error
+    assert "removed again" in error
+    assert not pth.is_symlink()
+    Path(str(pth) + ".theirs").unlink()
     assert site_listing(python) == clean_env
