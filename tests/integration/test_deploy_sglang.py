@@ -190,6 +190,44 @@ def test_a_tampered_hooked_file_is_refused_unless_forced(host, env, capsys):
         hooked.write_bytes(original)
 
 
+def test_tampered_bytecode_of_a_hooked_module_is_refused_unless_forced(host, env, capsys):
+    """The source still hashes right; its cached .pyc (header matching the source's mtime and
+    size, so Python would run it and never read the source) holds other code."""
+    import importlib.util
+    import marshal
+
+    _, inventory, _ = host
+    python, snapshot = env
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    hooked = site / "sglang" / "srt" / "speculative" / "spec_info.py"
+    cache = Path(importlib.util.cache_from_source(str(hooked)))
+    original = cache.read_bytes() if cache.exists() else None
+    stat = hooked.stat()
+    tampered = compile(hooked.read_bytes() + b"\nTAMPERED = True\n", str(hooked), "exec", dont_inherit=True)
+    cache.parent.mkdir(exist_ok=True)
+    cache.write_bytes(importlib.util.MAGIC_NUMBER + b"\0\0\0\0" + (int(stat.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little")
+                      + (stat.st_size & 0xFFFFFFFF).to_bytes(4, "little") + marshal.dumps(tampered))
+    try:
+        ran = fresh_python(python, f"import importlib.machinery as m; print('TAMPERED' in m.SourceFileLoader('x', {str(hooked)!r}).get_code('x').co_names)")
+        assert ran.stdout.strip() == "True"  # this environment's Python would run the tampered code
+        before = site_listing(python)
+        code, doc = run_cli(capsys, inventory, snapshot, "deploy")
+        assert code == 5, doc
+        assert f"{cache}: bytecode-mismatch: cached bytecode that would run instead of srt/speculative/spec_info.py" \
+            in doc["hosts"]["h0"]["error"]
+        assert site_listing(python) == before
+        code, doc = run_cli(capsys, inventory, snapshot, "deploy", "--force")
+        assert code == 0 and doc["hosts"]["h0"]["result"]["forced"] is True, doc
+        assert run_cli(capsys, inventory, snapshot, "rollback")[0] == 0
+        assert site_listing(python) == before
+    finally:
+        if original is None:
+            cache.unlink()
+        else:
+            cache.write_bytes(original)
+
+
 def test_an_unknown_sglang_version_is_refused(host, env, capsys):
     _, inventory, _ = host
     python, snapshot = env

@@ -201,3 +201,87 @@ def test_an_environment_with_ddtree_ops_installed_is_refused_with_what_to_do():
     assert refusal.startswith("entry point sglang.srt.plugins:ddtree already declared by ddtree.sglang.plugin:register")
     assert "ddtree-ops itself is installed in this environment" in refusal and "DDTREE_ENABLE=1" in refusal
     assert "ddtree-ops itself" not in entry_point_refusal(["other.plugin:register (someone-else)"])
+
+
+# ---------------------------------------------------------------- bytecode caches
+
+
+def _pyc(source_path: Path, code, *, flags: int = 0, header: bytes | None = None) -> bytes:
+    """A .pyc as importlib writes it: magic, flags, then mtime+size of the source (or a hash), code."""
+    import importlib.util
+    import marshal
+
+    if header is None:
+        stat = source_path.stat()
+        header = (int(stat.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little") + (stat.st_size & 0xFFFFFFFF).to_bytes(4, "little")
+    return importlib.util.MAGIC_NUMBER + flags.to_bytes(4, "little") + header + marshal.dumps(code)
+
+
+def _tampered_code(path: Path):
+    """What an attacker would run instead: the file's code with one more statement."""
+    return compile(path.read_bytes() + b"\nTAMPERED = True\n", str(path), "exec", dont_inherit=True)
+
+
+def _code_python_runs(path: Path):
+    """The code object the import system would execute for `path` (cache or source), without running it."""
+    import importlib.machinery
+    import sys
+
+    previous, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        return importlib.machinery.SourceFileLoader("gated", str(path)).get_code("gated")
+    finally:
+        sys.dont_write_bytecode = previous
+
+
+HOOKED = "srt/speculative/spec_info.py"
+
+
+def test_fresh_bytecode_caches_pass_and_tampered_ones_are_found(copied_package):
+    import importlib.util
+    import py_compile
+
+    manifest = SUPPORTED[SGLANG_VERSION]
+    for rel in set(manifest.file_sha256) | {r.file for r in manifest.names}:
+        py_compile.compile(str(copied_package / rel), doraise=True)  # what pip or Python writes
+    assert run_gate(copied_package).findings == []
+
+    hooked = copied_package / HOOKED
+    cache = Path(importlib.util.cache_from_source(str(hooked)))
+    honest = cache.read_bytes()
+    tampered = _tampered_code(hooked)
+    cache.write_bytes(_pyc(hooked, tampered))  # header matches the source's mtime and size
+    assert "TAMPERED" in _code_python_runs(hooked).co_names  # Python would run it
+    assert hooked.read_bytes() == (copied_package / HOOKED).read_bytes()  # the source still passes its hash
+    findings = run_gate(copied_package).findings
+    assert [(f.kind, f.file) for f in findings] == [(FindingKind.BYTECODE_MISMATCH, str(cache))]
+    assert f"would run instead of {HOOKED} is not compiled from it" in findings[0].detail
+
+    # A checked hash-based cache whose source hash is right, and an unchecked one: both run.
+    source_hash = importlib.util.source_hash(hooked.read_bytes())
+    for flags, header in ((0b11, source_hash), (0b01, b"\0" * 8)):
+        cache.write_bytes(_pyc(hooked, tampered, flags=flags, header=header))
+        assert "TAMPERED" in _code_python_runs(hooked).co_names
+        assert [f.kind for f in run_gate(copied_package).findings] == [FindingKind.BYTECODE_MISMATCH]
+
+    # A stale cache (another mtime) or a checked one with the wrong hash never runs: no finding.
+    for pyc in (_pyc(hooked, tampered, header=b"\1\0\0\0\0\0\0\0"), _pyc(hooked, tampered, flags=0b11, header=b"\0" * 8)):
+        cache.write_bytes(pyc)
+        assert "TAMPERED" not in _code_python_runs(hooked).co_names
+        assert run_gate(copied_package).findings == []
+    cache.write_bytes(honest)
+    assert run_gate(copied_package).findings == []
+
+
+def test_a_tampered_optimized_cache_and_an_unreadable_one_are_found(copied_package):
+    import importlib.util
+
+    hooked = copied_package / HOOKED
+    optimized = Path(importlib.util.cache_from_source(str(hooked), optimization="1"))  # what python -O runs
+    optimized.parent.mkdir(exist_ok=True)
+    optimized.write_bytes(_pyc(hooked, _tampered_code(hooked)))
+    assert [(f.kind, f.file) for f in run_gate(copied_package).findings] == [(FindingKind.BYTECODE_MISMATCH, str(optimized))]
+    optimized.write_bytes(_pyc(hooked, compile(hooked.read_bytes(), str(hooked), "exec", dont_inherit=True, optimize=1)))
+    assert run_gate(copied_package).findings == []
+    optimized.write_bytes(_pyc(hooked, None)[:16] + b"\xff\x00garbage")  # a fresh header, no valid code
+    assert [f.kind for f in run_gate(copied_package).findings] == [FindingKind.BYTECODE_MISMATCH]

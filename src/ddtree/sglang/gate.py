@@ -28,6 +28,7 @@ class FindingKind(Enum):
     HASH_MISMATCH = "hash-mismatch"
     NAME_MISMATCH = "name-mismatch"  # missing name, changed signature, fields or value
     UNPARSABLE = "unparsable"
+    BYTECODE_MISMATCH = "bytecode-mismatch"  # the cached .pyc Python would run is not the gated source
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,62 @@ def check_names(package_dir: Path, manifest: Manifest) -> list[GateFinding]:
     return findings
 
 
+# (cache file optimization tag, compile() optimize level): the caches an interpreter may run
+OPTIMIZATION_LEVELS = (("", 0), ("1", 1), ("2", 2))
+
+
+def bytecode_python_would_run(source_path: Path, source: bytes, pyc: bytes) -> bool:
+    """True when this interpreter's import system would execute `pyc` instead of compiling
+    `source_path` (importlib's own rules): our magic number and either a timestamp header
+    matching the source's mtime and size, an unchecked hash-based pyc, or a checked one whose
+    source hash matches."""
+    import importlib.util
+
+    if len(pyc) < 16 or pyc[:4] != importlib.util.MAGIC_NUMBER:
+        return False
+    flags = int.from_bytes(pyc[4:8], "little")
+    if flags & 0b1:  # hash-based
+        return not flags & 0b10 or pyc[8:16] == importlib.util.source_hash(source)
+    stat = source_path.stat()
+    return (int.from_bytes(pyc[8:12], "little") == int(stat.st_mtime) & 0xFFFFFFFF
+            and int.from_bytes(pyc[12:16], "little") == stat.st_size & 0xFFFFFFFF)
+
+
+def check_bytecode(package_dir: Path, manifest: Manifest) -> list[GateFinding]:
+    """The gate reads sources, but Python runs a cached .pyc when its header says it is fresh
+    (and never looks at the source again): each gated file's caches that would run must hold
+    exactly the code its source compiles to. Code objects compare by bytecode, constants,
+    names and nested code (not by file name), so a cache pip or Python wrote passes."""
+    import importlib.util
+    import marshal
+
+    findings: list[GateFinding] = []
+    if sys.implementation.cache_tag is None:
+        return findings  # this interpreter neither writes nor reads bytecode caches
+    for rel in sorted(set(manifest.file_sha256) | {r.file for r in manifest.names}):
+        path = package_dir / rel
+        if not path.is_file():
+            continue  # reported by the other checks
+        source = path.read_bytes()
+        for tag, level in OPTIMIZATION_LEVELS:
+            cache = Path(importlib.util.cache_from_source(str(path), optimization=tag))
+            try:
+                pyc = cache.read_bytes()
+            except OSError:
+                continue
+            if not bytecode_python_would_run(path, source, pyc):
+                continue  # stale or foreign: Python recompiles from the (gated) source
+            try:
+                same = marshal.loads(pyc[16:]) == compile(source, str(path), "exec", dont_inherit=True, optimize=level)
+            except (ValueError, EOFError, TypeError, SyntaxError):
+                same = False
+            if not same:
+                findings.append(GateFinding(FindingKind.BYTECODE_MISMATCH, str(cache),
+                                            f"cached bytecode that would run instead of {rel} is not compiled from it"
+                                            " (delete the file; Python rewrites it from the source)"))
+    return findings
+
+
 def run_gate(package_dir: Path, manifests: dict[str, Manifest] | None = None) -> GateReport:
     """All findings for one installation. An unknown version is checked against the newest
     manifest too, so the operator sees what would break under --force."""
@@ -164,7 +221,8 @@ def run_gate(package_dir: Path, manifests: dict[str, Manifest] | None = None) ->
         )
         manifest = manifests[max(manifests, key=_version_key)] if manifests else None
     if manifest is not None:
-        for finding in check_files(package_dir, manifest) + check_names(package_dir, manifest):
+        checks = check_files(package_dir, manifest) + check_names(package_dir, manifest)
+        for finding in checks + check_bytecode(package_dir, manifest):
             if finding not in findings:  # a file both checks need is reported missing once
                 findings.append(finding)
     return GateReport(
