@@ -17,7 +17,6 @@ from ddtree_ops.cli.options import (
 )
 from ddtree_ops.cli.report import RunsDirOpt
 from ddtree_ops.cli.smoke import (
-    DEFAULT_STAGE_TIMEOUT_S,
     BatchSizesOpt,
     BudgetsOpt,
     NoPushOpt,
@@ -28,6 +27,7 @@ from ddtree_ops.cli.smoke import (
     build_options,
     run_smoke,
 )
+from ddtree_ops.smoke import DEFAULT_STAGE_TIMEOUT_S
 
 # The sweep stages, in order; those a release lacks are left out.
 BENCH_STAGES = ("env", "tree-bench", "decode-bench", "sglang-e2e")

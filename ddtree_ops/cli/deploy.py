@@ -44,7 +44,7 @@ def run_gate(ctx: Any, bundle: Any, stages: list[str]) -> dict[str, Any]:
     """Run the gate stages with the smoke runner of the release just deployed, on the same
     connection: stage -> {"status", "reason"}. Any stage that did not pass (a skip included:
     it says nothing about health) raises later, in `gated_deploy`."""
-    from ddtree_ops.cli.smoke import DEFAULT_STAGE_TIMEOUT_S, SILENCE_LIMIT_S, SmokePlan, run_timeout, runner_argv
+    from ddtree_ops.smoke import DEFAULT_STAGE_TIMEOUT_S, SILENCE_LIMIT_S, SmokePlan, run_timeout, runner_argv
     from ddtree_ops.remote_layout import remote_workdir
     from ddtree_ops.results import new_run_id, parse_record
 
@@ -148,7 +148,7 @@ def deploy(
     _, selected = select_hosts(inventory, hosts)
     bundle = build_bundle(source)
     if stages:
-        from ddtree_ops.cli.smoke import check_stages_in_bundle
+        from ddtree_ops.smoke import check_stages_in_bundle
 
         check_stages_in_bundle(stages, {f.relpath for f in bundle.files})
     if not json_out:

@@ -162,10 +162,10 @@ def test_a_host_killed_mid_run_gives_exit_6_and_keeps_the_others(sshd_fleet, run
 def test_a_host_frozen_mid_run_is_lost_after_the_silence_limit_not_the_run_bound(
         sshd_fleet, runs, capsys, checkout, monkeypatch):
     """SIGSTOP: TCP stays open and nothing arrives, so only the missing heartbeats tell."""
-    import ddtree_ops.cli.smoke as smoke_cli
+    import ddtree_ops.smoke as smoke_run
 
     # > the runner's 5 s heartbeat, with room for a busy machine (h0 must not be lost too)
-    monkeypatch.setattr(smoke_cli, "SILENCE_LIMIT_S", 20.0)
+    monkeypatch.setattr(smoke_run, "SILENCE_LIMIT_S", 20.0)
     fleet = sshd_fleet(2, command_timeout=600)
     inventory = str(fleet.write_inventory())
     victim = fleet.hosts[1]
@@ -194,10 +194,10 @@ def test_a_host_frozen_mid_run_is_lost_after_the_silence_limit_not_the_run_bound
 def test_a_frozen_then_thawed_host_keeps_its_loss_after_collect(sshd_fleet, runs, capsys, checkout, monkeypatch):
     """The host finishes on its own once thawed and `collect` fetches its records: the report
     shows its results and still the loss (when, after what silence), never a clean pass."""
-    import ddtree_ops.cli.smoke as smoke_cli
+    import ddtree_ops.smoke as smoke_run
 
     # > the runner's 5 s heartbeat, with room for a busy machine (h0 must not be lost too)
-    monkeypatch.setattr(smoke_cli, "SILENCE_LIMIT_S", 20.0)
+    monkeypatch.setattr(smoke_run, "SILENCE_LIMIT_S", 20.0)
     fleet = sshd_fleet(2, command_timeout=600)
     inventory = str(fleet.write_inventory())
     victim = fleet.hosts[1]
