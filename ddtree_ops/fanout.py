@@ -26,6 +26,7 @@ from ddtree_ops.errors import (
     TransportError,
 )
 from ddtree_ops.inventory import Host
+from ddtree_ops.outcome import HostOutcome, exit_code_for
 from ddtree_ops.transport.base import Transport
 
 DEFAULT_PARALLEL = 32
@@ -58,7 +59,7 @@ ProgressCallback = Callable[[str, HostState, str], None]  # (host name, state, d
 
 
 @dataclass
-class HostOutcome(Generic[T]):
+class HostResult(Generic[T]):
     host: str
     state: HostState = HostState.QUEUED
     value: Optional[T] = None
@@ -77,6 +78,18 @@ class HostOutcome(Generic[T]):
         return self.state in (HostState.UNREACHABLE, HostState.HOST_KEY_REFUSED) or \
             isinstance(self.error, ConnectTimeout)
 
+    @property
+    def outcome(self) -> HostOutcome:
+        if self.state is HostState.OK:
+            return HostOutcome.PASS
+        if self.state is HostState.INTERRUPTED:
+            return HostOutcome.INTERRUPTED
+        if self.state is HostState.SKIPPED:
+            return HostOutcome.NOT_STARTED
+        if self.state is HostState.HOST_KEY_REFUSED:
+            return HostOutcome.HOST_KEY_REFUSED
+        return HostOutcome.UNREACHABLE if self.never_connected else HostOutcome.FAIL
+
     def message(self) -> str:
         if self.error is None:
             return self.detail
@@ -86,28 +99,19 @@ class HostOutcome(Generic[T]):
 
 
 class FanoutResult(dict):
-    """host name -> HostOutcome, in the order the hosts were given (like Fabric's GroupResult)."""
+    """host name -> HostResult, in the order the hosts were given (like Fabric's GroupResult)."""
 
     @property
-    def succeeded(self) -> dict[str, HostOutcome]:
+    def succeeded(self) -> dict[str, HostResult]:
         return {name: o for name, o in self.items() if o.ok}
 
     @property
-    def failed(self) -> dict[str, HostOutcome]:
+    def failed(self) -> dict[str, HostResult]:
         return {name: o for name, o in self.items() if not o.ok}
 
     def exit_code(self) -> ExitCode:
-        """0 all ok; 6 some ok; otherwise 4 when no host could be connected to, else 5."""
-        if any(o.state is HostState.INTERRUPTED for o in self.values()):
-            return ExitCode.INTERRUPTED
-        if not self.failed:
-            return ExitCode.OK
-        if self.succeeded:
-            return ExitCode.PARTIAL
-        attempted = [o for o in self.values() if o.state is not HostState.SKIPPED]
-        if attempted and all(o.never_connected for o in attempted):
-            return ExitCode.CONNECT
-        return ExitCode.REMOTE
+        """The command's exit code, by the one rule (ddtree_ops.outcome)."""
+        return exit_code_for(o.outcome for o in self.values())
 
 
 @dataclass
@@ -163,7 +167,7 @@ def run_fanout(
         def connect(host: Host) -> Transport:
             return open_transport(host, accept_new_host_keys=accept_new_host_keys)
 
-    result = FanoutResult((h.name, HostOutcome(h.name)) for h in hosts)
+    result = FanoutResult((h.name, HostResult(h.name)) for h in hosts)
     lock = threading.Lock()
     stop = threading.Event()
     started_at: dict[str, float] = {}

@@ -23,36 +23,17 @@ import re
 import secrets
 import time
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from ddtree_ops.errors import ConfigError, UsageError, quoted
+from ddtree_ops.hostside.protocol import Status as StageStatus  # the runner's own enum, read back
 from ddtree_ops.ids import is_safe_id
+from ddtree_ops.outcome import HostOutcome
 
 RUNS_DIR_ENV = "DDTREE_OPS_RUNS_DIR"
 DEFAULT_RUNS_DIR = "runs"
 _STAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # used with fullmatch: "$" would let "x\n" through
-
-
-class StageStatus(str, Enum):
-    """Mirrors ddtree_ops.hostside.protocol.Status on the wire."""
-
-    PASS = "pass"
-    FAIL = "fail"
-    SKIP = "skip"
-    NOT_RUN = "not_run"
-
-
-class HostOutcome(str, Enum):
-    PASS = "pass"  # every stage passed or skipped
-    FAIL = "fail"  # the runner finished and at least one stage failed
-    LOST = "lost"  # the host stopped answering mid-run: partial results
-    UNREACHABLE = "unreachable"  # never started (connect, push or runner start failed)
-    HOST_KEY_REFUSED = "host key refused"  # never started: the host's key is not the known one
-    INTERRUPTED = "interrupted"  # stopped by the operator
-    PENDING = "pending"  # no outcome recorded yet (run in progress)
-    REFUSED = "refused"  # the host's runner refused the plan (unknown stage or option): usage
 
 
 def runs_root(override: str | os.PathLike[str] | None = None) -> Path:
@@ -534,29 +515,6 @@ def load_host(host_dir: Path, host: str, run_id: str) -> HostRecord:
     else:
         outcome = HostOutcome.PENDING
     return HostRecord(host=host, meta=meta, stages=stages, outcome=outcome, error=error, run_end=run_end)
-
-
-def hosts_exit_code(outcomes: Iterable[HostOutcome]) -> int:
-    """DESIGN.md: 0 all passed, 4 none reachable, 5 a stage failed (no host passed),
-    6 partial (some hosts passed, others failed or were lost), 130 interrupted, 2 a host's
-    runner refused the plan (the same exit `smoke` returned, whenever the run is reported)."""
-    from ddtree_ops.errors import ExitCode
-
-    outcomes = list(outcomes)
-    if not outcomes:
-        return ExitCode.OK
-    if HostOutcome.INTERRUPTED in outcomes:
-        return ExitCode.INTERRUPTED
-    if HostOutcome.REFUSED in outcomes:
-        return ExitCode.USAGE
-    passed = sum(o is HostOutcome.PASS for o in outcomes)
-    if passed == len(outcomes):
-        return ExitCode.OK
-    if passed:
-        return ExitCode.PARTIAL
-    if all(o in (HostOutcome.UNREACHABLE, HostOutcome.HOST_KEY_REFUSED) for o in outcomes):
-        return ExitCode.CONNECT
-    return ExitCode.REMOTE
 
 
 # ----------------------------------------------------------------------------- collect

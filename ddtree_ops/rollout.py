@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional, TypeVar
 
 from ddtree_ops.errors import UsageError
-from ddtree_ops.fanout import FanoutResult, HostOutcome, HostState
+from ddtree_ops.fanout import FanoutResult, HostResult, HostState
 
 T = TypeVar("T")
 NO_BUDGET = 100.0  # "more than 100 % failed" never happens: every batch runs
@@ -127,12 +127,12 @@ def not_started_detail(batch: int) -> str:
 
 
 def run_rollout(hosts: Sequence[Any], policy: RolloutPolicy, run_batch: Callable[[list[Any]], FanoutResult],
-                failed: Callable[[HostOutcome], bool] = lambda outcome: not outcome.ok) -> RolloutResult:
+                failed: Callable[[HostResult], bool] = lambda outcome: not outcome.ok) -> RolloutResult:
     """Run `run_batch` on each batch in turn (hosts have `.name`); stop once the hosts so far
     that `failed` (default: their task did not succeed) exceed the budget. A KeyboardInterrupt
     propagates (no further batch starts)."""
     batches = plan_batches(hosts, policy.serial)
-    merged = FanoutResult((h.name, HostOutcome(h.name)) for h in hosts)
+    merged = FanoutResult((h.name, HostResult(h.name)) for h in hosts)
     rollout = RolloutResult(merged, planned=len(batches))
     started = failures = 0
     for number, batch in enumerate(batches, start=1):
@@ -146,6 +146,6 @@ def run_rollout(hosts: Sequence[Any], policy: RolloutPolicy, run_batch: Callable
             rollout.stopped = (f"batch {number} of {len(batches)}: {failures} of {started} host(s) so far failed "
                                f"({100 * failures / started:.0f}% > --max-fail-percent {policy.max_fail_percent:g})")
             for host in (h for later in batches[number:] for h in later):
-                merged[host.name] = HostOutcome(host.name, HostState.SKIPPED, detail=not_started_detail(number))
+                merged[host.name] = HostResult(host.name, HostState.SKIPPED, detail=not_started_detail(number))
             break
     return rollout

@@ -272,7 +272,7 @@ def settle_hosts(selected: list["Host"], recorders: dict[str, Any], fanout: Any,
     """Record each host's operator-side outcome next to what it streamed: interrupted,
     unreachable (never connected), failed before its runner started, or lost mid-run."""
     from ddtree_ops.fanout import HostState
-    from ddtree_ops.results import HostOutcome
+    from ddtree_ops.outcome import HostOutcome
 
     for host in selected:
         recorder = recorders.get(host.name)

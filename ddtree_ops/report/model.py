@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddtree_ops.noise import GPU_BUSY_LIMIT_PCT, LOAD_PER_CPU_LIMIT, SPREAD_LIMIT, Noise, cell_noise, load_problem
-from ddtree_ops.results import HostOutcome, RunRecord, StageStatus, hosts_exit_code
+from ddtree_ops.outcome import HostOutcome, exit_code_for
+from ddtree_ops.results import RunRecord, StageStatus
 
 SWEEP_STAGE = "tree-bench"
 SWEEP_TABLE = "sweep"
@@ -56,7 +57,7 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        return int(hosts_exit_code(self.outcomes.values()))
+        return int(exit_code_for(self.outcomes.values()))
 
     def noise(self, host: str, stage: str, cell: str) -> Noise | None:
         """The noise verdict on a timed value (`stage`'s `timings` has `cell`), else None: a

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from ddtree_ops.errors import ExitCode, UsageError
-from ddtree_ops.fanout import FanoutResult, HostOutcome, HostState
+from ddtree_ops.fanout import FanoutResult, HostResult, HostState
 from ddtree_ops.rollout import BatchSize, RolloutPolicy, parse_fail_percent, parse_serial, plan_batches, run_rollout
 
 
@@ -53,7 +53,7 @@ def batch_runner(failing):
 
     def run(batch):
         calls.append([h.name for h in batch])
-        return FanoutResult((h.name, HostOutcome(h.name, HostState.FAILED if h.name in failing else HostState.OK))
+        return FanoutResult((h.name, HostResult(h.name, HostState.FAILED if h.name in failing else HostState.OK))
                             for h in batch)
 
     run.calls = calls

@@ -11,13 +11,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ddtree_ops.errors import ConfigError, ExitCode, UsageError  # noqa: E402
+from ddtree_ops.outcome import HostOutcome, exit_code_for  # noqa: E402
 from ddtree_ops.results import (  # noqa: E402
-    HostOutcome,
     RunStore,
     StageStatus,
     adopt_remote_records,
     check_run_id,
-    hosts_exit_code,
     new_run_id,
     runs_root,
 )
@@ -118,9 +117,13 @@ def test_unknown_run_and_empty_store_are_usage_errors(tmp_path):
     ([HostOutcome.FAIL, HostOutcome.UNREACHABLE], ExitCode.REMOTE),
     ([HostOutcome.UNREACHABLE, HostOutcome.UNREACHABLE], ExitCode.CONNECT),
     ([HostOutcome.PASS, HostOutcome.INTERRUPTED], ExitCode.INTERRUPTED),
+    ([HostOutcome.PASS, HostOutcome.REFUSED], ExitCode.USAGE),
+    ([HostOutcome.UNREACHABLE, HostOutcome.NOT_STARTED], ExitCode.CONNECT),  # a stopped rollout
+    ([HostOutcome.NOT_STARTED], ExitCode.REMOTE),
+    ([], ExitCode.OK),
 ])
 def test_exit_codes_follow_design(outcomes, code):
-    assert hosts_exit_code(outcomes) == code
+    assert exit_code_for(outcomes) == code
 
 
 def test_adopting_the_hosts_more_complete_log(tmp_path):
