@@ -119,6 +119,8 @@ def test_unknown_run_and_empty_store_are_usage_errors(tmp_path):
     ([HostOutcome.PASS, HostOutcome.INTERRUPTED], ExitCode.INTERRUPTED),
     ([HostOutcome.PASS, HostOutcome.REFUSED], ExitCode.USAGE),
     ([HostOutcome.UNREACHABLE, HostOutcome.NOT_STARTED], ExitCode.CONNECT),  # a stopped rollout
+    ([HostOutcome.HOST_KEY_REFUSED, HostOutcome.UNREACHABLE], ExitCode.CONNECT),
+    ([HostOutcome.HOST_KEY_REFUSED, HostOutcome.FAIL], ExitCode.REMOTE),
     ([HostOutcome.NOT_STARTED], ExitCode.REMOTE),
     ([], ExitCode.OK),
 ])
