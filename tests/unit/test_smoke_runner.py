@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+# every test starts the real runner (and its torch import) in a subprocess: not in `make test-quick`
+pytestmark = pytest.mark.slow
 
 STAGES = {
     "ok": """

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+# the runner and its stages run for real in subprocesses: not in `make test-quick`
+pytestmark = pytest.mark.slow
 sys.path.insert(0, str(REPO))
 
 from ddtree_ops.release import build_bundle  # noqa: E402
