@@ -74,7 +74,7 @@ def import_runs(
 def _already_baselines(runs: List[Path]) -> list[Path]:
     """The inputs that are baseline files already (JSON that `report --baseline` reads, such
     as the paper's numbers in baselines/), told by a cheap look, before torch is imported."""
-    from ddtree_ops.report import BaselineKind, baseline_kind
+    from ddtree_ops.report.metric_checks import BaselineKind, baseline_kind
 
     found = []
     for path in runs:
@@ -84,7 +84,7 @@ def _already_baselines(runs: List[Path]) -> list[Path]:
             continue  # the importer names it
         if head in (b"{", b"[") or path.suffix in (".json", ".yaml", ".yml"):
             from ddtree_ops.errors import ConfigError
-            from ddtree_ops.report import read_baseline_document
+            from ddtree_ops.report.metric_checks import read_baseline_document
 
             try:
                 if baseline_kind(read_baseline_document(path)) is BaselineKind.DECODE:
