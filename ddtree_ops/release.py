@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Optional
 
 from ddtree_ops.errors import UsageError
+from ddtree_ops.hostside.agent import MANIFEST_NAME, manifest_id  # the host reads what we write: one rule
 
-MANIFEST_NAME = "MANIFEST.sha256"  # the host agent uses the same name
-RELEASE_ID_CHARS = 16
 HOSTSIDE_DIR = "ddtree_ops/hostside"  # the code that runs on a host: agent, runner, stages, installer
 RUNNER_RELPATH = f"{HOSTSIDE_DIR}/runner.py"
 STAGES_DIR = f"{HOSTSIDE_DIR}/stages"
@@ -118,10 +117,6 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, *, executable: bool
     tar.addfile(info, io.BytesIO(data))
 
 
-def manifest_release_id(manifest: bytes) -> str:
-    return hashlib.sha256(manifest).hexdigest()[:RELEASE_ID_CHARS]
-
-
 def default_source_root() -> Path:
     """The checkout (or install prefix) of the `ddtree` package this process runs with.
 
@@ -202,6 +197,6 @@ def build_bundle(source: str | os.PathLike[str] | None = None) -> ReleaseBundle:
         )
     manifest = "".join(f"{f.sha256}  {f.relpath}\n" for f in files).encode("utf-8")
     return ReleaseBundle(
-        source_root=str(root), files=tuple(files), manifest=manifest, release_id=manifest_release_id(manifest),
+        source_root=str(root), files=tuple(files), manifest=manifest, release_id=manifest_id(manifest),
         git=git_origin(root),
     )

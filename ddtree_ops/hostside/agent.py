@@ -204,42 +204,57 @@ def read_manifest(directory):
         return handle.read()
 
 
-def verify_release(directory, release_id, allow_missing=False):
-    """None when the directory holds exactly the release (bytecode caches aside: the smoke
-    runner compiles the release from its sources), else why not. A link anywhere is a
-    problem: os.walk would not look inside a linked folder, and it could stand in for any
-    module (even torch: the release comes first on the runner's sys.path). `allow_missing`:
-    files of the manifest may be gone (what prune asks: is all that is left ours, unedited?)."""
+def release_problems(directory, release_id=None, allow_missing=False):
+    """Every reason the directory does not hold exactly its release, [] when it does: the one
+    release check, used by the agent (push, prune, probe, deploy) and by the smoke runner and its
+    `import` stage (ddtree_ops.hostside.release_check). Bytecode caches are allowed (the runner
+    compiles the release from its sources); a link anywhere is a problem: os.walk would not
+    look inside a linked folder, and it could stand in for any module (even torch: the release
+    comes first on the runner's sys.path). `release_id`: the id the manifest must hash to.
+    `allow_missing`: files of the manifest may be gone (what prune asks: is all that is left
+    ours, unedited?)."""
     try:
         manifest_bytes = read_manifest(directory)
     except OSError as err:
-        return "no readable manifest (%s)" % err.strerror
-    if manifest_id(manifest_bytes) != release_id:
-        return "manifest does not hash to the release id"
+        return ["no readable manifest (%s)" % err.strerror]
+    if release_id is not None and manifest_id(manifest_bytes) != release_id:
+        return ["manifest does not hash to the release id"]
     try:
         entries = parse_manifest(manifest_bytes)
-    except AgentError as err:
-        return str(err)
+    except (AgentError, UnicodeDecodeError) as err:
+        return [str(err)]
+    problems = []
     for relpath, digest in entries.items():
         path = os.path.join(directory, relpath)
         if os.path.islink(path) or not os.path.isfile(path):
-            if allow_missing and not os.path.lexists(path):
-                continue
-            return "missing file %s" % relpath
-        if file_sha256(path) != digest:
-            return "hash mismatch in %s" % relpath
+            if not (allow_missing and not os.path.lexists(path)):
+                problems.append("missing file %s" % relpath)
+            continue
+        try:
+            if file_sha256(path) != digest:
+                problems.append("hash mismatch in %s" % relpath)
+        except OSError as err:
+            problems.append("unreadable file %s (%s)" % (relpath, err.strerror))
     for root, dirs, files in os.walk(directory):
         for name in dirs + files:
             if os.path.islink(os.path.join(root, name)):
-                return "unexpected link %s" % os.path.relpath(os.path.join(root, name), directory).replace(os.sep, "/")
+                problems.append("unexpected link %s" % os.path.relpath(os.path.join(root, name), directory).replace(os.sep, "/"))
         in_cache = os.path.basename(root) == "__pycache__"
         for name in files:
             relpath = os.path.relpath(os.path.join(root, name), directory).replace(os.sep, "/")
-            if relpath != MANIFEST_NAME and relpath not in entries and not (in_cache and name.endswith(".pyc")):
-                return "unexpected file %s" % relpath
+            if relpath != MANIFEST_NAME and relpath not in entries and not (in_cache and name.endswith(".pyc")) \
+                    and not os.path.islink(os.path.join(root, name)):
+                problems.append("unexpected file %s" % relpath)
         if in_cache and dirs:
-            return "unexpected folder %s" % os.path.relpath(os.path.join(root, dirs[0]), directory).replace(os.sep, "/")
-    return None
+            problems.append("unexpected folder %s" % os.path.relpath(os.path.join(root, dirs[0]), directory).replace(os.sep, "/"))
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))]
+    return problems
+
+
+def verify_release(directory, release_id, allow_missing=False):
+    """None when the directory holds exactly the release, else the first reason it does not."""
+    problems = release_problems(directory, release_id, allow_missing)
+    return problems[0] if problems else None
 
 
 HEX_DIGITS = "0123456789abcdef"

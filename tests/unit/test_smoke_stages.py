@@ -112,7 +112,7 @@ def test_a_tampered_release_is_refused_before_any_of_it_runs(workdir, tmp_path_f
     assert code == 5 and not marker.exists()
     start, end = records[0], records[-1]
     assert start["error"].startswith(f"release {release_id} at {release} is not intact: "
-                                     "src/ddtree/metrics.py: sha256 ")
+                                     "hash mismatch in src/ddtree/metrics.py")
     assert end["status"] == "fail" and end["exit_code"] == 5
     stages = {r["stage"]: r for r in records if r["event"] == "stage_end"}
     assert {s: r["status"] for s, r in stages.items()} == {"import": "not_run", "golden": "not_run"}
@@ -130,7 +130,7 @@ def test_a_linked_folder_in_the_release_is_refused(workdir, tmp_path_factory):
     (release / "src" / "torch").symlink_to(fake)
     code, records, _ = run_runner(copy, "env,import")
     assert code == 5 and not marker.exists()
-    assert records[0]["error"].endswith("is not intact: src/torch: unexpected link")
+    assert records[0]["error"].endswith("is not intact: unexpected link src/torch")
 
 
 def test_current_pointing_outside_the_workdirs_releases_is_refused(workdir, tmp_path_factory):
@@ -193,11 +193,11 @@ def test_check_release_names_every_kind_of_damage(workdir, tmp_path_factory):
     release.rename(renamed)
     got_id, problems = check_release(renamed)
     assert got_id == release_id
-    (edited,) = [p for p in problems if p.startswith("src/ddtree/tree.py: sha256 ")]
-    assert sorted(p for p in problems if p != edited) == sorted([
-        "src/ddtree/inputs.py: unreadable (No such file or directory)",
-        "src/ddtree/extra.py: unexpected file (not in the manifest)",
-        "ddtree_ops/hostside/linked.py: unexpected link",
+    assert sorted(problems) == sorted([  # the agent's own check: one rule for push, prune and smoke
+        "hash mismatch in src/ddtree/tree.py",
+        "missing file src/ddtree/inputs.py",
+        "unexpected file src/ddtree/extra.py",
+        "unexpected link ddtree_ops/hostside/linked.py",
         f"release directory 0000000000000000 holds manifest {release_id}",
     ])
 

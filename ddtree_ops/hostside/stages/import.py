@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 from ddtree_ops.hostside.protocol import StageContext, StageResult
-from ddtree_ops.hostside.release_check import MANIFEST_NAME, check_release, summary
+from ddtree_ops.hostside.agent import MANIFEST_NAME
+from ddtree_ops.hostside.release_check import check_release, summary
 
 NAME = "import"
 DESCRIPTION = "the release's ddtree is the one imported, and its files match the manifest"
