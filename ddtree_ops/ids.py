@@ -4,23 +4,18 @@ wherever such an id enters: a command-line value (usage error, exit 2) or a valu
 from a host or a local record (an error that names the host or the file)."""
 from __future__ import annotations
 
-import re
 from enum import Enum
 from typing import Any
 
 from ddtree_ops.errors import ConfigError, RemoteStepError, UsageError
+from ddtree_ops.hostside.agent import is_safe_id  # the hosts' rule: one definition for both sides
 
-SAFE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # never '.', '..', '/', empty
 SAFE_ID_RULE = "expected 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
 
 
 class IdKind(str, Enum):
     RUN = "run id"
     RELEASE = "release id"
-
-
-def is_safe_id(value: Any) -> bool:
-    return isinstance(value, str) and SAFE_ID_RE.fullmatch(value) is not None and value not in (".", "..")
 
 
 def shown(value: Any, limit: int = 48) -> str:

@@ -47,10 +47,15 @@ SAFE_ID_FIRST = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 SAFE_ID_CHARS = SAFE_ID_FIRST + "._-"
 
 
+def is_safe_id(value):
+    """Release and run ids are path parts (here and on the operator side, ddtree_ops.ids): 1-128
+    of [A-Za-z0-9._-], starting with a letter or digit (no re import, which costs start time)."""
+    return isinstance(value, str) and 0 < len(value) <= 128 and value[0] in SAFE_ID_FIRST \
+        and all(c in SAFE_ID_CHARS for c in value)
+
+
 def check_id(value, what):
-    """Release and run ids are path parts here: same rule as ddtree_ops.ids (no re import,
-    which costs start time): 1-128 of [A-Za-z0-9._-], starting with a letter or digit."""
-    if not (0 < len(value) <= 128 and value[0] in SAFE_ID_FIRST and all(c in SAFE_ID_CHARS for c in value)):
+    if not is_safe_id(value):
         raise AgentError("bad-id", "unsafe %s %r" % (what, value[:64]))
     return value
 
