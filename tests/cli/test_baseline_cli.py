@@ -177,7 +177,7 @@ def test_one_record_referenced_many_times_is_counted_each_time(tmp_path, capsys)
 def test_an_archive_that_inflates_past_the_limit_is_refused_unread(tmp_path, capsys, monkeypatch):
     import zipfile
 
-    from ddtree_ops import baselines
+    from ddtree_ops.report import baselines
 
     plain = run_file(tmp_path / "plain.pt")
     crafted = tmp_path / "deflated.pt"
