@@ -1,6 +1,6 @@
 """The best-first heap builder: the reference semantics, kept plain as the oracle for tests.
 
-Spec steps 2-4 (`shared/spec/ddtree-algorithm.md`): float32 log-probabilities from a full-row
+The reference's steps: float32 log-probabilities from a full-row
 `logsumexp`, float64 scores accumulated incrementally, ties popped lexicographically smaller
 rank path first.
 
