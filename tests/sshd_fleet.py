@@ -122,6 +122,10 @@ class SshdHost:
                     "MaxStartups 64",
                     "MaxSessions 64",
                     "LogLevel ERROR",
+                    # Sessions run the login user's rc files; on a machine whose .bashrc runs
+                    # `pyenv init`, a session killed mid-rehash leaves pyenv's lock behind and
+                    # every later login would wait 60 s for it. Bound that wait to 1 s.
+                    "SetEnv PYENV_REHASH_TIMEOUT=1",
                     "",
                 ]
             )
