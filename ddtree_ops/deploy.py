@@ -12,18 +12,22 @@ rollback - remove exactly what the record lists, only inside what deploy adds, a
            nothing there changed since deploy (`--force`: changed files go too).
 `--dry-run` sends nothing and takes no lock: the installer only reports its plan.
 The gate's modules travel on stdin and are loaded in memory on the host, so a dry run writes
-nothing there. Refusals (gate findings, conflicts) are RemoteStepError: exit 5.
+nothing there. Refusals (gate findings, conflicts) are RemoteStepError: exit 5. The gate's two levels of
+evidence (structure, pins) are decided on the host; the operator's qualification file
+travels with the gate, so a qualified version whose hashes drifted deploys.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Optional
 
 from ddtree_ops.errors import RemoteStepError
 from ddtree_ops.inventory import Host
 from ddtree_ops.release import HOSTSIDE_DIR, ReleaseBundle
 from ddtree_ops.ids import IdKind, check_optional_host_id
+from ddtree_ops.qualification import QualificationFile
 from ddtree_ops.remote_layout import (
     AGENT_REPLY_MAX_BYTES,
     DEFAULT_KEEP,
@@ -40,10 +44,22 @@ INSTALLER = f"{HOSTSIDE_DIR}/sglang_install.py"
 # Where a checkout from before the host side was one package keeps it: deploying such a
 # checkout (going back to an older release) runs its own installer.
 OLDER_INSTALLER = "src/ddtree/sglang/install.py"
-# The gate and its data, served in memory on the host (a bare `ddtree` package: the real
-# ddtree/__init__.py imports torch, which the gate does not need).
+# The gate and its modules, served in memory on the host (a bare `ddtree` package: the core
+# is not needed); its data (the shipped manifests, the worker's source for the structural
+# facts, the operator's qualification entries) travels next to them.
 GATE_PACKAGES = ("ddtree", "ddtree.sglang", "ddtree.sglang.manifests")
-GATE_MODULES = ("ddtree.sglang.errors", "ddtree.sglang.manifest", "ddtree.sglang.gate")
+GATE_MODULES = ("ddtree.sglang.errors", "ddtree.sglang.manifest", "ddtree.sglang.qualification",
+                "ddtree.sglang.structure", "ddtree.sglang.gate")
+WORKER = "src/ddtree/sglang/worker.py"
+MANIFESTS_DIR = "src/ddtree/sglang/manifests/"
+
+
+class InstallMode(Enum):
+    """What the installer accepts (its MODE argument)."""
+
+    GATED = "0"  # structure holds, hashes pinned or qualified
+    FORCE = "1"  # anything, recorded (--force)
+    QUALIFY = "qualify"  # structure holds, drifted hashes allowed, recorded (sglang qualify)
 
 
 def _bundle_text(bundle: ReleaseBundle, relpath: str) -> str:
@@ -53,25 +69,26 @@ def _bundle_text(bundle: ReleaseBundle, relpath: str) -> str:
     raise RemoteStepError(f"release {bundle.release_id} has no {relpath} (source {bundle.source_root})")
 
 
-def gate_payload(bundle: ReleaseBundle) -> dict[str, Any]:
+def gate_payload(bundle: ReleaseBundle, qualified: Optional[QualificationFile] = None) -> dict[str, Any]:
     modules: dict[str, str] = {"ddtree": ""}
     for package in GATE_PACKAGES[1:]:
         modules[package] = _bundle_text(bundle, "src/" + package.replace(".", "/") + "/__init__.py")
     for module in GATE_MODULES:
         modules[module] = _bundle_text(bundle, "src/" + module.replace(".", "/") + ".py")
-    for entry in bundle.files:  # every shipped manifest
-        if entry.relpath.startswith("src/ddtree/sglang/manifests/") and entry.relpath.endswith(".py") \
-                and not entry.relpath.endswith("__init__.py"):
-            name = entry.relpath[len("src/"):-len(".py")].replace("/", ".")
-            modules[name] = entry.source.read_text(encoding="utf-8")
-    return {"modules": modules, "packages": list(GATE_PACKAGES)}
+    manifests = {entry.relpath[len(MANIFESTS_DIR):]: entry.source.read_text(encoding="utf-8")
+                 for entry in bundle.files
+                 if entry.relpath.startswith(MANIFESTS_DIR) and entry.relpath.endswith(".json")}
+    return {"modules": modules, "packages": list(GATE_PACKAGES), "manifests": manifests,
+            "worker": _bundle_text(bundle, WORKER),
+            "qualified": [e.to_dict() for e in qualified.entries] if qualified else [],
+            "qualified_source": str(qualified.path) if qualified else "qualification file"}
 
 
 def call_installer(
     transport: Transport, host: Host, bundle: ReleaseBundle, op: str, *args: str,
-    timeout: Optional[float] = None,
+    timeout: Optional[float] = None, qualified: Optional[QualificationFile] = None,
 ) -> dict[str, Any]:
-    stdin = installer_stdin(bundle, op)
+    stdin = installer_stdin(bundle, op, qualified)
     # With site-packages: the installer works on the environment's site dir.
     result = transport.run(agent_argv(host, op, *args, site=True), stdin=stdin, timeout=timeout,
                            max_output_bytes=AGENT_REPLY_MAX_BYTES)
@@ -88,6 +105,10 @@ class DeployOutcome:
     sglang: str  # "<version> at <dir>"
     verdict: str  # the probe's verdict ("-" for a dry run)
     forced: bool
+    evidence: str = ""  # the gate's verdict: "structure ok, pinned" / "... qualified (run R)" / ...
+    qualifying: bool = False
+    qualified_by: Optional[dict[str, Any]] = None
+    gate: Optional[dict[str, Any]] = None
     adds: tuple[str, ...] = ()
     reasons: tuple[str, ...] = ()
     record: Optional[str] = None
@@ -97,7 +118,8 @@ class DeployOutcome:
     def to_dict(self) -> dict[str, Any]:
         return {
             "release": self.release, "action": self.action, "python": self.python, "sglang": self.sglang,
-            "verdict": self.verdict, "forced": self.forced, "adds": list(self.adds),
+            "verdict": self.verdict, "forced": self.forced, "evidence": self.evidence,
+            "qualifying": self.qualifying, "qualified_by": self.qualified_by, "adds": list(self.adds),
             "reasons": list(self.reasons), "record": self.record, "recovered": self.recovered,
             "gate_findings": list(self.gate_findings),
         }
@@ -109,21 +131,24 @@ def _findings(gate: dict[str, Any]) -> tuple[str, ...]:
 
 def deploy_host(
     transport: Transport, host: Host, bundle: ReleaseBundle, *, force: bool = False, dry_run: bool = False,
-    allow_shared_env: bool = False,
+    allow_shared_env: bool = False, qualified: Optional[QualificationFile] = None,
+    mode: Optional[InstallMode] = None,
 ) -> DeployOutcome:
-    """`allow_shared_env`: deploy into a site-packages that other accounts can write (refused otherwise)."""
-    flag = "1" if force else "0"
+    """`allow_shared_env`: deploy into a site-packages that other accounts can write (refused otherwise);
+    `qualified`: the operator's qualification file; `mode`: what the installer accepts (default: gated, or forced)."""
+    flag = (mode or (InstallMode.FORCE if force else InstallMode.GATED)).value
     shared = "1" if allow_shared_env else "0"
     if dry_run:
-        plan = call_installer(transport, host, bundle, "plan", bundle.release_id, flag, shared)["plan"]
+        plan = call_installer(transport, host, bundle, "plan", bundle.release_id, flag, shared,
+                              qualified=qualified)["plan"]
         if plan["refusals"]:
             raise RemoteStepError(f"{host.name}: deploy would be refused: " + "; ".join(plan["refusals"]))
         return _outcome(bundle, plan, action=_would(plan["action"]), verdict="-", reasons=())
     limit = host.command_timeout
     argv = agent_argv(host, "deploy", bundle.release_id, str(DEFAULT_KEEP), f"{lock_wait_within(limit):g}", flag,
                       shared, site=True)  # with site-packages: the installer works on the environment's site dir
-    result, _ = run_with_release_on_demand(transport, argv, bundle, before=installer_stdin(bundle, "install"),
-                                           timeout=limit)
+    result, _ = run_with_release_on_demand(transport, argv, bundle,
+                                           before=installer_stdin(bundle, "install", qualified), timeout=limit)
     both = parse_agent_reply(host, "deploy", result)
     push_outcome(host, bundle, both["push"], 0)  # checks the release ids the host named
     reply = both["install"]
@@ -145,7 +170,9 @@ def _outcome(bundle: ReleaseBundle, plan: dict[str, Any], **fields: Any) -> Depl
     env, gate = plan["environment"], plan["gate"]
     return DeployOutcome(
         release=bundle.release_id, python=env["python"], sglang=f"{gate.get('version')} at {env['sglang_dir']}",
-        forced=bool(plan["forced"]), adds=tuple(plan["adds"]), gate_findings=_findings(gate), **fields,
+        forced=bool(plan["forced"]), evidence=gate.get("verdict", ""), qualifying=bool(plan.get("qualifying")),
+        qualified_by=gate.get("qualified_by"), gate=gate, adds=tuple(plan["adds"]), gate_findings=_findings(gate),
+        **fields,
     )
 
 
@@ -178,13 +205,13 @@ def rollback_host(transport: Transport, host: Host, bundle: ReleaseBundle, *, fo
     )
 
 
-def installer_stdin(bundle: ReleaseBundle, op: str) -> bytes:
+def installer_stdin(bundle: ReleaseBundle, op: str, qualified: Optional[QualificationFile] = None) -> bytes:
     """What the installer reads on stdin: its own source (length-prefixed for BOOTSTRAP),
-    then, except for rollback, the gate's modules as one JSON line."""
+    then, except for rollback, the gate's modules and data as one JSON line."""
     relpaths = {entry.relpath for entry in bundle.files}
     installer = INSTALLER if INSTALLER in relpaths or OLDER_INSTALLER not in relpaths else OLDER_INSTALLER
     source = _bundle_text(bundle, installer).encode("utf-8")
     stdin = b"%d\n" % len(source) + source
     if op != "rollback":
-        stdin += json.dumps(gate_payload(bundle)).encode("utf-8") + b"\n"
+        stdin += json.dumps(gate_payload(bundle, qualified)).encode("utf-8") + b"\n"
     return stdin

@@ -66,12 +66,13 @@ def run_gate(ctx: Any, bundle: Any, stages: list[str]) -> dict[str, Any]:
 
 
 def gated_deploy(ctx: Any, bundle: Any, force: bool, gate_stages: list[str],
-                 allow_shared_env: bool = False) -> dict[str, Any]:
+                 allow_shared_env: bool = False, qualified: Any = None) -> dict[str, Any]:
     """Deploy, then (when asked) the gate: {"deployed": DeployOutcome, "gate": {...} or None}."""
     from ddtree_ops.deploy import deploy_host
 
     ctx.report("deploying")
-    deployed = deploy_host(ctx.transport, ctx.host, bundle, force=force, allow_shared_env=allow_shared_env)
+    deployed = deploy_host(ctx.transport, ctx.host, bundle, force=force, allow_shared_env=allow_shared_env,
+                           qualified=qualified)
     if not gate_stages:
         return {"deployed": deployed, "gate": None}
     gate = run_gate(ctx, bundle, gate_stages)
@@ -120,12 +121,15 @@ def deploy(
     hosts: HostsOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; change nothing on any host.")] = False,
     force: Annotated[
-        bool, typer.Option("--force", help="Deploy despite gate findings (unknown SGLang version, changed files); recorded.")
+        bool, typer.Option("--force", help="Deploy despite gate findings (changed structure, unqualified hashes); recorded.")
     ] = False,
     allow_shared_env: Annotated[
         bool, typer.Option("--allow-shared-env", help="Deploy into a site-packages other accounts can write"
                                                       " (refused otherwise: they could replace what deploy writes).")
     ] = False,
+    qualified: Annotated[Optional[Path], typer.Option(
+        "--qualified", help="Qualification file (default: sglang-qualified.json next to the inventory).",
+        show_default=False)] = None,
     source: SourceOpt = None,
     json_out: JsonOpt = False,
     parallel: ParallelOpt = DEFAULT_PARALLEL,
@@ -140,12 +144,14 @@ def deploy(
     from ddtree_ops.cli.console import run_on_hosts, say
     from ddtree_ops.cli.smoke import parse_stages
     from ddtree_ops.deploy import deploy_host
+    from ddtree_ops.qualification import load_file
     from ddtree_ops.release import build_bundle
 
     policy = rollout_policy(serial, max_fail_percent, default_budget=0.0)
     stages = parse_stages(gate_stages if gate_stages is not None else
                           (DEFAULT_GATE_STAGES if policy.batched and not dry_run else None))
-    _, selected = select_hosts(inventory, hosts)
+    loaded, selected = select_hosts(inventory, hosts)
+    qualification = load_file(qualified, loaded.source)
     bundle = build_bundle(source)
     if stages:
         from ddtree_ops.smoke import check_stages_in_bundle
@@ -159,8 +165,8 @@ def deploy(
         if dry_run:
             ctx.report("planning")
             return deploy_host(ctx.transport, ctx.host, bundle, force=force, dry_run=True,
-                               allow_shared_env=allow_shared_env)
-        return gated_deploy(ctx, bundle, force, stages, allow_shared_env)
+                               allow_shared_env=allow_shared_env, qualified=qualification)
+        return gated_deploy(ctx, bundle, force, stages, allow_shared_env, qualification)
 
     def to_json(value: Any) -> Any:
         if isinstance(value, dict):
@@ -170,7 +176,7 @@ def deploy(
     def row(o: Any) -> list[str]:
         d = _deployed(o) if not dry_run else o.value
         gate = (o.value["gate"] if o.ok and isinstance(o.value, dict) else getattr(o.error, "gate", None)) or {}
-        return [d.action, d.sglang, d.verdict, "yes" if d.forced else "no",
+        return [d.action, d.sglang, d.evidence, d.verdict, "yes" if d.forced else "no",
                 *([", ".join(f"{k} {v['status']}" for k, v in gate.items())] if stages else []), _note(d)]
 
     return run_on_hosts(
@@ -178,7 +184,7 @@ def deploy(
         selected,
         task,
         FanoutOptions(inventory, hosts, json_out, parallel, fail_fast, accept_new_host_keys, policy),
-        columns=["action", "sglang", "verdict", "forced", *(["gate"] if stages else []), "note"],
+        columns=["action", "sglang", "evidence", "verdict", "forced", *(["gate"] if stages else []), "note"],
         row=row,
         to_json=to_json,
         extra_json={"release": bundle.release_id, "dry_run": dry_run, "force": force, "gate_stages": stages},

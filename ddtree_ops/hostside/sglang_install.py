@@ -8,9 +8,15 @@ the release being deployed, which are loaded in memory (nothing written for a dr
 The caller holds the host lock (WORKDIR/lock) around every operation; install and rollback
 also flock the site-packages directory, so workdirs sharing one environment take turns.
 
-    python -c BOOTSTRAP plan     WORKDIR RELEASE_ID FORCE
-    python -c BOOTSTRAP install  WORKDIR RELEASE_ID FORCE
+    python -c BOOTSTRAP plan     WORKDIR RELEASE_ID MODE
+    python -c BOOTSTRAP install  WORKDIR RELEASE_ID MODE
     python -c BOOTSTRAP rollback WORKDIR
+
+MODE: "0" installs when the gate passes: the structure holds and the file hashes match a
+shipped manifest or an entry of the operator's qualification file (sent in the payload);
+"1" (--force) installs whatever the gate says, recorded; "qualify" (`ddtree-ops sglang
+qualify`) installs a structurally sound SGLang whose hashes drifted, recorded, so that its
+stages can run.
 
 What deploy adds to the environment's site-packages (nothing else is touched):
     ddtree_sglang_plugin.pth                       one line: the payload directory
@@ -260,13 +266,23 @@ def entry_point_refusal(foreign):
     return "entry point sglang.srt.plugins:ddtree already declared by %s%s" % (", ".join(foreign), why)
 
 
+FORCE, QUALIFY = "1", "qualify"  # install modes besides "0" (see the module doc)
+
+
 def run_gate(payload, sglang_dir):
+    """The release's gate on this SGLang: both levels of evidence, and the qualification
+    entry that vouches for drifted hashes, if one does."""
     import pathlib
 
     load_modules(payload)
     from ddtree.sglang.gate import run_gate as gate  # served by SourceFinder
+    from ddtree.sglang.manifests import parse_manifests
+    from ddtree.sglang.qualification import parse as parse_qualifications
 
-    return gate(pathlib.Path(sglang_dir)).to_dict()
+    qualifications = parse_qualifications(json.dumps({"qualified": payload.get("qualified", [])}),
+                                          payload.get("qualified_source", "qualification file"))
+    return gate(pathlib.Path(sglang_dir), parse_manifests(payload.get("manifests", {})),
+                qualifications=qualifications, worker=payload.get("worker")).to_dict()
 
 
 # ---------------------------------------------------------------- what deploy adds
@@ -646,7 +662,7 @@ def shared_site_problem(site):
     return None
 
 
-def make_plan(workdir, release_id, force, sources, allow_shared_env=False):
+def make_plan(workdir, release_id, mode, sources, allow_shared_env=False):
     facts = environment_facts()
     site = facts["site_dir"]
     if not facts["sglang_dir"]:
@@ -661,7 +677,10 @@ def make_plan(workdir, release_id, force, sources, allow_shared_env=False):
     listed_files = set((record or {}).get("files", {})) | set((journal or {}).get("files", []))
     listed_dirs = set((record or {}).get("dirs", [])) | set((journal or {}).get("dirs", []))
     refusals = []
-    if not gate["ok"] and not force:
+    force = mode == FORCE
+    if not force and not gate["structure_ok"]:
+        refusals.append(gate_refusal(gate))
+    elif mode not in (FORCE, QUALIFY) and not gate["ok"]:
         refusals.append(gate_refusal(gate))
     if not facts["site_writable"]:
         refusals.append("%s: not writable" % site)
@@ -698,6 +717,7 @@ def make_plan(workdir, release_id, force, sources, allow_shared_env=False):
         "environment": facts,
         "gate": gate,
         "forced": bool(force and not gate["ok"]),
+        "qualifying": mode == QUALIFY,
         "action": action,
         "adds": plan["files"],
         "payload_dir": next_payload_dir(directory, release_id, record),
@@ -711,24 +731,35 @@ REFUSAL_FINDINGS_SHOWN = 3
 
 
 def gate_refusal(gate):
-    """The gate's findings as one readable refusal: an unsupported version first, then a count
-    of the other findings by kind and the first few of them."""
+    """The gate's verdict as one readable refusal. A structure that differs names the hooks
+    (the way out is a plugin change); drifted hashes alone name the files and where each
+    changed (the way out is to qualify the version)."""
     findings = gate["findings"]
-    parts = [f["detail"] for f in findings if f["kind"] == "unknown-version"]
-    rest = [f for f in findings if f["kind"] != "unknown-version"]
-    if rest:
-        kinds = dict.fromkeys(f["kind"] for f in rest)  # in order of first appearance
-        counts = ", ".join("%d %s" % (sum(f["kind"] == k for f in rest), k) for k in kinds)
-        against = "checked against sglang %s: " % gate.get("manifest_version") if parts else ""
-        shown = "; ".join("%s: %s: %s" % (f["file"], f["kind"], f["detail"]) for f in rest[:REFUSAL_FINDINGS_SHOWN])
-        more = len(rest) - REFUSAL_FINDINGS_SHOWN
+    version = gate.get("version") or "(version unreadable)"
+    against = gate.get("manifest_version")
+    if not gate["structure_ok"]:
+        shown = [f for f in findings if f.get("evidence", "structure") == "structure"]
+        hooks = gate.get("broken_hooks") or [f["detail"] for f in shown]
+        first = "; ".join("%s: %s: %s" % (f["file"], f["kind"], f["detail"]) for f in shown[:REFUSAL_FINDINGS_SHOWN])
+        more = len(shown) - REFUSAL_FINDINGS_SHOWN
         tail = " (+%d more; `deploy --dry-run --force --json` lists all)" % more if more > 0 else ""
-        parts.append("%s%s (%s%s)" % (against, counts, shown, tail))
-    return "; ".join(parts) + "; --force deploys anyway (recorded)"
+        return ("sglang %s: structure differs from sglang %s in %d hook(s): %s (%s%s); the plugin does not"
+                " support this SGLang; --force deploys anyway (recorded)" % (
+                    version, against, len(hooks), ", ".join(hooks), first, tail))
+    drifted = [f for f in findings if f["kind"] == "hash-mismatch"]
+    if drifted:
+        what = "; ".join("%s: %s" % (f["file"], f["detail"].split("; ", 1)[-1]) for f in drifted[:REFUSAL_FINDINGS_SHOWN])
+        more = len(drifted) - REFUSAL_FINDINGS_SHOWN
+        tail = " (+%d more; `ddtree-ops sglang diff` shows each hook)" % more if more > 0 else ""
+        files = "%d pinned file(s) differ from sglang %s: %s%s" % (len(drifted), against, what, tail)
+    else:
+        files = "its pinned files match sglang %s" % against
+    return ("sglang %s: %s: %s; qualify it with `ddtree-ops sglang qualify`, or --force deploys anyway"
+            " (recorded)" % (version, gate.get("verdict", "not pinned"), files))
 
 
-def op_plan(workdir, release_id, force, sources, allow_shared_env=False):
-    return {"ok": True, "plan": make_plan(workdir, release_id, force == "1", sources, allow_shared_env)}
+def op_plan(workdir, release_id, mode, sources, allow_shared_env=False):
+    return {"ok": True, "plan": make_plan(workdir, release_id, mode, sources, allow_shared_env)}
 
 
 def with_environment_lock(lock_wait, operation, *args):
@@ -742,13 +773,13 @@ def with_environment_lock(lock_wait, operation, *args):
 
 
 def op_install(workdir, release_id, force, sources, lock_wait=None, allow_shared_env=False):
-    return with_environment_lock(lock_wait, install_locked, workdir, release_id, force == "1", sources,
-                                 allow_shared_env)
+    return with_environment_lock(lock_wait, install_locked, workdir, release_id, force, sources, allow_shared_env)
 
 
-def install_locked(site, workdir, release_id, force, sources, allow_shared_env=False):
+def install_locked(site, workdir, release_id, mode, sources, allow_shared_env=False):
+    force = mode == FORCE
     recovered = recover(workdir, site)
-    plan = make_plan(workdir, release_id, force, sources, allow_shared_env)
+    plan = make_plan(workdir, release_id, mode, sources, allow_shared_env)
     if plan["refusals"]:
         raise InstallError("refused", "refused: " + "; ".join(plan["refusals"]))
     directory = deployment_dir(workdir, site)
@@ -792,6 +823,8 @@ def install_locked(site, workdir, release_id, force, sources, allow_shared_env=F
             "files": site_hashes,
             "dirs": [files["dist_info"], payload_dir],
             "forced": plan["forced"],
+            "qualifying": plan["qualifying"],
+            "qualified_by": plan["gate"].get("qualified_by"),
             "gate": plan["gate"],
             "probe": {"verdict": probe.get("verdict"), "reasons": probe.get("reasons")},
             "deployed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -818,7 +851,8 @@ def verify_unchanged(record_path, record, plan, force, recovered):
     if probe.get("verdict") == "failed":
         raise InstallError("verify", "release %s is deployed and intact but fails its check: %s" % (
             record["release"], "; ".join(probe.get("reasons", []))))
-    record.update(forced=plan["forced"], gate=plan["gate"],
+    record.update(forced=plan["forced"], qualifying=plan["qualifying"], qualified_by=plan["gate"].get("qualified_by"),
+                  gate=plan["gate"],
                   probe={"verdict": probe.get("verdict"), "reasons": probe.get("reasons")},
                   verified_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     write_json(record_path, record)

@@ -89,6 +89,11 @@ print(json.dumps({"status": result.status.value, "reason": result.reason, "metri
 """
 
 
+def site_packages(python: Path) -> Path:
+    return Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+
+
 def plugin_stage(python: Path, snapshot: Path) -> dict:
     done = subprocess.run([str(python), "-c", PLUGIN_STAGE, str(snapshot)], capture_output=True, text=True, cwd="/",
                           env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}, timeout=300)
@@ -166,9 +171,7 @@ def test_dry_run_changes_nothing(host, env, capsys):
 def test_a_tampered_hooked_file_is_refused_unless_forced(host, env, capsys):
     _, inventory, h0 = host
     python, snapshot = env
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
-    hooked = site / "sglang" / "srt" / "speculative" / "spec_info.py"
+    hooked = site_packages(python) / "sglang" / "srt" / "speculative" / "spec_info.py"
     original = hooked.read_bytes()
     hooked.write_bytes(original + b"\n# patched by someone\n")
     try:
@@ -176,7 +179,8 @@ def test_a_tampered_hooked_file_is_refused_unless_forced(host, env, capsys):
         code, doc = run_cli(capsys, inventory, snapshot, "deploy")
         assert code == 5
         error = doc["hosts"]["h0"]["error"]
-        assert f"{hooked}: hash-mismatch" in error
+        assert "sglang 0.5.23: structure ok, hashes drifted, not qualified: 1 pinned file(s) differ from sglang " \
+               f"0.5.23: {hooked}: changed only outside the hooked definitions; qualify it with" in error
         assert site_listing(python) == before
 
         code, doc = run_cli(capsys, inventory, snapshot, "deploy", "--force")
@@ -239,7 +243,8 @@ def test_an_unknown_sglang_version_is_refused(host, env, capsys):
         code, doc = run_cli(capsys, inventory, snapshot, "deploy")
         assert code == 5
         error = doc["hosts"]["h0"]["error"]
-        assert "deploy: refused: sglang 0.5.24 is not supported (supported: 0.5.23); --force deploys anyway" in error
+        assert ("deploy: refused: sglang 0.5.24: structure ok, version not pinned, not qualified: its pinned files"
+                " match sglang 0.5.23; qualify it with `ddtree-ops sglang qualify`, or --force deploys anyway") in error
         assert site_listing(python) == before
     finally:
         metadata.write_bytes(original)
@@ -383,3 +388,52 @@ def test_deploy_starts_the_hosts_python_twice_rollback_and_dry_run_once(sshd_fle
         if site_listing(python) != before:  # leave the module's environment as it was
             main(["rollback", "-i", str(inventory), "--source", str(snapshot)])
         counted.unlink()
+
+
+def test_an_upgrade_is_refused_until_a_host_qualifies_it_then_deploys(host, env, capsys, tmp_path):
+    """The operator's path for an SGLang whose hooked files drifted: deploy refuses and names
+    the drift; `sglang qualify` deploys for qualification, runs the `plugin` stage and records
+    the version, hashes and run id next to the inventory; deploy then accepts exactly that."""
+    _, inventory, h0 = host
+    python, snapshot = env
+    hooked = site_packages(python) / "sglang" / "srt" / "speculative" / "spec_info.py"
+    original = hooked.read_bytes()
+    hooked.write_bytes(original + b"\n# a local patch release\n")
+    qualified = tmp_path / "sglang-qualified.json"
+    try:
+        before = site_listing(python)
+        code = main(["deploy", "-i", str(inventory), "--source", str(snapshot), "--qualified", str(qualified)])
+        assert code == 3 and capsys.readouterr().err.strip().endswith(f"{qualified}: qualification file not found")
+        code, doc = run_cli(capsys, inventory, snapshot, "deploy")  # the default file, next to the inventory: none
+        assert code == 5 and "structure ok, hashes drifted, not qualified" in doc["hosts"]["h0"]["error"]
+        assert site_listing(python) == before
+
+        code = main(["sglang", "qualify", "-i", str(inventory), "--source", str(snapshot), "--stages", "plugin",
+                     "--qualified", str(qualified), "--runs-dir", str(tmp_path / "runs")])
+        err = capsys.readouterr().err
+        assert code == 0, err
+        (entry,) = json.loads(qualified.read_text())["qualified"]
+        assert (entry["sglang"], entry["host"], entry["stages"]) == ("0.5.23", "h0", {"plugin": "pass"})
+        assert (tmp_path / "runs" / entry["run"] / "h0").is_dir()
+        assert f"qualify: h0: sglang 0.5.23 qualified by run {entry['run']} (plugin pass); recorded in {qualified}" in err
+        assert json.loads(Path(next((h0.workdir / "deployments").glob("*/record.json"))).read_text())["qualifying"] is True
+
+        code, doc = run_cli(capsys, inventory, snapshot, "deploy", "--qualified", str(qualified))
+        assert code == 0, doc
+        result = doc["hosts"]["h0"]["result"]
+        assert result["evidence"] == f"structure ok, hashes drifted, qualified (run {entry['run']})"
+        record = json.loads(Path(result["record"]).read_text())
+        assert record["qualified_by"]["run"] == entry["run"] and record["forced"] is False
+
+        hooked.write_bytes(original + b"\n# a different patch\n")  # not the files that were qualified
+        code, doc = run_cli(capsys, inventory, snapshot, "deploy", "--qualified", str(qualified))
+        assert code == 5 and "not qualified" in doc["hosts"]["h0"]["error"]
+
+        qualified.write_text('{"qualified": [{"sglang": "0.5.23"}]}')
+        code = main(["deploy", "-i", str(inventory), "--source", str(snapshot), "--qualified", str(qualified)])
+        assert code == 3
+        assert capsys.readouterr().err.strip().endswith(f"{qualified}: qualified[0].files: expected an object of "
+                                                        "file -> sha256, got None")
+        assert run_cli(capsys, inventory, snapshot, "rollback")[0] == 0
+    finally:
+        hooked.write_bytes(original)

@@ -1,4 +1,5 @@
-"""The real sglang==0.5.23 wheel, unpacked with `pip install --no-deps --target` and cached.
+"""The real sglang wheels (0.5.23, and the older 0.5.22 for upgrade tests), unpacked with
+`pip install --no-deps --target` and cached.
 
 The wheel is cached under <repo>/.cache/wheels (gitignored); a fresh clone downloads it
 once from PyPI through pip. The 0.5.23 wheel is cp311/manylinux only; the files we read are
@@ -14,11 +15,11 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-SGLANG_VERSION = "0.5.23"
+SGLANG_VERSION = "0.5.23"  # the version the plugin is built against
+PREVIOUS_SGLANG_VERSION = "0.5.22"  # a real release before it: a true upgrade
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("DDTREE_TEST_CACHE", REPO / ".cache"))
 WHEELS = CACHE / "wheels"
-TARGET = CACHE / f"sglang-{SGLANG_VERSION}-target"
 _PLATFORM = ["--only-binary=:all:", "--platform", "manylinux_2_34_x86_64"]
 _TARGET_PYTHON = "3.11"  # the unpacked tree the unit tests read (same .py files in every wheel)
 
@@ -41,52 +42,58 @@ def _pip(*args: str) -> None:
         raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-800:]}")
 
 
-def sglang_wheel(python_version: str = _TARGET_PYTHON) -> Path:
-    """Path of the cached sglang-0.5.23 wheel for CPython `python_version` (pip download if missing)."""
+def sglang_wheel(python_version: str = _TARGET_PYTHON, version: str = SGLANG_VERSION) -> Path:
+    """Path of the cached sglang-`version` wheel for CPython `python_version` (pip download if missing)."""
     tag = "cp" + python_version.replace(".", "")
     with _locked("sglang-wheel"):
-        found = sorted(WHEELS.glob(f"sglang-{SGLANG_VERSION}-{tag}-*.whl"))
+        found = sorted(WHEELS.glob(f"sglang-{version}-{tag}-*.whl"))
         if not found:
             WHEELS.mkdir(parents=True, exist_ok=True)
             _pip("download", "--no-deps", *_PLATFORM, "--python-version", python_version, "-d", str(WHEELS),
-                 f"sglang=={SGLANG_VERSION}")
-            found = sorted(WHEELS.glob(f"sglang-{SGLANG_VERSION}-{tag}-*.whl"))
+                 f"sglang=={version}")
+            found = sorted(WHEELS.glob(f"sglang-{version}-{tag}-*.whl"))
         return found[0]
 
 
-def sglang_site() -> Path:
+def sglang_site(version: str = SGLANG_VERSION) -> Path:
     """A directory holding `sglang/` and its dist-info, as `pip install --no-deps` left them."""
-    wheel = sglang_wheel()
+    wheel = sglang_wheel(version=version)
+    target = CACHE / f"sglang-{version}-target"
     with _locked("sglang-target"):
-        marker = TARGET / ".complete"
+        marker = target / ".complete"
         if not marker.exists():
-            partial = TARGET.with_name(TARGET.name + ".partial")
+            partial = target.with_name(target.name + ".partial")
             shutil.rmtree(partial, ignore_errors=True)
             _pip("install", "--no-deps", "--no-index", *_PLATFORM, "--python-version", _TARGET_PYTHON,
                  "--target", str(partial), str(wheel))
-            shutil.rmtree(TARGET, ignore_errors=True)
-            partial.rename(TARGET)
+            shutil.rmtree(target, ignore_errors=True)
+            partial.rename(target)
             marker.touch()
-    return TARGET
+    return target
 
 
-def sglang_package_dir() -> Path:
-    return sglang_site() / "sglang"
+def sglang_package_dir(version: str = SGLANG_VERSION) -> Path:
+    return sglang_site(version) / "sglang"
 
 
-def copy_gate_files(dest_site: Path) -> Path:
-    """A minimal copy of the installation the gate reads (pinned + named files, dist-info),
-    for tests that tamper with it. Returns the copied `sglang` package dir."""
-    from ddtree.sglang.manifests import SUPPORTED
+def copy_gate_files(dest_site: Path, version: str = SGLANG_VERSION) -> Path:
+    """A minimal copy of the installation the gate reads (pinned + named files, the files
+    the worker's structural facts read, dist-info), for tests that tamper with it. Returns
+    the copied `sglang` package dir."""
+    from ddtree.sglang.manifests import SUPPORTED, newest
+    from ddtree.sglang.structure import check_worker, worker_source
 
-    source_site = sglang_site()
-    manifest = SUPPORTED[SGLANG_VERSION]
-    rel_files = set(manifest.file_sha256) | {r.file for r in manifest.names} | {"_version.py"}
+    source_site = sglang_site(version)
+    manifest = newest(SUPPORTED)
+    facts = check_worker(source_site / "sglang", worker_source())
+    rel_files = set(manifest.file_sha256) | {r.file for r in manifest.names} | {"_version.py"} | facts.files_read
     for rel in rel_files:
+        if not (source_site / "sglang" / rel).is_file():
+            continue  # absent in this version: the gate names it
         target = dest_site / "sglang" / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source_site / "sglang" / rel, target)
-    dist = f"sglang-{SGLANG_VERSION}.dist-info"
+    dist = f"sglang-{version}.dist-info"
     shutil.copytree(source_site / dist, dest_site / dist)
     return dest_site / "sglang"
 

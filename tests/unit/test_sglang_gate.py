@@ -83,9 +83,10 @@ def test_a_tampered_hooked_file_is_refused_naming_it(copied_package):
     worker = copied_package / "srt/speculative/dflash_worker_v2.py"
     worker.write_text(worker.read_text() + "\n# local patch\n")
     report = run_gate(copied_package)
-    assert not report.ok
+    assert not report.ok and report.structure_ok and not report.pinned
     assert [(f.kind, f.file) for f in report.findings] == [(FindingKind.HASH_MISMATCH, str(worker))]
     assert "dflash_worker_v2.py: hash-mismatch: sha256" in report.findings[0].line()
+    assert report.findings[0].detail.endswith("; changed only outside the hooked definitions")
 
 
 def test_a_changed_signature_is_named_with_its_qualname(copied_package):
@@ -119,7 +120,9 @@ def test_an_unknown_version_is_refused(copied_package):
     report = run_gate(copied_package)
     assert report.version == "0.5.24"
     assert [f.kind for f in report.findings] == [FindingKind.UNKNOWN_VERSION]
-    assert "sglang 0.5.24 is not supported (supported: 0.5.23)" in report.findings[0].detail
+    assert report.findings[0].detail == "sglang 0.5.24 is not pinned (shipped manifests: 0.5.23)"
+    assert (report.structure_ok, report.pinned, report.ok) == (True, False, False)
+    assert report.verdict() == "structure ok, version not pinned, not qualified"
 
 
 def test_a_missing_file_is_refused_once(copied_package):
@@ -130,8 +133,8 @@ def test_a_missing_file_is_refused_once(copied_package):
 
 
 def test_a_refusal_leads_with_the_version_and_stays_short(copied_package):
-    """An unknown version whose files also differ: one line that says the version first,
-    counts the rest by kind and names only the first few."""
+    """An unknown version whose files are missing: one line that says the version and the
+    structure first, names the hooks, and shows only the first few findings."""
     metadata = copied_package.parent / f"sglang-{SGLANG_VERSION}.dist-info" / "METADATA"
     metadata.write_text(metadata.read_text().replace(f"Version: {SGLANG_VERSION}", "Version: 0.5.99", 1))
     missing = sorted(SPEC_PINNED)[:6]
@@ -139,10 +142,10 @@ def test_a_refusal_leads_with_the_version_and_stays_short(copied_package):
         (copied_package / rel).unlink()
     report = run_gate(copied_package)
     refusal = gate_refusal(report.to_dict())
-    assert refusal.startswith("sglang 0.5.99 is not supported (supported: 0.5.23); checked against sglang 0.5.23: ")
-    assert "\n" not in refusal and refusal.endswith("--force deploys anyway (recorded)")
     others = [f for f in report.findings if f.kind is not FindingKind.UNKNOWN_VERSION]
-    assert f"{len(others)} missing-file" in refusal
+    assert [f.kind for f in others] == [FindingKind.MISSING_FILE] * len(others) and len(others) >= 6
+    assert refusal.startswith(f"sglang 0.5.99: structure differs from sglang 0.5.23 in {len(others)} hook(s): ")
+    assert "\n" not in refusal and refusal.endswith("--force deploys anyway (recorded)")
     assert sum(str(copied_package / rel) in refusal for rel in missing) == REFUSAL_FINDINGS_SHOWN
     assert f"(+{len(others) - REFUSAL_FINDINGS_SHOWN} more;" in refusal
 

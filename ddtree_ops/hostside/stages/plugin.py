@@ -1,6 +1,9 @@
 """Stage `plugin`: the DDTree SGLang plugin in this host's Python environment.
 
-Skips where SGLang is not installed. Fails when the static gate refuses this SGLang. Where
+Skips where SGLang is not installed. Fails when the static structure check refuses this
+SGLang (a hooked name, signature or worker fact differs); drifted file hashes alone are
+reported (metrics: evidence, drifted files, the installed hashes: what `ddtree-ops sglang
+qualify` records), since whether they may deploy is the operator's qualification. Where
 the plugin is deployed (`ddtree-ops deploy`), runs SGLang's own load_plugins() in a fresh
 interpreter (ddtree.sglang.probe): the entry point must be discoverable and every hook must
 apply where SGLang's speculative modules import; where they cannot import (no GPU stack),
@@ -32,24 +35,27 @@ def _deployed_release() -> str | None:
 
 def run(ctx: StageContext) -> StageResult:
     from ddtree.sglang.config import ENV_SGLANG_PLUGINS, plugins_filter_problem
-    from ddtree.sglang.gate import find_package_dir, run_gate
+    from ddtree.sglang.gate import Evidence, find_package_dir, run_gate
 
     package_dir = find_package_dir()
     if package_dir is None:
         return StageResult.skipped(f"sglang is not installed in {sys.executable}")
     gate = run_gate(package_dir)
     metrics = {"sglang": gate.version, "sglang_dir": str(package_dir), "gate_ok": gate.ok,
-               "gate_findings": [f.line() for f in gate.findings]}
+               "structure_ok": gate.structure_ok, "pinned": gate.pinned, "evidence": gate.verdict(),
+               "broken_hooks": gate.broken_hooks, "drifted_files": gate.drifted_files,
+               "file_sha256": gate.file_sha256, "gate_findings": [f.line() for f in gate.findings]}
     for finding in gate.findings:
         ctx.log(finding.line())
-    if not gate.ok:
-        return StageResult.failed(f"gate refuses sglang {gate.version}: {gate.findings[0].line()}", metrics=metrics)
+    if not gate.structure_ok:
+        return StageResult.failed(f"sglang {gate.version}: structure differs in {', '.join(gate.broken_hooks)}: "
+                                  f"{gate.of(Evidence.STRUCTURE)[0].line()}", metrics=metrics)
     deployed = _deployed_release()
     metrics["deployed_release"] = deployed
     filtered_out = plugins_filter_problem(os.environ.get(ENV_SGLANG_PLUGINS))
     metrics["plugins_problem"] = filtered_out
     if deployed is None:
-        return StageResult.skipped(f"gate passes for sglang {gate.version}; the plugin is not deployed in "
+        return StageResult.skipped(f"sglang {gate.version}: {gate.verdict()}; the plugin is not deployed in "
                                    f"{sys.executable} (run `ddtree-ops deploy`)"
                                    + (f"; also: {filtered_out}" if filtered_out else ""), metrics=metrics)
     # A fresh interpreter without the release on its path: what SGLang's processes see.
@@ -67,6 +73,8 @@ def run(ctx: StageContext) -> StageResult:
         f" (deployed release {deployed} differs from the pushed {ctx.expected_release})"
     if probe["verdict"] == "failed":
         return StageResult.failed("; ".join(probe["reasons"]) + note, metrics=metrics)
+    evidence = f" ({gate.verdict()})"
     if probe["verdict"] == "static-only":
-        return StageResult.passed(probe["reasons"][0] + note, metrics=metrics)
-    return StageResult.passed(f"hooks applied by SGLang's load_plugins() (sglang {gate.version}){note}", metrics=metrics)
+        return StageResult.passed(probe["reasons"][0] + evidence + note, metrics=metrics)
+    return StageResult.passed(f"hooks applied by SGLang's load_plugins() (sglang {gate.version}){evidence}{note}",
+                              metrics=metrics)

@@ -1,11 +1,13 @@
 """The compatibility gate: is this SGLang installation one the plugin was built against?
 
 Static only (files, hashes, `ast`), never an import of sglang, so it runs on any host,
-GPU or not, before anything is installed. Stdlib only.
+GPU or not, before anything is installed. Stdlib only. Two levels of evidence: the
+structure (every hooked name and signature, and the worker's AST facts) and the pins (the
+version and file hashes of a shipped manifest, or of an entry of a qualification file).
 
-    python -m ddtree.sglang.gate [--package-dir DIR] [--json]
+    python -m ddtree.sglang.gate [--package-dir DIR] [--qualified FILE] [--json]
 
-exit 0: passes; 1: findings (printed, one line each); 2: no sglang found.
+exit 0: passes; 1: findings (printed, one line each); 2: no sglang found, or a bad file.
 """
 from __future__ import annotations
 
@@ -19,7 +21,29 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from ddtree.sglang.manifest import Manifest, describe_static, sha256_file
+from ddtree.sglang.manifest import (
+    Manifest,
+    RequiredName,
+    definition_digest,
+    describe_static,
+    find_definition,
+    sha256_file,
+    version_key,
+)
+from ddtree.sglang.manifests import newest
+from ddtree.sglang.qualification import FILE_NAME as QUALIFICATION_FILE
+from ddtree.sglang.qualification import Qualification, QualificationError
+from ddtree.sglang.qualification import load as load_qualifications
+from ddtree.sglang.qualification import find as find_qualification
+from ddtree.sglang.structure import check_worker, worker_source
+
+
+class Evidence(Enum):
+    """Two levels, reported separately: the structure decides whether the plugin can work;
+    the pins say whether this exact SGLang is one we (or the operator's fleet) tested."""
+
+    STRUCTURE = "structure"  # hooked names, signatures, the worker's AST facts
+    PINS = "pins"  # version and file hashes match a shipped manifest
 
 
 class FindingKind(Enum):
@@ -28,7 +52,12 @@ class FindingKind(Enum):
     HASH_MISMATCH = "hash-mismatch"
     NAME_MISMATCH = "name-mismatch"  # missing name, changed signature, fields or value
     UNPARSABLE = "unparsable"
-    BYTECODE_MISMATCH = "bytecode-mismatch"  # the cached .pyc Python would run is not the gated source
+    BYTECODE_MISMATCH = "bytecode-mismatch"  # the .pyc Python would run is not the gated source (no qualification vouches for it)
+    WORKER_FACT = "worker-fact"  # something the worker's code assumes no longer holds
+
+    @property
+    def evidence(self) -> Evidence:
+        return Evidence.PINS if self in (FindingKind.UNKNOWN_VERSION, FindingKind.HASH_MISMATCH) else Evidence.STRUCTURE
 
 
 @dataclass(frozen=True)
@@ -36,6 +65,7 @@ class GateFinding:
     kind: FindingKind
     file: str  # absolute path of the offending file (or the package dir)
     detail: str
+    name: str | None = None  # the SGLang qualname a structural finding is about (the hook)
 
     def line(self) -> str:
         return f"{self.file}: {self.kind.value}: {self.detail}"
@@ -45,21 +75,62 @@ class GateFinding:
 class GateReport:
     package_dir: str
     version: str | None
-    manifest_version: str | None
+    manifest_version: str | None  # the manifest the pins were compared with
     findings: list[GateFinding] = field(default_factory=list)
+    file_sha256: dict[str, str] = field(default_factory=dict)  # the pinned files as installed
+    qualified_by: dict[str, Any] | None = None  # the qualification entry that vouches for drifted pins
+
+    def of(self, evidence: Evidence) -> list[GateFinding]:
+        return [f for f in self.findings if f.kind.evidence is evidence]
+
+    @property
+    def structure_ok(self) -> bool:
+        return not self.of(Evidence.STRUCTURE)
+
+    @property
+    def pinned(self) -> bool:
+        return not self.of(Evidence.PINS)
 
     @property
     def ok(self) -> bool:
-        return not self.findings
+        """Deployable: the structure holds, and the pins match or the version is qualified."""
+        return self.structure_ok and (self.pinned or self.qualified_by is not None)
+
+    @property
+    def broken_hooks(self) -> list[str]:
+        return list(dict.fromkeys(f.name or f.detail for f in self.of(Evidence.STRUCTURE)))
+
+    @property
+    def drifted_files(self) -> list[str]:
+        return [f.file for f in self.findings if f.kind is FindingKind.HASH_MISMATCH]
+
+    def verdict(self) -> str:
+        """One phrase: what the evidence says."""
+        if not self.structure_ok:
+            return "structure differs"
+        if self.pinned:
+            return "structure ok, pinned"
+        drift = "hashes drifted" if self.drifted_files else "version not pinned"
+        if self.qualified_by is not None:
+            return "structure ok, %s, qualified (run %s)" % (drift, self.qualified_by.get("run"))
+        return "structure ok, %s, not qualified" % drift
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
+            "structure_ok": self.structure_ok,
+            "pinned": self.pinned,
+            "qualified_by": self.qualified_by,
+            "verdict": self.verdict(),
             "package_dir": self.package_dir,
             "version": self.version,
             "manifest_version": self.manifest_version,
+            "broken_hooks": self.broken_hooks,
+            "file_sha256": self.file_sha256,
             "findings": [
-                {"kind": f.kind.value, "file": f.file, "detail": f.detail} for f in self.findings
+                {"kind": f.kind.value, "evidence": f.kind.evidence.value, "file": f.file, "detail": f.detail,
+                 "name": f.name}
+                for f in self.findings
             ],
         }
 
@@ -102,23 +173,46 @@ def find_package_dir() -> Path | None:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def check_files(package_dir: Path, manifest: Manifest) -> list[GateFinding]:
+def _changed_definitions(tree: ast.Module | None, names: list[RequiredName]) -> list[str]:
+    return [r.qualname for r in names if r.ast_sha256 is not None and (
+        tree is None or (node := find_definition(tree, r.qualname)) is None
+        or definition_digest(node) != r.ast_sha256)]
+
+
+def drift_detail(path: Path, manifest: Manifest, rel: str) -> str:
+    """Where a drifted file changed: in the definitions the plugin hooks, or elsewhere."""
+    hooked = [r for r in manifest.names if r.file == rel]
+    if not hooked:
+        return "no hooked definition in this file"
+    try:
+        tree: ast.Module | None = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        tree = None
+    changed = _changed_definitions(tree, hooked)
+    if changed:
+        return "hooked definitions changed: " + ", ".join(changed)
+    return "changed only outside the hooked definitions"
+
+
+def check_files(package_dir: Path, manifest: Manifest) -> tuple[list[GateFinding], dict[str, str]]:
     findings: list[GateFinding] = []
+    hashes: dict[str, str] = {}
     for rel, expected in manifest.file_sha256.items():
         path = package_dir / rel
         if not path.is_file():
-            findings.append(GateFinding(FindingKind.MISSING_FILE, str(path), "not found"))
+            findings.append(GateFinding(FindingKind.MISSING_FILE, str(path), "not found", rel))
             continue
-        actual = sha256_file(path)
+        actual = hashes[rel] = sha256_file(path)
         if actual != expected:
             findings.append(
                 GateFinding(
                     FindingKind.HASH_MISMATCH,
                     str(path),
-                    f"sha256 {actual[:16]}..., sglang {manifest.sglang_version} has {expected[:16]}...",
+                    f"sha256 {actual[:16]}..., sglang {manifest.sglang_version} has {expected[:16]}...; "
+                    + drift_detail(path, manifest, rel),
                 )
             )
-    return findings
+    return findings, hashes
 
 
 def check_names(package_dir: Path, manifest: Manifest) -> list[GateFinding]:
@@ -131,18 +225,17 @@ def check_names(package_dir: Path, manifest: Manifest) -> list[GateFinding]:
                 parsed[required.file] = ast.parse(path.read_text(encoding="utf-8"))
             except FileNotFoundError:
                 parsed[required.file] = None
-                findings.append(GateFinding(FindingKind.MISSING_FILE, str(path), "not found"))
+                findings.append(GateFinding(FindingKind.MISSING_FILE, str(path), "not found", required.file))
             except (SyntaxError, UnicodeDecodeError) as err:
                 parsed[required.file] = None
-                findings.append(GateFinding(FindingKind.UNPARSABLE, str(path), str(err)))
+                findings.append(GateFinding(FindingKind.UNPARSABLE, str(path), str(err), required.file))
         tree = parsed[required.file]
         if tree is None:
             continue
         ok, detail = describe_static(tree, required)
         if not ok:
-            findings.append(
-                GateFinding(FindingKind.NAME_MISMATCH, str(path), f"{required.qualname}: {detail}")
-            )
+            findings.append(GateFinding(FindingKind.NAME_MISMATCH, str(path), f"{required.qualname}: {detail}",
+                                        required.qualname))
     return findings
 
 
@@ -202,58 +295,89 @@ def check_bytecode(package_dir: Path, manifest: Manifest) -> list[GateFinding]:
     return findings
 
 
-def run_gate(package_dir: Path, manifests: dict[str, Manifest] | None = None) -> GateReport:
-    """All findings for one installation. An unknown version is checked against the newest
-    manifest too, so the operator sees what would break under --force."""
+def check_worker_facts(package_dir: Path, worker: str | None) -> list[GateFinding]:
+    if worker is None:
+        return [GateFinding(FindingKind.WORKER_FACT, str(package_dir),
+                            "the worker's source is not available to check its facts", "worker.py")]
+    report = check_worker(package_dir, worker)
+    return [GateFinding(FindingKind.WORKER_FACT, str(package_dir / fact.file), f"{fact.name}: {fact.detail}", fact.name)
+            for fact in report.broken]
+
+
+def run_gate(
+    package_dir: Path,
+    manifests: dict[str, Manifest] | None = None,
+    *,
+    qualifications: list[Qualification] | None = None,
+    worker: str | None | bool = True,
+) -> GateReport:
+    """Both levels of evidence for one installation. An unknown version is checked against
+    the newest manifest (the structure this plugin was written against), so the operator
+    sees exactly what differs. `worker`: the worker's source (True: find it; False: skip)."""
     if manifests is None:
         from ddtree.sglang.manifests import SUPPORTED as manifests
     version = read_installed_version(package_dir)
     manifest = manifests.get(version or "")
     findings: list[GateFinding] = []
     if manifest is None:
-        supported = ", ".join(sorted(manifests)) or "none"
+        supported = ", ".join(sorted(manifests, key=version_key)) or "none"
         findings.append(
             GateFinding(
                 FindingKind.UNKNOWN_VERSION,
                 str(package_dir),
-                f"sglang {version or '(version unreadable)'} is not supported (supported: {supported})",
+                f"sglang {version or '(version unreadable)'} is not pinned (shipped manifests: {supported})",
             )
         )
-        manifest = manifests[max(manifests, key=_version_key)] if manifests else None
-    if manifest is not None:
-        checks = check_files(package_dir, manifest) + check_names(package_dir, manifest)
-        for finding in checks + check_bytecode(package_dir, manifest):
-            if finding not in findings:  # a file both checks need is reported missing once
+        manifest = newest(manifests)
+    hashes: dict[str, str] = {}
+    if manifest is None:
+        findings.append(GateFinding(FindingKind.NAME_MISMATCH, str(package_dir),
+                                    "no manifest is shipped: the structure cannot be checked", "manifest"))
+    else:
+        file_findings, hashes = check_files(package_dir, manifest)
+        facts = check_worker_facts(package_dir, worker_source() if worker is True else worker) if worker is not False else []
+        for finding in file_findings + check_names(package_dir, manifest) + facts \
+                + check_bytecode(package_dir, manifest):
+            if not any(f.file == finding.file and (f.kind is FindingKind.MISSING_FILE or (f.kind, f.name) ==
+                       (finding.kind, finding.name)) for f in findings):  # each file/hook reported once
                 findings.append(finding)
-    return GateReport(
-        package_dir=str(package_dir),
-        version=version,
-        manifest_version=manifest.sglang_version if manifest else None,
-        findings=findings,
-    )
-
-
-def _version_key(version: str) -> tuple[int, ...]:
-    return tuple(int(p) if p.isdigit() else -1 for p in version.split("."))
+    report = GateReport(package_dir=str(package_dir), version=version,
+                        manifest_version=manifest.sglang_version if manifest else None,
+                        findings=findings, file_sha256=hashes)
+    if not report.pinned and qualifications:
+        entry = find_qualification(qualifications, version, hashes)
+        if entry is not None:
+            report.qualified_by = {k: v for k, v in entry.to_dict().items() if k != "files"}
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddtree.sglang.gate", description=__doc__.splitlines()[0])
     parser.add_argument("--package-dir", type=Path, help="the `sglang` package directory (default: find it)")
+    parser.add_argument("--qualified", type=Path, metavar="FILE",
+                        help=f"a qualification file ({QUALIFICATION_FILE}): drifted hashes it vouches for pass")
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
     args = parser.parse_args(argv)
     package_dir = args.package_dir or find_package_dir()
     if package_dir is None or not package_dir.is_dir():
-        message = f"sglang not found by {sys.executable}"
+        message = f"sglang not found by {sys.executable}" if args.package_dir is None else \
+            f"{args.package_dir}: not a directory"
         print(json.dumps({"ok": False, "error": message}) if args.json else message)
         return 2
-    report = run_gate(package_dir)
+    try:
+        qualifications = load_qualifications(args.qualified) if args.qualified else []
+    except QualificationError as err:
+        print(json.dumps({"ok": False, "error": str(err)}) if args.json else err)
+        return 2
+    report = run_gate(package_dir, qualifications=qualifications)
     if args.json:
         print(json.dumps(report.to_dict()))
     else:
-        print(f"sglang {report.version} at {report.package_dir}: {'passes' if report.ok else 'REFUSED'}")
-        for finding in report.findings:
-            print(finding.line())
+        print(f"sglang {report.version} at {report.package_dir}: {report.verdict()}: "
+              f"{'passes' if report.ok else 'REFUSED'}")
+        for evidence in Evidence:  # the structure decides: it comes first
+            for finding in report.of(evidence):
+                print(f"{evidence.value}: {finding.line()}")
     return 0 if report.ok else 1
 
 

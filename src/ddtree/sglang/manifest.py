@@ -1,9 +1,12 @@
 """What the plugin relies on in one SGLang version, and how to read it without importing SGLang.
 
 A manifest pins (1) the sha256 of every SGLang file we hook, subclass or call into, and
-(2) the names we use there, each with its parameter list in a canonical form. The same
-canonical form is produced statically (from the file's `ast`) by the gate and at runtime
-(from `inspect.signature`) by the self-check, so both compare against one string.
+(2) the names we use there, each with its parameter list in a canonical form and the digest
+of its definition's syntax tree. The same canonical form is produced statically (from the
+file's `ast`) by the gate and at runtime (from `inspect.signature`) by the self-check, so
+both compare against one string. The names are the structure the plugin expects; the file
+hashes pin the exact release we tested. Shipped manifests are JSON data
+(`manifests/sglang-<version>.json`, written by manifest_tool).
 
 Stdlib only: the gate runs on hosts before anything is installed, in any Python.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import inspect
+import json
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -35,6 +39,18 @@ class RequiredName:
     fields: tuple[str, ...] = ()  # for FIELDS
     value: str | None = None  # repr() of the literal, for CONSTANT
     why: str = ""  # what the plugin does with it (shown in findings)
+    ast_sha256: str | None = None  # definition_digest() of its definition in this version
+
+    def to_dict(self) -> dict[str, object]:
+        return {"file": self.file, "qualname": self.qualname, "kind": self.kind.value,
+                "signature": self.signature, "fields": list(self.fields), "value": self.value,
+                "why": self.why, "ast_sha256": self.ast_sha256}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RequiredName":
+        return cls(str(data["file"]), str(data["qualname"]), NameKind(data["kind"]), data.get("signature"),
+                   tuple(data.get("fields") or ()), data.get("value"), str(data.get("why") or ""),
+                   data.get("ast_sha256"))
 
     @property
     def module(self) -> str:
@@ -54,6 +70,32 @@ class Manifest:
     sglang_version: str
     file_sha256: dict[str, str] = field(default_factory=dict)  # relative path -> hex digest
     names: tuple[RequiredName, ...] = ()
+
+    def to_json(self) -> str:
+        document = {"sglang_version": self.sglang_version, "file_sha256": self.file_sha256,
+                    "names": [r.to_dict() for r in self.names]}
+        return json.dumps(document, indent=1) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> "Manifest":
+        """Raises ValueError (with the field) on a malformed document."""
+        try:
+            data = json.loads(text)
+            return cls(str(data["sglang_version"]), {str(k): str(v) for k, v in data["file_sha256"].items()},
+                       tuple(RequiredName.from_dict(r) for r in data["names"]))
+        except (KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"malformed manifest: {type(err).__name__}: {err}") from None
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """Release order of 'X.Y.Z' versions (a non-numeric part sorts first)."""
+    return tuple(int(p) if p.isdigit() else -1 for p in version.split("."))
+
+
+def definition_digest(node: ast.AST) -> str:
+    """sha256 of a definition's syntax tree: comments, blank lines and line numbers do not
+    count, any change to the code does."""
+    return hashlib.sha256(ast.dump(node, include_attributes=False).encode("utf-8")).hexdigest()
 
 
 def sha256_file(path: Path) -> str:

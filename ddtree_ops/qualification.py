@@ -1,0 +1,83 @@
+"""The operator's SGLang qualification file (`sglang-qualified.json` next to the inventory):
+where it is, reading it (a malformed file is a config error, exit 3) and adding an entry.
+
+The format and the matching rule live in ddtree.sglang.qualification (the gate on the host
+applies them); this module only finds, loads and writes the file.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+from ddtree.sglang.qualification import FILE_NAME, Qualification, QualificationError, load, render
+
+from ddtree_ops.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ddtree_ops.results import RunRecord
+
+
+@dataclass(frozen=True)
+class QualificationFile:
+    path: Path
+    entries: list[Qualification] = field(default_factory=list)
+
+
+def default_path(inventory_source: str) -> Path:
+    """Next to the inventory file (the embedded inventory: the current directory)."""
+    inventory = Path(inventory_source)
+    return (inventory.parent if inventory.is_file() else Path.cwd()) / FILE_NAME
+
+
+def load_file(explicit: Optional[Path], inventory_source: str, *, create: bool = False) -> QualificationFile:
+    """The file named (it must exist, unless `create`: qualify writes it) or the default one
+    (absent: no entries)."""
+    path = explicit if explicit is not None else default_path(inventory_source)
+    if explicit is not None and not create and not path.is_file():
+        raise ConfigError(f"{path}: qualification file not found")
+    try:
+        return QualificationFile(path, load(path))
+    except QualificationError as err:
+        raise ConfigError(str(err)) from None
+
+
+def add_entry(qualified: QualificationFile, entry: Qualification) -> QualificationFile:
+    """Append `entry` (an entry for the same version and files is replaced: the newest run is
+    the evidence) and write the file whole, atomically."""
+    kept = [e for e in qualified.entries if not (e.sglang == entry.sglang and e.files == entry.files)]
+    updated = QualificationFile(qualified.path, kept + [entry])
+    tmp = qualified.path.with_name(f".{qualified.path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(render(updated.entries), encoding="utf-8")
+        os.replace(tmp, qualified.path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(f"{qualified.path}: cannot write: {err.strerror or err}") from None
+    return updated
+
+
+QUALIFYING_STAGES = ("plugin", "sglang-e2e")  # what a qualification may run; `plugin` always
+
+
+def entry_from_run(run: "RunRecord", host: str, stages: list[str], release: str, now: str) -> tuple[Optional[Qualification], str]:
+    """The qualification one host's run earns (None and why not): every stage passed, the
+    structure held, and the plugin stage saw the version and file hashes it records."""
+    record = run.hosts.get(host)
+    if record is None:
+        return None, "no results in the run"
+    statuses = {name: (record.stages[name].status.value if name in record.stages else "not_run") for name in stages}
+    failed = [f"{name} {status}" for name, status in statuses.items() if status != "pass"]
+    if failed:
+        reasons = [record.stages[name].reason for name in stages if name in record.stages and record.stages[name].reason
+                   and statuses[name] != "pass"]
+        return None, ", ".join(failed) + (f" ({reasons[0]})" if reasons else "")
+    plugin = record.stages["plugin"].metrics
+    version, hashes = plugin.get("sglang"), plugin.get("file_sha256")
+    if not plugin.get("structure_ok") or not isinstance(version, str) or not isinstance(hashes, dict) or not hashes:
+        return None, "the plugin stage did not report a sound structure with its file hashes"
+    if plugin.get("pinned"):
+        return None, f"sglang {version} is pinned by a shipped manifest: nothing to record"
+    return Qualification(sglang=version, files=dict(hashes), run=run.run_id, host=host, release=release,
+                         stages=statuses, qualified_at=now), ""

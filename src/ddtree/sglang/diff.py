@@ -1,0 +1,145 @@
+"""What changed between two SGLang installations in the files the plugin hooks, by hook.
+
+For each file a shipped manifest pins or names: unchanged, or changed and how: each hooked
+definition whose signature or code changed (code: its syntax tree, so comments and
+formatting do not count), and the other definitions of that file that changed. A reviewer
+sees at a glance whether an upgrade touches what the plugin depends on. Stdlib only.
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from ddtree.sglang.gate import read_installed_version
+from ddtree.sglang.manifest import Manifest, NameKind, definition_digest, find_definition, sha256_file, signature_from_ast
+
+
+class Change(Enum):
+    SAME = "same"
+    CODE = "code changed"  # same signature, different body
+    SIGNATURE = "signature changed"
+    REMOVED = "removed"
+    ADDED = "added"
+
+
+@dataclass(frozen=True)
+class HookChange:
+    qualname: str
+    change: Change
+    detail: str = ""
+
+
+@dataclass
+class FileDiff:
+    file: str
+    state: str  # "same", "changed", "only in A", "only in B", "in neither"
+    hooks: list[HookChange] = field(default_factory=list)
+    elsewhere: list[str] = field(default_factory=list)  # other definitions that changed
+
+    @property
+    def hooks_touched(self) -> list[HookChange]:
+        return [h for h in self.hooks if h.change is not Change.SAME]
+
+
+@dataclass
+class SglangDiff:
+    a: str
+    b: str
+    version_a: str | None
+    version_b: str | None
+    files: list[FileDiff]
+
+    @property
+    def hooks_touched(self) -> list[str]:
+        return [h.qualname for f in self.files for h in f.hooks_touched]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"a": self.a, "b": self.b, "version_a": self.version_a, "version_b": self.version_b,
+                "hooks_touched": self.hooks_touched,
+                "files": [{"file": f.file, "state": f.state, "elsewhere": f.elsewhere,
+                           "hooks": [{"name": h.qualname, "change": h.change.value, "detail": h.detail}
+                                     for h in f.hooks]} for f in self.files]}
+
+
+def definitions(tree: ast.Module) -> dict[str, ast.AST]:
+    """Top-level functions and classes, and the methods of those classes, by qualname."""
+    found: dict[str, ast.AST] = {}
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found[stmt.name] = stmt
+        elif isinstance(stmt, ast.ClassDef):
+            # the class itself without its methods (each method is its own entry)
+            found[stmt.name] = ast.ClassDef(
+                name=stmt.name, bases=stmt.bases, keywords=stmt.keywords, decorator_list=stmt.decorator_list,
+                body=[s for s in stmt.body if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))],
+                type_params=getattr(stmt, "type_params", []))
+            for inner in stmt.body:
+                if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    found[f"{stmt.name}.{inner.name}"] = inner
+    return found
+
+
+def _parse(path: Path) -> ast.Module | None:
+    try:
+        return ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+
+
+def _signature(node: ast.AST, kind: NameKind) -> str | None:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return signature_from_ast(node, drop_first=kind is not NameKind.FUNCTION)
+    return None
+
+
+def _hook_change(tree_a: ast.Module, tree_b: ast.Module, qualname: str, kind: NameKind) -> HookChange:
+    node_a, node_b = find_definition(tree_a, qualname), find_definition(tree_b, qualname)
+    if node_a is None and node_b is None:
+        return HookChange(qualname, Change.SAME, "in neither")
+    if node_b is None:
+        return HookChange(qualname, Change.REMOVED)
+    if node_a is None:
+        return HookChange(qualname, Change.ADDED)
+    sig_a, sig_b = _signature(node_a, kind), _signature(node_b, kind)
+    if sig_a != sig_b:
+        return HookChange(qualname, Change.SIGNATURE, f"{sig_a} -> {sig_b}")
+    if definition_digest(node_a) != definition_digest(node_b):
+        return HookChange(qualname, Change.CODE)
+    return HookChange(qualname, Change.SAME)
+
+
+def diff_file(a: Path, b: Path, rel: str, manifest: Manifest) -> FileDiff:
+    path_a, path_b = a / rel, b / rel
+    if not path_a.is_file() or not path_b.is_file():
+        state = "in neither" if not (path_a.is_file() or path_b.is_file()) else \
+            "only in B" if path_b.is_file() else "only in A"
+        return FileDiff(rel, state)
+    if sha256_file(path_a) == sha256_file(path_b):
+        return FileDiff(rel, "same")
+    tree_a, tree_b = _parse(path_a), _parse(path_b)
+    if tree_a is None or tree_b is None:
+        return FileDiff(rel, "changed", elsewhere=["(a file does not parse)"])
+    required = [r for r in manifest.names if r.file == rel]
+    hooks = [_hook_change(tree_a, tree_b, r.qualname, r.kind) for r in required]
+    hooked = {r.qualname for r in required}
+    defs_a, defs_b = definitions(tree_a), definitions(tree_b)
+    elsewhere = []
+    for name in sorted(set(defs_a) | set(defs_b)):
+        if name in hooked or any(name.startswith(h + ".") for h in hooked):
+            continue
+        if name not in defs_a or name not in defs_b or definition_digest(defs_a[name]) != definition_digest(defs_b[name]):
+            elsewhere.append(name)
+    return FileDiff(rel, "changed", hooks, elsewhere)
+
+
+def hooked_files(manifest: Manifest) -> list[str]:
+    return list(dict.fromkeys([*manifest.file_sha256, *(r.file for r in manifest.names)]))
+
+
+def diff_installations(a: Path, b: Path, manifest: Manifest) -> SglangDiff:
+    """`a`, `b`: two `sglang` package directories."""
+    return SglangDiff(str(a), str(b), read_installed_version(a), read_installed_version(b),
+                      [diff_file(a, b, rel, manifest) for rel in hooked_files(manifest)])
