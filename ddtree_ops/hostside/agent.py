@@ -176,7 +176,7 @@ def manifest_id(manifest_bytes):
 
 def safe_relpath(path):
     parts = path.split("/")
-    if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+    if not path or path.startswith("/") or "\x00" in path or any(p in ("", ".", "..") for p in parts):
         raise AgentError("bad-manifest", "unsafe path in manifest: %r" % path)
     return path
 

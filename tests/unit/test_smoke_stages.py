@@ -390,5 +390,5 @@ def test_a_manifest_line_with_a_nul_byte_is_damage_not_a_crash(workdir, tmp_path
         manifest.write(b"0" * 64 + b"  src/a\x00b\n")
     code, records, _ = run_runner(copy, "env")
     assert code == 5
-    assert "is not intact: MANIFEST.sha256:" in records[0]["error"] and "malformed line" in records[0]["error"]
+    assert "is not intact: unsafe path in manifest: 'src/a\\x00b'" in records[0]["error"]
     assert records[-1]["event"] == "run_end" and records[-1]["status"] == "fail"
