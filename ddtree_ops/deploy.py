@@ -87,8 +87,9 @@ def gate_payload(bundle: ReleaseBundle, qualified: Optional[QualificationFile] =
 def call_installer(
     transport: Transport, host: Host, bundle: ReleaseBundle, op: str, *args: str,
     timeout: Optional[float] = None, qualified: Optional[QualificationFile] = None,
+    server_defaults: Optional[dict[str, Any]] = None,
 ) -> dict[str, Any]:
-    stdin = installer_stdin(bundle, op, qualified)
+    stdin = installer_stdin(bundle, op, qualified, server_defaults)
     # With site-packages: the installer works on the environment's site dir.
     result = transport.run(agent_argv(host, op, *args, site=True), stdin=stdin, timeout=timeout,
                            max_output_bytes=AGENT_REPLY_MAX_BYTES)
@@ -114,6 +115,7 @@ class DeployOutcome:
     record: Optional[str] = None
     recovered: Optional[dict[str, Any]] = None
     gate_findings: tuple[str, ...] = field(default=())
+    server_defaults: Optional[dict[str, Any]] = None  # what `--budget` wrote into the payload
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -121,7 +123,7 @@ class DeployOutcome:
             "verdict": self.verdict, "forced": self.forced, "evidence": self.evidence,
             "qualifying": self.qualifying, "qualified_by": self.qualified_by, "adds": list(self.adds),
             "reasons": list(self.reasons), "record": self.record, "recovered": self.recovered,
-            "gate_findings": list(self.gate_findings),
+            "gate_findings": list(self.gate_findings), "server_defaults": self.server_defaults,
         }
 
 
@@ -132,31 +134,46 @@ def _findings(gate: dict[str, Any]) -> tuple[str, ...]:
 def deploy_host(
     transport: Transport, host: Host, bundle: ReleaseBundle, *, force: bool = False, dry_run: bool = False,
     allow_shared_env: bool = False, qualified: Optional[QualificationFile] = None,
-    mode: Optional[InstallMode] = None,
+    mode: Optional[InstallMode] = None, server_defaults: Optional[dict[str, Any]] = None,
 ) -> DeployOutcome:
     """`allow_shared_env`: deploy into a site-packages that other accounts can write (refused otherwise);
-    `qualified`: the operator's qualification file; `mode`: what the installer accepts (default: gated, or forced)."""
+    `qualified`: the operator's qualification file; `mode`: what the installer accepts (default: gated, or forced);
+    `server_defaults`: {"variables", "provenance"} for the payload's defaults file (`--budget`)."""
     flag = (mode or (InstallMode.FORCE if force else InstallMode.GATED)).value
     shared = "1" if allow_shared_env else "0"
     if dry_run:
         plan = call_installer(transport, host, bundle, "plan", bundle.release_id, flag, shared,
-                              qualified=qualified)["plan"]
+                              qualified=qualified, server_defaults=server_defaults)["plan"]
         if plan["refusals"]:
             raise RemoteStepError(f"{host.name}: deploy would be refused: " + "; ".join(plan["refusals"]))
-        return _outcome(bundle, plan, action=_would(plan["action"]), verdict="-", reasons=())
+        check_defaults_applied(host, bundle, server_defaults, plan.get("server_defaults"))
+        return _outcome(bundle, plan, action=_would(plan["action"]), verdict="-", reasons=(),
+                        server_defaults=server_defaults)
     limit = host.command_timeout
     argv = agent_argv(host, "deploy", bundle.release_id, str(DEFAULT_KEEP), f"{lock_wait_within(limit):g}", flag,
                       shared, site=True)  # with site-packages: the installer works on the environment's site dir
     result, _ = run_with_release_on_demand(transport, argv, bundle,
-                                           before=installer_stdin(bundle, "install", qualified), timeout=limit)
+                                           before=installer_stdin(bundle, "install", qualified, server_defaults),
+                                           timeout=limit)
     both = parse_agent_reply(host, "deploy", result)
     push_outcome(host, bundle, both["push"], 0)  # checks the release ids the host named
     reply = both["install"]
+    check_defaults_applied(host, bundle, server_defaults, reply.get("server_defaults"))
     probe = reply.get("probe") or {}
     return _outcome(
         bundle, reply["plan"], action=reply["action"], verdict=probe.get("verdict", "?"),
         reasons=tuple(probe.get("reasons") or ()), record=reply.get("record"), recovered=reply.get("recovered"),
+        server_defaults=server_defaults,
     )
+
+
+def check_defaults_applied(host: Host, bundle: ReleaseBundle, sent: Optional[dict[str, Any]],
+                           echoed: Any) -> None:
+    """An installer that predates server defaults ignores them: `--budget` must not vanish silently."""
+    if sent is not None and echoed != sent:
+        raise RemoteStepError(f"{host.name}: the installer of release {bundle.release_id} did not apply the server "
+                              f"defaults (--budget): it predates them, and deployed the plugin without them; deploy "
+                              f"a newer release, or drop --budget")
 
 
 def _would(action: str) -> str:
@@ -205,13 +222,17 @@ def rollback_host(transport: Transport, host: Host, bundle: ReleaseBundle, *, fo
     )
 
 
-def installer_stdin(bundle: ReleaseBundle, op: str, qualified: Optional[QualificationFile] = None) -> bytes:
+def installer_stdin(bundle: ReleaseBundle, op: str, qualified: Optional[QualificationFile] = None,
+                    server_defaults: Optional[dict[str, Any]] = None) -> bytes:
     """What the installer reads on stdin: its own source (length-prefixed for BOOTSTRAP),
-    then, except for rollback, the gate's modules and data as one JSON line."""
+    then, except for rollback, the gate's modules and data (and any server defaults) as one JSON line."""
     relpaths = {entry.relpath for entry in bundle.files}
     installer = INSTALLER if INSTALLER in relpaths or OLDER_INSTALLER not in relpaths else OLDER_INSTALLER
     source = _bundle_text(bundle, installer).encode("utf-8")
     stdin = b"%d\n" % len(source) + source
     if op != "rollback":
-        stdin += json.dumps(gate_payload(bundle, qualified)).encode("utf-8") + b"\n"
+        line = gate_payload(bundle, qualified)
+        if server_defaults is not None:
+            line["server_defaults"] = server_defaults
+        stdin += json.dumps(line).encode("utf-8") + b"\n"
     return stdin

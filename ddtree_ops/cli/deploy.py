@@ -22,6 +22,8 @@ from ddtree_ops.cli.options import (
     rollout_policy,
     select_hosts,
 )
+from ddtree_ops.cli.report import RunsDirOpt
+from ddtree_ops.deploy_budget import parse_budget_option
 from ddtree_ops.errors import RemoteStepError
 
 GateStagesOpt = Annotated[Optional[str], typer.Option(
@@ -29,6 +31,14 @@ GateStagesOpt = Annotated[Optional[str], typer.Option(
     help="Smoke stages that must pass on a batch before the next starts (default with --serial: plugin; "
          "e.g. plugin,sglang-e2e).", show_default=False)]
 DEFAULT_GATE_STAGES = "plugin"
+BudgetOpt = Annotated[Optional[str], typer.Option(
+    "--budget", metavar="auto|N",
+    help="Deploy with DDTree's default DDTREE_BUDGET set (and DDTree enabled): N, or auto: the host's latest "
+         "recommendation at --for-concurrency (DFlash or no speculation recommended: deployed disabled). "
+         "DDTREE_* set in the server's environment still win.", show_default=False)]
+ForConcurrencyOpt = Annotated[Optional[int], typer.Option(
+    "--for-concurrency", metavar="N", help="With --budget auto: the concurrent requests the host serves.",
+    show_default=False)]
 
 
 class GateFailed(RemoteStepError):
@@ -66,13 +76,14 @@ def run_gate(ctx: Any, bundle: Any, stages: list[str]) -> dict[str, Any]:
 
 
 def gated_deploy(ctx: Any, bundle: Any, force: bool, gate_stages: list[str],
-                 allow_shared_env: bool = False, qualified: Any = None) -> dict[str, Any]:
+                 allow_shared_env: bool = False, qualified: Any = None,
+                 server_defaults: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Deploy, then (when asked) the gate: {"deployed": DeployOutcome, "gate": {...} or None}."""
     from ddtree_ops.deploy import deploy_host
 
     ctx.report("deploying")
     deployed = deploy_host(ctx.transport, ctx.host, bundle, force=force, allow_shared_env=allow_shared_env,
-                           qualified=qualified)
+                           qualified=qualified, server_defaults=server_defaults)
     if not gate_stages:
         return {"deployed": deployed, "gate": None}
     gate = run_gate(ctx, bundle, gate_stages)
@@ -138,6 +149,9 @@ def deploy(
     serial: SerialOpt = None,
     max_fail_percent: MaxFailOpt = None,
     gate_stages: GateStagesOpt = None,
+    budget: BudgetOpt = None,
+    for_concurrency: ForConcurrencyOpt = None,
+    runs_dir: RunsDirOpt = None,
 ) -> int:
     """Install the DDTree SGLang plugin (entry point sglang.srt.plugins:ddtree) into each host's `python:`
     environment: gate, install, verify in a fresh interpreter, record what was added."""
@@ -150,8 +164,10 @@ def deploy(
     policy = rollout_policy(serial, max_fail_percent, default_budget=0.0)
     stages = parse_stages(gate_stages if gate_stages is not None else
                           (DEFAULT_GATE_STAGES if policy.batched and not dry_run else None))
+    budget_choice = parse_budget_option(budget, for_concurrency)
     loaded, selected = select_hosts(inventory, hosts)
     qualification = load_file(qualified, loaded.source)
+    defaults = server_defaults_by_host([h.name for h in selected], budget_choice, for_concurrency, runs_dir)
     bundle = build_bundle(source)
     if stages:
         from ddtree_ops.smoke import check_stages_in_bundle
@@ -160,13 +176,19 @@ def deploy(
     if not json_out:
         say(f"{'plan for ' if dry_run else ''}release {bundle.release_id}{' (--force)' if force else ''}"
             + (f", each batch gated by {','.join(stages)}" if stages and not dry_run else ""))
+        for name, chosen in defaults.items():
+            say(f"{name}: {chosen.note}")
 
     def task(ctx: Any) -> Any:
         if dry_run:
             ctx.report("planning")
             return deploy_host(ctx.transport, ctx.host, bundle, force=force, dry_run=True,
-                               allow_shared_env=allow_shared_env, qualified=qualification)
-        return gated_deploy(ctx, bundle, force, stages, allow_shared_env, qualification)
+                               allow_shared_env=allow_shared_env, qualified=qualification,
+                               server_defaults=payload_for(ctx.host.name))
+        return gated_deploy(ctx, bundle, force, stages, allow_shared_env, qualification, payload_for(ctx.host.name))
+
+    def payload_for(name: str) -> Optional[dict[str, Any]]:
+        return defaults[name].to_payload() if name in defaults else None
 
     def to_json(value: Any) -> Any:
         if isinstance(value, dict):
@@ -187,11 +209,27 @@ def deploy(
         columns=["action", "sglang", "evidence", "verdict", "forced", *(["gate"] if stages else []), "note"],
         row=row,
         to_json=to_json,
-        extra_json={"release": bundle.release_id, "dry_run": dry_run, "force": force, "gate_stages": stages},
+        extra_json={"release": bundle.release_id, "dry_run": dry_run, "force": force, "gate_stages": stages,
+                    "budget": budget_choice, "for_concurrency": for_concurrency},
         while_running=bundle.archive,
         changed=None if dry_run else deploy_changed,
         rollback_command=lambda changed: rollback_command(inventory, source, changed),
     )
+
+
+def server_defaults_by_host(names: list[str], budget: Optional[int | str], level: Optional[int],
+                            runs_dir: Optional[Path]) -> dict[str, Any]:
+    """host -> ServerDefaults for `--budget` ({} without it); `auto` refuses (exit 3) before any
+    host is touched when one of them has no decided recommendation at `level`."""
+    from ddtree_ops.deploy_budget import AUTO, auto_defaults, explicit_defaults
+    from ddtree_ops.results import runs_root
+
+    if budget is None:
+        return {}
+    if budget == AUTO:
+        assert level is not None  # parse_budget_option requires it
+        return {name: auto_defaults(runs_root(runs_dir), name, level) for name in names}
+    return {name: explicit_defaults(int(budget)) for name in names}
 
 
 RollbackSourceOpt = Annotated[Optional[Path], typer.Option(

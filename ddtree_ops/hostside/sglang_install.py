@@ -4,7 +4,10 @@ and take it out again, recording exactly what was added.
 Stdlib only, no ddtree import at module level. It runs in the environment's own Python (the
 inventory's `python:`), sent on stdin behind ddtree_ops.remote_layout.BOOTSTRAP; the rest of
 stdin is one JSON line {"modules": {dotted name: source}, "packages": [names]} carrying the gate's modules from
-the release being deployed, which are loaded in memory (nothing written for a dry run).
+the release being deployed, which are loaded in memory (nothing written for a dry run), and, for
+`deploy --budget`, "server_defaults": {"variables": {DDTREE_*: value}, "provenance": {...}}, written
+as payload-<release>/ddtree_server_defaults.json (part of the payload's hashes: other defaults are
+a `reconfigure`, never `unchanged`); the reply names the defaults it applied.
 The caller holds the host lock (WORKDIR/lock) around every operation; install and rollback
 also flock the site-packages directory, so workdirs sharing one environment take turns.
 
@@ -51,6 +54,9 @@ PTH_NAME = DIST_NAME + ".pth"
 ENTRY_POINTS = "[sglang.srt.plugins]\nddtree = ddtree.sglang.plugin:register\n"
 FAULT_ENV = "DDTREE_DEPLOY_FAULT"  # tests: "after-pth" exits hard mid-install
 INSTALLER_TAG = b"ddtree-ops\n"  # dist-info INSTALLER: how a deployment is recognised without its record
+# Server defaults (`deploy --budget`) go into the payload next to `ddtree`, where the plugin's
+# config reads them (ddtree.sglang.config.DEFAULTS_FILE_NAME: the same name).
+DEFAULTS_FILE_NAME = "ddtree_server_defaults.json"
 
 
 class InstallError(Exception):
@@ -381,6 +387,26 @@ def copy_payload(release_src, payload_dir):
     return hashes
 
 
+def server_defaults_bytes(sources):
+    """The defaults file the operator asked for (stdin's "server_defaults"), or None."""
+    wanted = sources.get("server_defaults")
+    return None if wanted is None else (json.dumps(wanted, indent=1, sort_keys=True) + "\n").encode("utf-8")
+
+
+def defaults_changed(record, wanted):
+    """Whether the recorded payload carries other server defaults than `wanted` (bytes or None)."""
+    recorded = (record.get("payload_files") or {}).get(DEFAULTS_FILE_NAME)
+    return recorded != (None if wanted is None else hashlib.sha256(wanted).hexdigest())
+
+
+def write_server_defaults(payload_dir, wanted, payload_files):
+    """Write the defaults file into a fresh payload and add it to the payload's hashes."""
+    if wanted is not None:
+        path = os.path.join(payload_dir, DEFAULTS_FILE_NAME)
+        write_atomic(path, wanted)
+        payload_files[DEFAULTS_FILE_NAME] = hashlib.sha256(wanted).hexdigest()
+
+
 def payload_hashes(payload_dir):
     """{relative path: sha256} of a payload as it is now (bytecode SGLang may write is not part of it)."""
     found = {}
@@ -707,6 +733,8 @@ def make_plan(workdir, release_id, mode, sources, allow_shared_env=False):
     if record and record["release"] == release_id:
         healthy = payload_intact(record) and (journal is not None or site_files_intact(record))
         action = "unchanged" if healthy else "repair"
+        if action == "unchanged" and defaults_changed(record, server_defaults_bytes(sources)):
+            action = "reconfigure"
     elif record:
         action = "replace %s" % record["release"]
     else:
@@ -723,6 +751,7 @@ def make_plan(workdir, release_id, mode, sources, allow_shared_env=False):
         "payload_dir": next_payload_dir(directory, release_id, record),
         "interrupted_install": journal is not None,
         "refusals": refusals,
+        "server_defaults": sources.get("server_defaults"),
     }
 
 
@@ -806,6 +835,7 @@ def install_locked(site, workdir, release_id, mode, sources, allow_shared_env=Fa
         if os.path.isdir(payload_dir):
             shutil.rmtree(payload_dir)  # a leftover that no record names
         payload_files = copy_payload(release_src, payload_dir)
+        write_server_defaults(payload_dir, server_defaults_bytes(sources), payload_files)
         if old:
             replaced = remove_recorded(site_part(old))
         site_hashes = write_site_files(site, release_id, payload_dir, files)
@@ -840,9 +870,11 @@ def install_locked(site, workdir, release_id, mode, sources, allow_shared_env=Fa
         _, clause = undo_install(site, journal, journal_path)
         raise InstallError(kind, "%s; removed again%s" % (message, clause))
     finish_commit(directory, record, old)
-    action = "installed" if not old else "repaired" if old["release"] == release_id else "replaced"
+    action = "installed" if not old else "replaced" if old["release"] != release_id else \
+        "reconfigured" if plan["action"].endswith("reconfigure") else "repaired"
     return {"ok": True, "action": action, "plan": plan, "probe": probe,
-            "record": record_path, "recovered": recovered, "replaced": replaced}
+            "record": record_path, "recovered": recovered, "replaced": replaced,
+            "server_defaults": sources.get("server_defaults")}
 
 
 def verify_unchanged(record_path, record, plan, force, recovered):
@@ -857,7 +889,7 @@ def verify_unchanged(record_path, record, plan, force, recovered):
                   verified_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     write_json(record_path, record)
     return {"ok": True, "action": "unchanged", "plan": plan, "probe": probe, "record": record_path,
-            "recovered": recovered}
+            "recovered": recovered, "server_defaults": plan["server_defaults"]}
 
 
 def op_rollback(workdir, lock_wait=None, force=False):

@@ -20,22 +20,22 @@ def load_rows(level, no_spec, dflash, ddtree64):
             {"variant": "ddtree-b64", "mode": "ddtree", "budget": 64, "concurrency": level, "tokens_per_s": ddtree64}]
 
 
-def write_run(runs, hosts):
+def write_run(runs, hosts, run_id="r1"):
     store = RunStore(runs)
-    store.create_run("r1", {"hosts": list(hosts), "stages": STAGES})
+    store.create_run(run_id, {"hosts": list(hosts), "stages": STAGES})
     for host, (load, e2e_load) in hosts.items():
-        recorder = store.host_recorder("r1", host, {})
+        recorder = store.host_recorder(run_id, host, {})
         predictions = [{"concurrency": 1, "method": "ddtree", "budget": 64, "width": 65, "tau": 3.1,
                         "tau_measured": True, "round_ms": 10.0, "tokens_per_s": 310.0}]
         for index, (stage, tables, stage_load) in enumerate([("decode-bench", {"predictions": predictions}, QUIET),
                                                              ("sglang-e2e", {"sglang_load": load}, e2e_load)]):
-            event = make_event(EventKind.STAGE_END, "r1", host, stage=stage, index=index, status="pass", reason="",
+            event = make_event(EventKind.STAGE_END, run_id, host, stage=stage, index=index, status="pass", reason="",
                                duration_s=1.0, metrics={}, tables=tables, traceback=None, output_tail=None,
                                load=stage_load)
             if index == 0:
-                recorder.feed_line(encode_event(make_event(EventKind.RUN_START, "r1", host, stages=STAGES)))
+                recorder.feed_line(encode_event(make_event(EventKind.RUN_START, run_id, host, stages=STAGES)))
             recorder.feed_line(encode_event(event))
-        recorder.feed_line(encode_event(make_event(EventKind.RUN_END, "r1", host, status="pass")))
+        recorder.feed_line(encode_event(make_event(EventKind.RUN_END, run_id, host, status="pass")))
         recorder.close()
 
 

@@ -437,3 +437,78 @@ def test_an_upgrade_is_refused_until_a_host_qualifies_it_then_deploys(host, env,
         assert run_cli(capsys, inventory, snapshot, "rollback")[0] == 0
     finally:
         hooked.write_bytes(original)
+
+
+READ_CONFIG = """
+import json
+from ddtree.sglang.config import DEFAULTS_PATH, load_config
+config = load_config()
+print(json.dumps({"enabled": config.enabled, "budget": config.budget, "defaults": str(DEFAULTS_PATH)}))
+"""
+
+
+def deployed_config(python: Path, **env: str) -> dict:
+    seen = fresh_python(python, READ_CONFIG, **env)
+    assert seen.returncode == 0, seen.stderr[-2000:]
+    return json.loads(seen.stdout.strip().splitlines()[-1])
+
+
+def test_budget_auto_writes_the_recommended_defaults_into_the_payload(host, env, capsys, tmp_path):
+    import sys
+
+    sys.path.insert(0, str(REPO / "tests" / "cli"))
+    from test_report_recommend_cli import QUIET, load_rows, write_run
+
+    _, inventory, _ = host
+    python, snapshot = env
+    runs = tmp_path / "runs"
+    write_run(runs, {"h0": (load_rows(1, 100.0, 200.0, 300.0) + load_rows(8, 400.0, 600.0, 380.0), QUIET)})
+    before = site_listing(python)
+    auto = ("--runs-dir", str(runs), "--budget", "auto", "--for-concurrency")
+
+    code, doc = run_cli(capsys, inventory, snapshot, "deploy", *auto, "1")
+    assert code == 0, doc
+    result = doc["hosts"]["h0"]["result"]
+    assert result["action"] == "installed"
+    record = json.loads(Path(result["record"]).read_text())
+    written = Path(record["payload_dir"]) / "ddtree_server_defaults.json"
+    assert json.loads(written.read_text()) == result["server_defaults"] == {
+        "variables": {"DDTREE_ENABLE": "1", "DDTREE_BUDGET": "64"},
+        "provenance": {"source": "--budget auto", "run": "r1", "concurrency": 1, "choice": "ddtree"}}
+    assert "ddtree_server_defaults.json" in record["payload_files"]
+    # The plugin's config in a fresh interpreter of that environment: the file's budget, the
+    # environment's where it sets one.
+    seen = deployed_config(python)
+    assert (seen["enabled"], seen["budget"], seen["defaults"]) == (True, 64, str(written))
+    assert deployed_config(python, DDTREE_BUDGET="16")["budget"] == 16
+    assert deployed_config(python, DDTREE_ENABLE="0")["enabled"] is False
+
+    # DFlash wins at 8 concurrent: the same release, other defaults: not `unchanged`.
+    code, doc = run_cli(capsys, inventory, snapshot, "deploy", *auto, "8")
+    assert code == 0 and doc["hosts"]["h0"]["result"]["action"] == "reconfigured", doc
+    assert deployed_config(python)["enabled"] is False
+    code, doc = run_cli(capsys, inventory, snapshot, "deploy", *auto, "8")
+    assert code == 0 and doc["hosts"]["h0"]["result"]["action"] == "unchanged", doc
+    code, doc = run_cli(capsys, inventory, snapshot, "deploy")  # no --budget: the file goes
+    assert code == 0 and doc["hosts"]["h0"]["result"]["action"] == "reconfigured", doc
+    assert deployed_config(python)["budget"] == 32 and not Path(deployed_config(python)["defaults"]).exists()
+
+    assert run_cli(capsys, inventory, snapshot, "rollback")[0] == 0
+    assert site_listing(python) == before
+
+
+def test_an_installer_that_ignores_the_defaults_fails_the_host(host, env, capsys, tmp_path):
+    _, inventory, _ = host
+    python, snapshot = env
+    older = tmp_path / "checkout-older"
+    shutil.copytree(snapshot, older)
+    installer = older / "ddtree_ops" / "hostside" / "sglang_install.py"
+    text = installer.read_text()
+    start = text.index("\ndef install_locked(")
+    body = text.index("\n", text.index("):", start)) + 1
+    # The installer as it was before server defaults: it never sees them.
+    installer.write_text(text[:body] + '    sources = dict(sources, server_defaults=None)\n' + text[body:])
+    code, doc = run_cli(capsys, inventory, older, "deploy", "--budget", "64")
+    assert code == 5, doc
+    assert "did not apply the server defaults (--budget)" in doc["hosts"]["h0"]["error"]
+    assert run_cli(capsys, inventory, older, "rollback")[0] == 0

@@ -191,3 +191,51 @@ def test_the_sglang_plugins_rule_is_sglangs():
     loader = (sglang_package_dir() / "srt" / "plugins" / "__init__.py").read_text()
     assert "allowed_set = {x.strip() for x in allowed_str.split(\",\") if x.strip()}" in loader
     assert "if allowed_set is not None and ep.name not in allowed_set:" in loader
+
+
+def _defaults_file(tmp_path, variables):
+    import json
+
+    path = tmp_path / "ddtree_server_defaults.json"
+    path.write_text(json.dumps({"variables": variables, "provenance": {"run": "r1", "concurrency": 8}}))
+    return path
+
+
+def test_deployed_defaults_apply_and_each_environment_variable_wins(tmp_path):
+    from ddtree.sglang.config import enable_setting
+
+    path = _defaults_file(tmp_path, {"DDTREE_ENABLE": "1", "DDTREE_BUDGET": "64"})
+    config = load_config({}, defaults_path=path)
+    assert (config.enabled, config.budget, config.topk) == (True, 64, 64)
+    assert enable_setting({}, defaults_path=path) is True
+    config = load_config({"DDTREE_BUDGET": "16"}, defaults_path=path)
+    assert (config.enabled, config.budget) == (True, 16)  # env wins for the budget, the file still enables
+    assert load_config({"DDTREE_ENABLE": "0"}, defaults_path=path).enabled is False
+    assert load_config({"DDTREE_BUDGET": " "}, defaults_path=path).budget == 64  # blank: the default
+    assert load_config({}, defaults_path=tmp_path / "absent.json").budget == DEFAULT_BUDGET
+
+
+@pytest.mark.parametrize("variables, expected", [
+    ({"DDTREE_BUDGTE": "64"}, "DDTREE_BUDGTE: not a server default"),
+    ({"DDTREE_DRAFT_BLOCK_SIZE": "16"}, "DDTREE_DRAFT_BLOCK_SIZE: not a server default"),
+    ({"DDTREE_BUDGET": "0"}, "DDTREE_BUDGET: must be between 1 and"),
+    ({"DDTREE_ENABLE": "maybe"}, "DDTREE_ENABLE: expected one of"),
+    ({"DDTREE_BUDGET": 64}, "variables: expected an object of strings"),
+])
+def test_a_bad_defaults_file_is_refused_naming_the_file(tmp_path, variables, expected):
+    path = _defaults_file(tmp_path, variables)
+    with pytest.raises(PluginConfigError) as err:
+        load_config({"DDTREE_BUDGET": "8"} if "BUDGTE" in expected else {}, defaults_path=path)
+    assert str(err.value).startswith(f"{path}: ") and expected in str(err.value)
+
+
+def test_an_unreadable_defaults_file_is_refused_naming_the_file(tmp_path):
+    path = tmp_path / "ddtree_server_defaults.json"
+    path.write_text("{not json")
+    with pytest.raises(PluginConfigError, match="unreadable server defaults"):
+        load_config({}, defaults_path=path)
+    from ddtree.sglang.config import enable_setting
+
+    # DDTREE_ENABLE=0 in the environment keeps an installed plugin harmless even then.
+    assert enable_setting({"DDTREE_ENABLE": "0"}, defaults_path=path) is False
+    assert enable_setting({}, defaults_path=path) is None

@@ -6,9 +6,11 @@ SGLang spawns inherits.
 """
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from ddtree.sglang.errors import PluginConfigError
 
@@ -35,6 +37,12 @@ DEFAULT_BUDGET = 32
 DEFAULT_METRICS_INTERVAL = 50  # verify rounds between two metric log lines
 # Verify width N = budget + 1 is a CUDA-graph capture width and a mask side; keep it sane.
 MAX_BUDGET = 1024
+
+# Server defaults `ddtree-ops deploy --budget` writes next to the deployed `ddtree` package:
+# {"variables": {DDTREE_*: value}, "provenance": {...}}. A variable set in the environment wins.
+DEFAULTS_FILE_NAME = "ddtree_server_defaults.json"
+DEFAULTS_PATH = Path(__file__).resolve().parents[2] / DEFAULTS_FILE_NAME
+DEFAULTABLE_VARIABLES = frozenset({ENV_ENABLE, ENV_BUDGET, ENV_TOPK, ENV_STRICT, ENV_METRICS_INTERVAL})
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -90,21 +98,56 @@ def _parse_int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int
     return value
 
 
-def enable_setting(env: Mapping[str, str] | None = None) -> bool | None:
-    """DDTREE_ENABLE as parsed (unset: False), or None when it is malformed."""
+def read_server_defaults(path: Path = DEFAULTS_PATH) -> dict[str, str]:
+    """The deployed defaults file's variables ({} when there is none); a malformed file, an
+    unknown variable or a bad value raises PluginConfigError naming the file."""
     try:
-        return _parse_bool(os.environ if env is None else env, ENV_ENABLE, False)
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as err:
+        raise PluginConfigError(f"{path}: unreadable server defaults: {err}") from None
+    variables = document.get("variables") if isinstance(document, dict) else None
+    if not isinstance(variables, dict) or not all(isinstance(v, str) for v in variables.values()):
+        raise PluginConfigError(f"{path}: variables: expected an object of strings")
+    unknown = sorted(set(variables) - DEFAULTABLE_VARIABLES)
+    if unknown:
+        raise PluginConfigError(f"{path}: {unknown[0]}: not a server default "
+                                f"(allowed: {', '.join(sorted(DEFAULTABLE_VARIABLES))})")
+    try:
+        _parse_variables(variables)
+    except PluginConfigError as err:
+        raise PluginConfigError(f"{path}: {err}") from None
+    return dict(variables)
+
+
+def _with_defaults(env: Mapping[str, str], defaults_path: Path) -> dict[str, str]:
+    """The file's defaults under the environment: a variable set (non-blank) in env wins."""
+    merged = read_server_defaults(defaults_path)
+    merged.update({k: v for k, v in env.items() if k not in merged or v.strip() != ""})
+    return merged
+
+
+def enable_setting(env: Mapping[str, str] | None = None, defaults_path: Path = DEFAULTS_PATH) -> bool | None:
+    """DDTREE_ENABLE as parsed (unset: the deployed default, else False), or None when it or
+    the defaults file is malformed."""
+    env = os.environ if env is None else env
+    try:
+        if env.get(ENV_ENABLE, "").strip():  # set here: the file cannot change it (nor, broken, hide it)
+            return _parse_bool(env, ENV_ENABLE, False)
+        return _parse_bool(_with_defaults(env, defaults_path), ENV_ENABLE, False)
     except PluginConfigError:
         return None
 
 
-def load_config(env: Mapping[str, str] | None = None) -> DDTreeConfig:
-    """Parse DDTREE_* variables; a bad value raises PluginConfigError naming the variable.
+def load_config(env: Mapping[str, str] | None = None, defaults_path: Path = DEFAULTS_PATH) -> DDTreeConfig:
+    """Parse DDTREE_* variables over the deployed defaults file (when there is one); a bad
+    value raises PluginConfigError naming the variable (or the file).
 
     An unknown DDTREE_* name is an error too: a typo (DDTREE_BUDGTE) would otherwise run
     the server with the default budget without anyone noticing.
     """
-    env = os.environ if env is None else env
+    env = _with_defaults(os.environ if env is None else env, defaults_path)
     unknown = sorted(
         k
         for k in env
@@ -114,6 +157,10 @@ def load_config(env: Mapping[str, str] | None = None) -> DDTreeConfig:
         raise PluginConfigError(
             f"{unknown[0]}: unknown variable (known: {', '.join(sorted(KNOWN_VARIABLES))})"
         )
+    return _parse_variables(env)
+
+
+def _parse_variables(env: Mapping[str, str]) -> DDTreeConfig:
     enabled = _parse_bool(env, ENV_ENABLE, False)
     budget = _parse_int(env, ENV_BUDGET, DEFAULT_BUDGET, 1, MAX_BUDGET)
     topk = _parse_int(env, ENV_TOPK, budget, 1, MAX_BUDGET)

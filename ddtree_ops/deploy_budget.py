@@ -1,0 +1,93 @@
+"""`deploy --budget`: the plugin's server defaults (DDTREE_ENABLE, DDTREE_BUDGET) a deploy writes.
+
+`auto` takes them from the host's latest recommendation at the concurrency level the operator
+serves (`--for-concurrency`): the newest run in the local run store whose record for that host
+has sglang-e2e load rows at that level. DDTree chosen: enabled with its budget; DFlash or no
+speculation chosen: deployed disabled. Undecided, or no such run: refused before any host is
+touched (exit 3), naming the smoke run that would decide it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from ddtree_ops.errors import ConfigError, UsageError
+from ddtree_ops.recommend import LOAD_STAGE, LOAD_TABLE, Choice, Recommendation, run_recommendations
+
+AUTO = "auto"
+ENV_ENABLE, ENV_BUDGET = "DDTREE_ENABLE", "DDTREE_BUDGET"  # ddtree.sglang.config's names
+MAX_BUDGET = 1024  # ddtree.sglang.config.MAX_BUDGET (the plugin refuses more)
+
+
+@dataclass(frozen=True)
+class ServerDefaults:
+    variables: dict[str, str]
+    provenance: dict[str, Any]
+    note: str  # one line for the deploy output
+
+    def to_payload(self) -> dict[str, Any]:
+        """What the installer writes into the payload (and echoes back once applied)."""
+        return {"variables": dict(self.variables), "provenance": dict(self.provenance)}
+
+
+def parse_budget_option(budget: Optional[str], for_concurrency: Optional[int]) -> Optional[int | str]:
+    """--budget as AUTO or an int (None: not given); usage errors say which option is wrong."""
+    if budget is None:
+        if for_concurrency is not None:
+            raise UsageError("--for-concurrency: only with --budget auto")
+        return None
+    if budget.strip().lower() == AUTO:
+        if for_concurrency is None or for_concurrency < 1:
+            raise UsageError("--budget auto: needs --for-concurrency N (N >= 1), the load the host serves")
+        return AUTO
+    if for_concurrency is not None:
+        raise UsageError("--for-concurrency: only with --budget auto")
+    try:
+        value = int(budget.strip(), 10)
+    except ValueError:
+        raise UsageError(f"--budget: expected auto or an integer, got {budget!r}") from None
+    if not 1 <= value <= MAX_BUDGET:
+        raise UsageError(f"--budget: must be between 1 and {MAX_BUDGET}, got {value}")
+    return value
+
+
+def explicit_defaults(budget: int) -> ServerDefaults:
+    return ServerDefaults({ENV_ENABLE: "1", ENV_BUDGET: str(budget)}, {"source": "--budget"},
+                          f"DDTree enabled, budget {budget} (--budget)")
+
+
+def latest_recommendation(runs_root: Path, host: str, level: int) -> tuple[str, Recommendation] | None:
+    """(run id, verdict) from the newest run whose record for `host` has load rows at `level`."""
+    from ddtree_ops.results import RunStore
+
+    store = RunStore(runs_root)
+    for run_id in reversed(store.list_runs()):
+        run = store.load(run_id)
+        record = run.hosts.get(host)
+        stage = record.stages.get(LOAD_STAGE) if record is not None else None
+        rows = stage.tables.get(LOAD_TABLE, []) if stage is not None else []
+        if any(isinstance(r, dict) and r.get("concurrency") == level for r in rows):
+            found = [r for r in run_recommendations(run) if r.host == host and r.concurrency == level]
+            if found:
+                return run_id, found[0]
+    return None
+
+
+def auto_defaults(runs_root: Path, host: str, level: int) -> ServerDefaults:
+    """The host's server defaults at `level`, or ConfigError naming what to run."""
+    measure = f"`ddtree-ops smoke -H {host} --stages sglang-e2e --set sglang_concurrency={level}`"
+    found = latest_recommendation(runs_root, host, level)
+    if found is None:
+        raise ConfigError(f"{host}: --budget auto: no sglang-e2e measurement at {level} concurrent under "
+                          f"{runs_root}; run {measure} first")
+    run_id, verdict = found
+    if verdict.choice is Choice.UNDECIDED:
+        raise ConfigError(f"{host}: --budget auto: run {run_id} cannot decide at {level} concurrent "
+                          f"({verdict.why}); run {measure} again, or pass --budget N")
+    provenance = {"source": "--budget auto", "run": run_id, "concurrency": level, "choice": verdict.choice.value}
+    if verdict.choice is Choice.DDTREE:
+        return ServerDefaults({ENV_ENABLE: "1", ENV_BUDGET: str(verdict.budget)}, provenance,
+                              f"DDTree enabled, budget {verdict.budget} (run {run_id}, {level} concurrent)")
+    return ServerDefaults({ENV_ENABLE: "0"}, provenance,
+                          f"DDTree does not pay at {level} concurrent on {host}: deployed disabled (run {run_id})")

@@ -1,0 +1,61 @@
+"""`deploy --budget auto --for-concurrency N` takes DDTree's server defaults from the host's latest
+recommendation in the local run store, and refuses before touching any host when there is none.
+The run records are written through RunStore as the host runner writes them."""
+from __future__ import annotations
+
+import pytest
+import yaml
+from test_report_recommend_cli import BUSY, QUIET, load_rows, write_run
+
+from ddtree_ops.cli.app import main
+from ddtree_ops.deploy_budget import auto_defaults, explicit_defaults
+from ddtree_ops.errors import ConfigError
+
+
+def test_auto_takes_the_newest_run_measured_at_that_level(tmp_path):
+    write_run(tmp_path, {"gpu-a": (load_rows(1, 100.0, 200.0, 300.0) + load_rows(8, 400.0, 600.0, 380.0), QUIET)},
+              run_id="20261201-100000-aaaa")
+    # A newer run that measured only one concurrent request: it decides level 1, not level 8.
+    write_run(tmp_path, {"gpu-a": (load_rows(1, 100.0, 300.0, 200.0), QUIET)}, run_id="20261201-110000-bbbb")
+
+    at_8 = auto_defaults(tmp_path, "gpu-a", 8)
+    assert at_8.variables == {"DDTREE_ENABLE": "0"}
+    assert at_8.provenance == {"source": "--budget auto", "run": "20261201-100000-aaaa", "concurrency": 8,
+                               "choice": "dflash"}
+    assert at_8.note.startswith("DDTree does not pay at 8 concurrent on gpu-a: deployed disabled")
+    assert auto_defaults(tmp_path, "gpu-a", 1).provenance["run"] == "20261201-110000-bbbb"
+    assert auto_defaults(tmp_path, "gpu-a", 1).variables == {"DDTREE_ENABLE": "0"}
+
+    write_run(tmp_path, {"gpu-a": (load_rows(1, 100.0, 200.0, 300.0), QUIET)}, run_id="20261201-120000-cccc")
+    at_1 = auto_defaults(tmp_path, "gpu-a", 1)
+    assert at_1.variables == {"DDTREE_ENABLE": "1", "DDTREE_BUDGET": "64"}
+    assert at_1.to_payload()["provenance"]["run"] == "20261201-120000-cccc"
+    assert explicit_defaults(16).variables == {"DDTREE_ENABLE": "1", "DDTREE_BUDGET": "16"}
+
+
+def test_auto_refuses_naming_host_level_and_the_run_that_would_decide(tmp_path):
+    write_run(tmp_path, {"gpu-a": (load_rows(1, 100.0, 200.0, 300.0), QUIET),
+                         "gpu-b": (load_rows(1, 100.0, 200.0, 300.0), BUSY)})
+    with pytest.raises(ConfigError) as err:
+        auto_defaults(tmp_path, "gpu-a", 8)
+    assert str(err.value) == (f"gpu-a: --budget auto: no sglang-e2e measurement at 8 concurrent under {tmp_path}; "
+                              "run `ddtree-ops smoke -H gpu-a --stages sglang-e2e --set sglang_concurrency=8` first")
+    with pytest.raises(ConfigError, match=r"^gpu-b: --budget auto: run r1 cannot decide at 1 concurrent \(too noisy"
+                                          r".*sglang_concurrency=1` again, or pass --budget N$"):
+        auto_defaults(tmp_path, "gpu-b", 1)
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["--budget", "auto"], 2, "--budget auto: needs --for-concurrency N"),
+    (["--budget", "64", "--for-concurrency", "8"], 2, "--for-concurrency: only with --budget auto"),
+    (["--budget", "many"], 2, "--budget: expected auto or an integer, got 'many'"),
+    (["--budget", "0"], 2, "--budget: must be between 1 and 1024, got 0"),
+    (["--budget", "auto", "--for-concurrency", "8"], 3, "gpu-a: --budget auto: no sglang-e2e measurement at 8"),
+])
+def test_deploy_refuses_before_connecting(tmp_path, capsys, args, code, message):
+    """The host's name does not resolve: reaching for it would end in exit 4, not these."""
+    write_run(tmp_path / "runs", {"gpu-a": (load_rows(1, 100.0, 200.0, 300.0), QUIET)})
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(yaml.safe_dump({"hosts": {"gpu-a": {"hostname": "gpu-a.invalid"}}}))
+    assert main(["deploy", "-i", str(inventory), "-H", "gpu-a", "--runs-dir", str(tmp_path / "runs"), *args]) == code
+    assert message in capsys.readouterr().err
