@@ -119,8 +119,8 @@ def _package_dir(argument: str, label: str) -> Path:
 
 
 def diff(
-    a: Annotated[str, typer.Argument(metavar="A", help="Older SGLang: package folder, site-packages or a python.")],
-    b: Annotated[str, typer.Argument(metavar="B", help="Newer SGLang: package folder, site-packages or a python.")],
+    a: Annotated[str, typer.Argument(help="Older SGLang: package folder, site-packages or a python.")],
+    b: Annotated[str, typer.Argument(help="Newer SGLang: package folder, site-packages or a python.")],
     json_out: JsonOpt = False,
 ) -> int:
     """What changed between two SGLang installations in the files the plugin hooks, by hook."""
