@@ -33,7 +33,10 @@ TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider -rs tests/unit/test_sg
 if "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)" 2>/dev/null; then
   "$PY" -m ddtree.sglang.probe 2>&1 | tee "$LOGS/sglang-probe.log" || status=1
   if command -v ddtree-ops >/dev/null; then
-    ddtree-ops smoke -H local --stages plugin,sglang-e2e 2>&1 | tee "$LOGS/sglang-smoke.log" || status=1
+    # decode-bench calibrates the throughput model (predictions); sglang-e2e drives each server
+    # at 1 and 8 concurrent requests; report then recommends a budget per load beside them.
+    ddtree-ops smoke -H local --stages plugin,decode-bench,sglang-e2e 2>&1 | tee "$LOGS/sglang-smoke.log" || status=1
+    ddtree-ops report 2>&1 | tee "$LOGS/sglang-report.log" || status=1
   fi
 else
   echo "sglang is not installed for $PY: the in-server checks (probe, plugin and sglang-e2e stages) did not run" \
