@@ -54,9 +54,9 @@ def push(
     if not json_out:
         say(f"{'plan for ' if dry_run else ''}release {bundle.described}: {len(bundle.files)} files, "
             f"{_size(bundle.total_bytes)} from {bundle.source_root}")
+    options = FanoutOptions(inventory, hosts, json_out, parallel, fail_fast, accept_new_host_keys, policy)
     if dry_run:
-        return _plan(selected, bundle, keep, FanoutOptions(inventory, hosts, json_out, parallel, fail_fast,
-                                                           accept_new_host_keys, policy))
+        return _plan(selected, bundle, keep, options)
 
     def task(ctx: Any) -> Any:
         ctx.report(f"release {bundle.release_id}")
@@ -66,7 +66,7 @@ def push(
         "push",
         selected,
         task,
-        FanoutOptions(inventory, hosts, json_out, parallel, fail_fast, accept_new_host_keys, policy),
+        options,
         columns=["action", "release", "previous", "sent", "pruned", "left (not ours)"],
         row=lambda o: [
             o.value.action.value + (f" (replaced a damaged copy: {o.value.replaced_broken})"
