@@ -4,8 +4,10 @@
 A timed stage (tree-bench, decode-bench, sglang-e2e; `bench` runs them) records, per cell,
 the min / median / max of its samples (its `timings` table) and the host's load before and
 after the stage (1-minute load average, CPU count, GPU utilisation where there is a GPU).
-A cell is noisy when either says its median may be far from what an idle host measures:
+A cell is noisy when any of these says its median may be far from what an idle host measures:
 
+- samples: fewer than MIN_SAMPLES timed calls (a time budget cut the cell short): one or two
+  calls cannot show a spread, so a disturbed call would pass for a steady figure;
 - spread: (max - min) / median above SPREAD_LIMIT (the slowest sample is more than half the
   median slower than the fastest: something else ran in between);
 - host load: the 1-minute load average per CPU above LOAD_PER_CPU_LIMIT before or after the
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 SPREAD_LIMIT = 0.5
+MIN_SAMPLES = 3  # the stages' default `repeat`: a full cell is judged, a cut-short one is not
 LOAD_PER_CPU_LIMIT = 1.25
 GPU_BUSY_LIMIT_PCT = 50.0
 
@@ -73,8 +76,12 @@ def load_problem(load: Optional[Mapping[str, Any]]) -> str:
 
 def cell_noise(timing: Optional[Mapping[str, Any]], load: Optional[Mapping[str, Any]]) -> Noise:
     """The verdict on one timed cell from its `timings` row (min, median, max) and its stage's
-    host load; a cell without a timings row is judged on the load alone."""
+    host load; a cell without a timings row is judged on the load alone, one without a sample
+    count on its spread and load."""
     spread = spread_of(timing.get("min"), timing.get("median"), timing.get("max")) if timing else None
+    samples = _number(timing.get("samples")) if timing else None
+    if samples is not None and samples < MIN_SAMPLES:
+        return Noise(spread, f"{samples:.0f} sample(s) < {MIN_SAMPLES}: too few to judge")
     if spread is not None and spread > SPREAD_LIMIT:
         return Noise(spread, f"spread {spread:.0%} of the median > {SPREAD_LIMIT:.0%}")
     return Noise(spread, load_problem(load))

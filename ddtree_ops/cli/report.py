@@ -90,8 +90,8 @@ SWEEP_NOTES = (
 DECODE_NOTE = ("tau: tokens accepted per target forward; speedup: AR's time per output token / the method's "
                "(same run); ms/token: mean time per output token; same as AR: share of requests "
                "token-identical to autoregressive at T=0")
-NOISY_NOTE = ("noisy: the median cannot be trusted: the cell's samples spread over more than {spread:.0%} of "
-              "it, or the host was busy (load per CPU > {load:g}, or GPU > {gpu:g}% busy before the stage)")
+NOISY_NOTE = ("noisy: the median cannot be trusted: fewer than {samples} samples, the cell's samples spread over "
+              "more than {spread:.0%} of it, or the host was busy (load per CPU > {load:g}, or GPU > {gpu:g}% busy before the stage)")
 
 
 def render_report(report: "Report", console: "Console") -> None:
@@ -180,9 +180,9 @@ def render_report(report: "Report", console: "Console") -> None:
         console.print(decode)
         console.print(f"  {DECODE_NOTE}", soft_wrap=True)
     if noisy_seen:
-        from ddtree_ops.noise import GPU_BUSY_LIMIT_PCT, LOAD_PER_CPU_LIMIT, SPREAD_LIMIT
+        from ddtree_ops.noise import GPU_BUSY_LIMIT_PCT, LOAD_PER_CPU_LIMIT, MIN_SAMPLES, SPREAD_LIMIT
 
-        console.print("  " + NOISY_NOTE.format(spread=SPREAD_LIMIT, load=LOAD_PER_CPU_LIMIT, gpu=GPU_BUSY_LIMIT_PCT),
+        console.print("  " + NOISY_NOTE.format(samples=MIN_SAMPLES, spread=SPREAD_LIMIT, load=LOAD_PER_CPU_LIMIT, gpu=GPU_BUSY_LIMIT_PCT),
                       soft_wrap=True)
     render_loads(report, console)
 

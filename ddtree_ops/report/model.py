@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddtree_ops.noise import GPU_BUSY_LIMIT_PCT, LOAD_PER_CPU_LIMIT, SPREAD_LIMIT, Noise, cell_noise, load_problem
+from ddtree_ops.noise import GPU_BUSY_LIMIT_PCT, LOAD_PER_CPU_LIMIT, MIN_SAMPLES, SPREAD_LIMIT, Noise, cell_noise, load_problem
 from ddtree_ops.outcome import HostOutcome, exit_code_for
 from ddtree_ops.results import RunRecord, StageStatus
 
@@ -81,7 +81,7 @@ class Report:
                                          **self._load_dict(h, s)}
                                      for s in self.stages if s in self.statuses[h]}}
                       for h in self.hosts},
-            "noise_rule": {"spread_limit": SPREAD_LIMIT, "load_per_cpu_limit": LOAD_PER_CPU_LIMIT,
+            "noise_rule": {"min_samples": MIN_SAMPLES, "spread_limit": SPREAD_LIMIT, "load_per_cpu_limit": LOAD_PER_CPU_LIMIT,
                            "gpu_busy_limit_pct": GPU_BUSY_LIMIT_PCT},
             "failures": [f.to_dict() for f in self.failures],
             "sweep": self.sweep,

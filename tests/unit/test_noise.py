@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ddtree_ops.cli.app import main  # noqa: E402
-from ddtree_ops.noise import LOAD_PER_CPU_LIMIT, SPREAD_LIMIT, cell_noise, load_problem  # noqa: E402
+from ddtree_ops.noise import LOAD_PER_CPU_LIMIT, MIN_SAMPLES, SPREAD_LIMIT, cell_noise, load_problem  # noqa: E402
 from ddtree_ops.report.metric_checks import compare_metrics, load_baseline  # noqa: E402
 from ddtree_ops.report.model import build_report  # noqa: E402
 from ddtree_ops.results import RunStore  # noqa: E402
@@ -37,6 +37,18 @@ def test_the_rule_spread_and_load():
     assert not load_problem({"after": {"loadavg_1m": 0.1, "cpus": 8, "gpu_util_pct": 100}})  # ours
     assert cell_noise({"min": 1.0, "median": 1.0, "max": 1.0 + SPREAD_LIMIT}, None).why == ""
     assert not cell_noise(None, None).noisy and cell_noise(None, None).spread is None
+
+
+def test_a_cell_cut_short_of_the_minimum_sample_count_is_noisy():
+    # one call, or two that happen to agree, show no spread: a disturbed call would pass for
+    # a steady figure (the tree-bench time budget cuts a busy host's cells to one call)
+    one = timing_row("build_ms.public.bs16.b1024", [11.5], "ms")
+    assert one["min"] == one["max"] and cell_noise(one, QUIET).why == "1 sample(s) < 3: too few to judge"
+    two = timing_row("speedup.public_vs_heap.b32", [0.84, 0.85], "x")
+    assert cell_noise(two, None).noisy and cell_noise(two, None).spread == pytest.approx(0.01 / 0.845)
+    steady = timing_row("build_ms.public.bs1.b32", [0.84, 0.85, 0.86][:MIN_SAMPLES], "ms")
+    assert MIN_SAMPLES == 3 and not cell_noise(steady, QUIET).noisy  # the default repeat is judged
+    assert not cell_noise({"min": 1.0, "median": 1.0, "max": 1.0}, QUIET).noisy  # no count: spread and load
 
 
 def test_timing_row_keeps_min_median_max():
