@@ -142,6 +142,10 @@ class BlockMaxima:
             return self._maxima[rows[0] : rows[-1] + 1]
         return self._maxima[rows]
 
+    def has_maxima(self, rows: list[int]) -> bool:
+        """Whether every one of `rows` has its maxima taken already."""
+        return all(self._ready[d] for d in rows)
+
     def top_log_prob_guesses(self, rows: list[int]) -> tuple[list[float], list[float]]:
         """(upper bounds, estimates) of the rows' top log-probs, from the maxima alone: the
         block maxima are some of a row's logits, so their logsumexp is at most the row's. The

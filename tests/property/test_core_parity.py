@@ -320,3 +320,15 @@ def test_enumeration_path_on_small_shapes(probe, monkeypatch):
             assert fast.node_scores.tolist() == heap.node_scores.tolist()
         else:
             assert_same(heap, fast)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_bad_logit_in_a_row_the_tree_never_reaches_still_raises(bad):
+    """power-1.5 rows at budget 1024 make a tree 8 deep: FAST normalises rows 0-8 only and
+    checks the rest through their block maxima, which must still see a NaN / +inf there."""
+    logits = family_logits("power-1.5", 0, 15, 151936)
+    assert build_ddtree_tree_from_logits(logits, 1024).max_depth <= 9
+    logits[14, 777] = bad
+    for method in (BuildMethod.FAST, BuildMethod.AUTO):
+        with pytest.raises(ValueError, match="row 14 .*(NaN|\\+inf) .*token 777"):
+            build_ddtree_tree_from_logits(logits, 1024, method=method)
