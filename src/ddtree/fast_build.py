@@ -90,6 +90,7 @@ class _RowReader:
         self.unreachable_from = depth_limit
         self.read_once = False  # rows read by `_read_through_maxima`
         self.family_best = _NEG_INF  # `_family_floor`'s last budget-th best score (no margin)
+        self.maxima_histogram: tuple[tuple[int, float], list[list[int]]] | None = None  # `_block_maxima_floor`'s
 
     def _normalise(self, rows: list[int]) -> None:
         normalise_rows(self, [d for d in rows if d not in self.log_z])
@@ -268,7 +269,7 @@ BLOCK_FLOOR_MIN_BUDGET = 512
 BLOCK_FLOOR_PROBE_RANKS = 4
 
 
-def _block_maxima_floor(reader: _RowReader, chain: list[float], budget: int) -> float:
+def _block_maxima_floor(reader: _RowReader, chain: list[float], budget: int, grid: tuple[int, float] | None = None) -> float:
     """A floor from the block maxima alone, far tighter than `_family_floor` before rows are
     read deep (whose family only holds the ranks read so far); -inf when it finds none.
 
@@ -278,20 +279,27 @@ def _block_maxima_floor(reader: _RowReader, chain: list[float], budget: int) -> 
     has at least sum over d < e of (blocks of row d within chain[e] - F nats of its best, less
     the best itself) members scoring >= F, plus the chain's own nodes. The largest F on a grid
     where that count reaches `budget` is a floor; blocks are counted conservatively (binned
-    down, with a margin for float rounding), so it can only come out lower."""
+    down, with a margin for float rounding), so it can only come out lower.
+
+    `grid`: (steps, step) to search on instead, F_j = chain[1] - j * step; the histogram of a
+    grid is kept on the reader for the next call on it (over the rows of that first call)."""
     depths = len(chain) - 1
     if depths == 0 or not isinstance(reader.source, BlockMaxima):
         return _NEG_INF
-    maxima = reader.source.maxima(list(range(depths)))  # [E, NB] float32, a view
-    top, lowest = chain[1], chain[depths] - BLOCK_FLOOR_SPAN
-    steps = BLOCK_FLOOR_STEPS
-    step = (top - lowest) / steps  # candidate floors F_j = top - j * step, j = 0..steps
-    # below[d][k]: blocks of rows 0..d whose maximum lies less than k + 1 steps below their
-    # row's best (one histogram op per row, then running sums over bins and over rows)
-    distance = maxima.amax(dim=1, keepdim=True) - maxima  # [E, NB] >= 0 (+inf: -inf blocks)
-    bins = distance.mul_(1 / step).clamp_(max=steps).long()  # floor: values are >= 0
-    within = torch.zeros(depths, steps + 1, dtype=torch.int64)
-    below = within.scatter_add_(1, bins, torch.ones_like(bins)).cumsum_(1).cumsum_(0).tolist()
+    top = chain[1]
+    if grid is None:
+        steps = BLOCK_FLOOR_STEPS
+        step = (top - (chain[depths] - BLOCK_FLOOR_SPAN)) / steps  # candidate floors F_j = top - j * step
+    else:
+        steps, step = grid
+    lowest = top - steps * step
+    kept = reader.maxima_histogram
+    if grid is not None and kept is not None and kept[0] == grid and len(kept[1]) >= depths:
+        below = kept[1]
+    else:
+        below = _maxima_histogram(reader.source.maxima(list(range(depths))), steps, step)
+        if grid is not None:
+            reader.maxima_histogram = (grid, below)
     # a token r nats below row d's best places its path to depth e iff r <= chain[e] - F_j,
     # i.e. (less a margin for float rounding, rounded down: it can only count fewer) iff it
     # lies less than j + shift[e] steps below
@@ -319,6 +327,16 @@ def _block_maxima_floor(reader: _RowReader, chain: list[float], budget: int) -> 
             lo = mid + 1
     floor = top - lo * step
     return floor - float_slack(floor)
+
+
+def _maxima_histogram(maxima: torch.Tensor, steps: int, step: float) -> list[list[int]]:
+    """below[d][k]: blocks of rows 0..d whose maximum lies less than k + 1 steps below their
+    row's best (one histogram op per row, then running sums over bins and over rows).
+    maxima: [E, NB] float32."""
+    distance = maxima.amax(dim=1, keepdim=True) - maxima  # [E, NB] >= 0 (+inf: -inf blocks)
+    bins = distance.mul_(1 / step).clamp_(max=steps).long()  # floor: values are >= 0
+    within = torch.zeros(maxima.shape[0], steps + 1, dtype=torch.int64)
+    return within.scatter_add_(1, bins, torch.ones_like(bins)).cumsum_(1).cumsum_(0).tolist()
 
 
 # A greedy two-token path more likely than this (log-prob) predicts a deep tree. Only the
@@ -387,7 +405,10 @@ def _read_through_maxima(reader: _RowReader, budget: int) -> tuple[list[float], 
         if bound == math.inf:
             break
         guess.append(guess[-1] + min(bound, 0.0))
-    guessed_floor = _block_maxima_floor(reader, guess, budget)
+    # one grid for every floor below, so the maxima's histogram is taken once: the guess's
+    # span (its chain falls more slowly than the exact one) widened by half
+    grid = (BLOCK_FLOOR_STEPS * 3 // 2, (guess[1] - guess[-1] + BLOCK_FLOOR_SPAN) / BLOCK_FLOOR_STEPS) if len(guess) > 1 else None
+    guessed_floor = _block_maxima_floor(reader, guess, budget, grid)
     stop = max(min(2, depth_limit), reach([0.0], guessed_floor) if guessed_floor != _NEG_INF else depth_limit)
     for _ in range(depth_limit + 1):
         reader._normalise(list(range(stop)))
@@ -397,7 +418,7 @@ def _read_through_maxima(reader: _RowReader, budget: int) -> tuple[list[float], 
         chain = [0.0]
         for first in firsts:
             chain.append(chain[-1] + first)
-        floor = _block_maxima_floor(reader, chain, budget)
+        floor = _block_maxima_floor(reader, chain, budget, grid)
         if floor == _NEG_INF:
             return None
         more = reach(chain, floor) if alive == stop else alive
@@ -537,8 +558,10 @@ def build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
         if tree is None and reader.read_once and not _rows_share_log_probs(reader, depths):
             # rows read once, down to the floor: the heap loop over them costs less than the
             # estimate and the enumeration (measured at budget 1024: 2.2-2.6 ms against
-            # 3.2-4.2 ms of CPU time on drafter-like rows), except on exact score ties
-            tree = best_first(_HeapView(reader, floor), reader.ids, depth_limit, budget)
+            # 3.2-4.2 ms of CPU time on drafter-like rows), except on exact score ties. Every
+            # row it can reach is read (plain lists: no `_HeapView` call per pop)
+            rows = [reader.lp[d] if d < min(reader.unreachable_from, reader.dead_from) else [] for d in range(depth_limit)]
+            tree = best_first(rows, reader.ids, depth_limit, budget)
         if tree is None:
             threshold = floor - float_slack(floor)
             estimate = _estimated_last_score(reader, depths, budget, threshold)
