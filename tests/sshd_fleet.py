@@ -93,6 +93,11 @@ class SshdHost:
         keygen(self.host_key)
 
     @property
+    def home(self) -> Path:
+        """$HOME of the host's sessions (sshd still starts them in the account's own home)."""
+        return self.directory
+
+    @property
     def config(self) -> Path:
         return self.directory / "sshd_config"
 
@@ -122,10 +127,12 @@ class SshdHost:
                     "MaxStartups 64",
                     "MaxSessions 64",
                     "LogLevel ERROR",
-                    # Sessions run the login user's rc files; on a machine whose .bashrc runs
-                    # `pyenv init`, a session killed mid-rehash leaves pyenv's lock behind and
-                    # every later login would wait 60 s for it. Bound that wait to 1 s.
-                    "SetEnv PYENV_REHASH_TIMEOUT=1",
+                    # Each host gets a home of its own, like a separate machine: `~` on the
+                    # host is its directory, and its sessions run no rc files of the account
+                    # that runs the tests (a `.bashrc` running `pyenv init` costs seconds per
+                    # session on a busy machine, and a session killed mid-rehash leaves a lock
+                    # that stalls later logins; the rehash timeout bounds that if a home has one).
+                    f"SetEnv HOME={self.home} PYENV_REHASH_TIMEOUT=1",
                     "",
                 ]
             )

@@ -226,9 +226,11 @@ def test_hostile_names_and_paths(sshd_fleet, tmp_path, capsys, monkeypatch):
     assert main(["hosts", "check", "-i", str(inventory), "-H", name, "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)["hosts"][name]["result"]
     assert facts["active_release"] == doc["release"]
-    home = Path.home()
-    for marker in ("PWNED", "PWNED2", "PWNED3"):
-        assert not (tmp_path / marker).exists() and not (home / marker).exists()
+    # Where an injected `touch` would land: here, the account's home (a session's first cwd)
+    # and the host's $HOME.
+    for folder in (tmp_path, Path.home(), fleet.hosts[0].home):
+        for marker in ("PWNED", "PWNED2", "PWNED3"):
+            assert not (folder / marker).exists()
 
 
 def test_check_over_ssh_with_a_host_missing_python(sshd_fleet, capsys):

@@ -55,7 +55,7 @@ def test_commands_streams_env_cwd_and_files(sshd_fleet, tmp_path):
         streamed = transport.run_streaming([sys.executable, "-c", reverse], chunks.append, stdin=payload)
         assert b"".join(chunks) == payload[::-1] and (streamed.exit_status, streamed.stderr) == (0, "done")
         home = transport.run(["printf", "%s", "~/x y"]).stdout
-        assert home == os.path.expanduser("~/x y")
+        assert home == f"{fleet.hosts[0].home}/x y"  # expanded by the host's shell, as the host's ~
         sock = transport._client.get_transport().sock
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
     assert not os.path.exists("/tmp/ddtree-ssh-pwned")
