@@ -45,12 +45,13 @@ INSTALLER = f"{HOSTSIDE_DIR}/sglang_install.py"
 # checkout (going back to an older release) runs its own installer.
 OLDER_INSTALLER = "src/ddtree/sglang/install.py"
 # The gate and its modules, served in memory on the host (a bare `ddtree` package: the core
-# is not needed); its data (the shipped manifests, the worker's source for the structural
-# facts, the operator's qualification entries) travels next to them.
+# is not needed); its data (the shipped manifests, the sources the structural facts read:
+# the worker's and tree_round's, the operator's qualification entries) travels next to them.
 GATE_PACKAGES = ("ddtree", "ddtree.sglang", "ddtree.sglang.manifests")
 GATE_MODULES = ("ddtree.sglang.errors", "ddtree.sglang.manifest", "ddtree.sglang.qualification",
                 "ddtree.sglang.structure", "ddtree.sglang.gate")
 WORKER = "src/ddtree/sglang/worker.py"
+TREE_ROUND = "src/ddtree/sglang/tree_round.py"
 MANIFESTS_DIR = "src/ddtree/sglang/manifests/"
 
 
@@ -79,7 +80,7 @@ def gate_payload(bundle: ReleaseBundle, qualified: Optional[QualificationFile] =
                  for entry in bundle.files
                  if entry.relpath.startswith(MANIFESTS_DIR) and entry.relpath.endswith(".json")}
     return {"modules": modules, "packages": list(GATE_PACKAGES), "manifests": manifests,
-            "worker": _bundle_text(bundle, WORKER),
+            "worker": _bundle_text(bundle, WORKER), "tree_round": _bundle_text(bundle, TREE_ROUND),
             "qualified": [e.to_dict() for e in qualified.entries] if qualified else [],
             "qualified_source": str(qualified.path) if qualified else "qualification file"}
 

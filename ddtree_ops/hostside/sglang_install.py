@@ -288,7 +288,8 @@ def run_gate(payload, sglang_dir):
     qualifications = parse_qualifications(json.dumps({"qualified": payload.get("qualified", [])}),
                                           payload.get("qualified_source", "qualification file"))
     return gate(pathlib.Path(sglang_dir), parse_manifests(payload.get("manifests", {})),
-                qualifications=qualifications, worker=payload.get("worker")).to_dict()
+                qualifications=qualifications, worker=payload.get("worker"),
+                tree_round=payload.get("tree_round")).to_dict()
 
 
 # ---------------------------------------------------------------- what deploy adds

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ddtree.sglang import gate, manifest_tool
+from ddtree.sglang import gate, manifest_tool, structure
 from ddtree.sglang.diff import Change, diff_installations
 from ddtree.sglang.gate import Evidence, FindingKind, run_gate
 from ddtree_ops.hostside.sglang_install import gate_refusal
@@ -27,6 +27,8 @@ DIFFERING_HOOKS = {
     "draft_tp_context": ("srt/speculative/spec_utils.py", "def draft_tp_context(layout"),
     "DFlashWorkerV2._target_logits_processor": ("srt/speculative/dflash_worker_v2.py", "self._target_logits_processor ="),
     "DFlashWorkerV2.draft_parallel_layout": ("srt/speculative/dflash_worker_v2.py", "self.draft_parallel_layout ="),
+    "LogitsProcessor.is_deferred_shard": ("srt/layers/logits_processor.py", "def is_deferred_shard("),
+    "LogitsProcessor.finish_deferred_gather": ("srt/layers/logits_processor.py", "def finish_deferred_gather("),
 }
 
 
@@ -72,24 +74,93 @@ def test_structure_on_0_5_22_names_exactly_the_hooks_that_differ(old_package):
     assert kinds["draft_tp_context"] is FindingKind.NAME_MISMATCH
     assert kinds["DFlashWorkerV2.draft_parallel_layout"] is FindingKind.WORKER_FACT
     refusal = gate_refusal(report.to_dict())
-    assert refusal.startswith("sglang 0.5.22: structure differs from sglang 0.5.23 in 6 hook(s): ")
+    assert refusal.startswith(f"sglang 0.5.22: structure differs from sglang 0.5.23 in {len(DIFFERING_HOOKS)} hook(s): ")
     assert all(name in refusal for name in DIFFERING_HOOKS) and "\n" not in refusal
+
+
+# The least each fact family checks on the real 0.5.23 (fewer: a check went blind).
+WORKER_FACT_MINIMUMS = {
+    "imports": 15, "keywords to imported names": 6, "keywords to inherited methods": 8,
+    "calls to SGLang objects": len(structure.FOREIGN_METHODS), "attributes inherited": 10,
+    "attributes of SGLang objects": len(structure.FOREIGN_ATTRIBUTES), "TP sync sites": 1, "head shard fields": 6,
+    "eagle_sample": 1, "eagle_sample broadcasts": len(structure.EAGLE_BROADCASTS),
+}
+
+# One break per fact family, planted in a copy of 0.5.23: (file, text, replacement, the fact named).
+PLANTED_BREAKS = {
+    "imports": ("srt/layers/logprob_processor.py", "def compute_spec_logprobs(", "def compute_spec_logprobs_v2(",
+                "compute_spec_logprobs"),
+    "keywords to imported names": ("srt/layers/sampler.py", "    num_tokens_in_batch: int = 1,\n):",
+                                   "    num_tokens: int = 1,\n):", "apply_custom_logit_processor"),
+    "keywords to inherited methods": ("srt/speculative/dflash_worker_v2.py",
+                                      "        on_publish=None,\n        grammar_barrier=None,\n",
+                                      "        on_publish=None,\n        barrier=None,\n",
+                                      "DFlashWorkerV2.forward_batch_generation"),
+    "keywords to SGLang objects": ("srt/mem_cache/kv_loc_plan.py", "reader: KVIndexTranslator, *, cols: Optional",
+                                   "reader: KVIndexTranslator, *, columns: Optional", "KVLocPlan.bind"),
+    "keywords to the TP group": ("srt/distributed/parallel_state.py", "input_: torch.Tensor, src: int = 0)",
+                                 "input_: torch.Tensor, root: int = 0)", "GroupCoordinator.broadcast"),
+    "methods of SGLang objects": ("srt/layers/logits_processor.py", "def is_deferred_shard(",
+                                  "def is_deferred_shard_v2(", "LogitsProcessor.is_deferred_shard"),
+    "attributes inherited": ("srt/speculative/dflash_worker_v2.py", "self._mask_token_id = self._resolve",
+                             "self._mask_token = self._resolve", "DFlashWorkerV2._mask_token_id"),
+    "attributes of SGLang objects": ("srt/distributed/parallel_state.py", "self.world_size = len(ranks)",
+                                     "self.size = len(ranks)", "GroupCoordinator.world_size"),
+    "TP sync sites": ("srt/speculative/spec_tp_sync.py", "    DFLASH_ACCEPT_GREEDY = 15", "    DFLASH_ACCEPT_ARGMAX = 15",
+                      "SpecTpSyncSite.DFLASH_ACCEPT_GREEDY"),
+    "head shard fields": ("srt/layers/vocab_parallel_embedding.py", "    added_vocab_end_index: int\n",
+                          "    added_vocab_stop_index: int\n",
+                          "VocabParallelEmbeddingShardIndices.added_vocab_end_index"),
+    "eagle_sample": ("srt/speculative/eagle_utils.py", "    (which contains spec decoding information).\n    \"\"\"\n",
+                     "    (which contains spec decoding information).\n    \"\"\"\n    apply_custom_logit_processor("
+                     "logits_output.next_token_logits, batch.sampling_info)\n", "eagle_sample"),
+    "eagle_sample broadcasts": ("srt/speculative/eagle_utils.py",
+                                "            tp_group.broadcast(accept_index, src=0)\n"
+                                "            tp_group.broadcast(num_correct_drafts, src=0)\n\n    if SIMULATE_ACC_LEN",
+                                "            tp_group.broadcast(num_correct_drafts, src=0)\n\n    if SIMULATE_ACC_LEN",
+                                "eagle_sample"),
+}
 
 
 def test_the_real_0_5_23_keeps_every_worker_fact(new_package):
     facts = check_worker(new_package, worker_source())
     assert facts.broken == []
-    assert facts.checked["imports"] >= 15 and facts.checked["attributes inherited"] >= 10
-    assert facts.checked["keywords to inherited methods"] >= 8 and facts.checked["keywords to SGLang objects"] >= 3
+    assert set(facts.checked) == set(WORKER_FACT_MINIMUMS)
+    assert {family: n for family, n in facts.checked.items() if n < WORKER_FACT_MINIMUMS[family]} == {}
 
 
-def test_a_worker_fact_that_breaks_is_named(tmp_path):
+@pytest.mark.parametrize("family", PLANTED_BREAKS)
+def test_each_worker_fact_that_breaks_is_named_with_its_file(family, tmp_path):
+    rel, text, replacement, name = PLANTED_BREAKS[family]
     package = copy_gate_files(tmp_path / "site-packages")
-    sampler = package / "srt/speculative/eagle_utils.py"
-    sampler.write_text(sampler.read_text().replace(
-        "def eagle_sample(", "def eagle_sample(*_a, custom_logit_processor=None, **_k): pass\n\n\ndef _old_eagle_sample(", 1))
-    report = run_gate(package)
-    assert "eagle_sample" in report.broken_hooks and not report.structure_ok
+    planted = package / rel
+    original = planted.read_text()
+    assert original.count(text) == 1, text
+    planted.write_text(original.replace(text, replacement))
+    facts = check_worker(package, worker_source())
+    assert {(fact.file, fact.name) for fact in facts.broken} == {(rel, name)}
+
+
+# Breaks planted on the plugin's side, against the real 0.5.23: (module, text, replacement, the fact named).
+PLUGIN_SIDE_BREAKS = {
+    "attributes the worker reads": (structure.WORKER_MODULE, "self._draft_block_ids_buf[:bs]",
+                                    "self._draft_block_ids_buffer[:bs]", ("srt/speculative/dflash_worker_v2.py",
+                                                                          "DFlashWorkerV2._draft_block_ids_buffer")),
+    "head shard fields": (structure.TREE_ROUND_MODULE, "    added_vocab_end_index: int\n",
+                          "    added_vocab_end_index: int\n    lora_vocab_end_index: int\n",
+                          ("srt/layers/vocab_parallel_embedding.py",
+                           "VocabParallelEmbeddingShardIndices.lora_vocab_end_index")),
+}
+
+
+@pytest.mark.parametrize("family", PLUGIN_SIDE_BREAKS)
+def test_a_plugin_side_break_of_a_worker_fact_is_named(family, new_package):
+    module, text, replacement, fact = PLUGIN_SIDE_BREAKS[family]
+    sources = {m: structure.plugin_source(m) for m in (structure.WORKER_MODULE, structure.TREE_ROUND_MODULE)}
+    assert sources[module].count(text) == 1, text
+    sources[module] = sources[module].replace(text, replacement)
+    facts = check_worker(new_package, sources[structure.WORKER_MODULE], sources[structure.TREE_ROUND_MODULE])
+    assert [(f.file, f.name) for f in facts.broken] == [fact]
 
 
 def test_a_comment_in_a_hooked_file_is_structure_ok_hashes_drifted_not_qualified(commented_copy):

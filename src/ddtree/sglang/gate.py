@@ -295,11 +295,11 @@ def check_bytecode(package_dir: Path, manifest: Manifest) -> list[GateFinding]:
     return findings
 
 
-def check_worker_facts(package_dir: Path, worker: str | None) -> list[GateFinding]:
+def check_worker_facts(package_dir: Path, worker: str | None, tree_round: str | None = None) -> list[GateFinding]:
     if worker is None:
         return [GateFinding(FindingKind.WORKER_FACT, str(package_dir),
                             "the worker's source is not available to check its facts", "worker.py")]
-    report = check_worker(package_dir, worker)
+    report = check_worker(package_dir, worker, tree_round)
     return [GateFinding(FindingKind.WORKER_FACT, str(package_dir / fact.file), f"{fact.name}: {fact.detail}", fact.name)
             for fact in report.broken]
 
@@ -310,10 +310,12 @@ def run_gate(
     *,
     qualifications: list[Qualification] | None = None,
     worker: str | None | bool = True,
+    tree_round: str | None = None,
 ) -> GateReport:
     """Both levels of evidence for one installation. An unknown version is checked against
     the newest manifest (the structure this plugin was written against), so the operator
-    sees exactly what differs. `worker`: the worker's source (True: find it; False: skip)."""
+    sees exactly what differs. `worker`: the worker's source (True: find it; False: skip);
+    `tree_round`: tree_round.py's source (None: find it)."""
     if manifests is None:
         from ddtree.sglang.manifests import SUPPORTED as manifests
     version = read_installed_version(package_dir)
@@ -335,7 +337,8 @@ def run_gate(
                                     "no manifest is shipped: the structure cannot be checked", "manifest"))
     else:
         file_findings, hashes = check_files(package_dir, manifest)
-        facts = check_worker_facts(package_dir, worker_source() if worker is True else worker) if worker is not False else []
+        facts = check_worker_facts(package_dir, worker_source() if worker is True else worker, tree_round) \
+            if worker is not False else []
         for finding in file_findings + check_names(package_dir, manifest) + facts \
                 + check_bytecode(package_dir, manifest):
             if not any(f.file == finding.file and (f.kind is FindingKind.MISSING_FILE or (f.kind, f.name) ==
