@@ -17,6 +17,7 @@ full row gives them; the values (and so the tree's scores) are the same.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -278,7 +279,13 @@ def normalise_rows(owner: Any, missing: list[int]) -> None:
         start, stop = 0, owner.depth_limit
     elif stop - start == 1 and owner.depth_limit > 1:
         start, stop = (start, stop + 1) if stop < owner.depth_limit else (start - 1, stop)
-    log_z = torch.logsumexp(owner.logits[start:stop].float(), dim=-1)  # [c] float32
+    rows = owner.logits[start:stop].float()  # [c, V]
+    source = getattr(owner, "source", None)
+    if isinstance(source, BlockMaxima) and rows.is_contiguous() and logsumexp_replica_holds():
+        # the maxima are read anyway (block reads); their row maxima spare logsumexp its own
+        log_z = logsumexp_given_max(rows, source.maxima(list(range(start, stop))).amax(dim=1))
+    else:
+        log_z = torch.logsumexp(rows, dim=-1)  # [c] float32
     for offset, value in enumerate(log_z.tolist()):
         row = start + offset
         if math.isnan(value) or value == math.inf:
@@ -286,3 +293,29 @@ def normalise_rows(owner: Any, missing: list[int]) -> None:
         if value == _NEG_INF:
             owner.dead_from = min(owner.dead_from, row)
         owner.log_z.setdefault(row, value)
+
+
+def logsumexp_given_max(x: torch.Tensor, row_max: torch.Tensor) -> torch.Tensor:
+    """`torch.logsumexp(x, dim=-1)` for x [c, V] float32 whose row maxima are already known
+    (row_max [c], equal to `x.amax(dim=-1)`), without its own pass for them: the same ops on
+    the same shapes as torch's CPU implementation (max, shift, exp, sum, log, add back; an
+    infinite max shifts by 0), so the same bits, checked once per process
+    (`logsumexp_replica_holds`)."""
+    shift = row_max.unsqueeze(1).clone()  # [c, 1]
+    shift.masked_fill_(shift.abs() == math.inf, 0)
+    return (x - shift).exp_().sum(dim=-1).log_().add_(shift.squeeze(1))
+
+
+@functools.cache
+def logsumexp_replica_holds() -> bool:
+    """Whether `logsumexp_given_max` gives `torch.logsumexp`'s bits in this torch build, on
+    contiguous rows shaped as the builders' (two sizes, -inf logits and a row of them). A torch that computes logsumexp otherwise fails this (a different
+    summation order changes the low bits of nearly every row) and keeps its own call."""
+    generator = torch.Generator().manual_seed(20260)
+    for rows, vocab in ((2, 70001), (15, 151936)):
+        x = torch.randn(rows, vocab, generator=generator) * 4.0  # [rows, V] float32
+        x[0, ::7] = _NEG_INF
+        x[-1] = _NEG_INF  # a row with no finite logit
+        if not torch.equal(torch.logsumexp(x, dim=-1), logsumexp_given_max(x, x.amax(dim=-1))):
+            return False
+    return True

@@ -156,3 +156,37 @@ def test_depth_guesses_bound_the_top_log_prob(source):
     assert truth[0] < -1.0 and estimates[0] < -1.0  # the flat one, estimated as such
     assert estimates[0] <= bounds[0]
     assert bounds[2] != bounds[2] and estimates[2] != estimates[2]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_logsumexp_from_known_row_maxima_is_torchs_to_the_bit(threads):
+    """Block reads normalise rows with the row maxima the block maxima already hold; the
+    result must be torch.logsumexp's own bits (the heap's), on every kind of row."""
+    assert row_select.logsumexp_replica_holds()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        generator = torch.Generator().manual_seed(threads)
+        for rows, vocab, scale in ((2, 65536, 1.0), (15, 151936, 4.0), (7, 100003, 0.1), (3, 32000, 30.0)):
+            x = torch.randn(rows, vocab, generator=generator) * scale
+            x[0, : vocab // 2] = float("-inf")
+            x[1] = x[1].bfloat16().float()  # coarse values: many exact ties
+            expected = torch.logsumexp(x, dim=-1)
+            got = row_select.logsumexp_given_max(x, x.amax(dim=-1))
+            assert torch.equal(got.view(torch.int32), expected.view(torch.int32))
+        dead = torch.full((2, 70000), float("-inf"))
+        assert torch.equal(row_select.logsumexp_given_max(dead, dead.amax(dim=-1)), torch.logsumexp(dead, dim=-1))
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_block_reads_normalise_with_the_maxima_and_keep_the_heaps_log_probs():
+    from ddtree import fast_build
+
+    logits = torch.randn(5, 70000, generator=torch.Generator().manual_seed(3)) * 3
+    reader = fast_build._RowReader(logits, 1024)
+    assert isinstance(reader.source, BlockMaxima)
+    reader._normalise([1, 2, 3])
+    assert reader.source.has_maxima([1, 2, 3])  # taken for the normalisation
+    expected = torch.logsumexp(logits, dim=-1).tolist()
+    assert [reader.log_z[d] for d in (1, 2, 3)] == expected[1:4]
