@@ -30,6 +30,15 @@ def sshd_fleet(tmp_path_factory):
         fleet.stop()
 
 
+@pytest.fixture(autouse=True)
+def no_inherited_terminal_size(monkeypatch):
+    """Output is tested as a pipe or CI log sees it: with no COLUMNS/LINES inherited from the
+    shell or the test runner (pytest-xdist's workers set COLUMNS=80). A test that wants a
+    width sets one itself."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
+
+
 @pytest.fixture
 def isolated_cwd(tmp_path, monkeypatch):
     """Run with an empty cwd and no $DDTREE_OPS_INVENTORY, so the embedded inventory applies."""

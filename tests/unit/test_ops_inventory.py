@@ -174,7 +174,7 @@ def test_a_huge_bad_value_is_quoted_short(isolated_cwd):
     path = write(isolated_cwd, "hosts:\n  h:\n    port: [" + ", ".join(["'" + "p" * 1000 + "'"] * 1000) + "]\n")
     with pytest.raises(ConfigError, match=r"hosts.h.port: expected an integer, got \['ppp") as caught:
         load_inventory(str(path))
-    assert len(str(caught.value)) < 500  # the value is a megabyte
+    assert len(str(caught.value).replace(str(path), "")) < 500  # the value is a megabyte
 
 
 def test_the_shipped_inventory_is_local_only_and_the_example_is_valid():
