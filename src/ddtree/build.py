@@ -22,7 +22,8 @@ class BuildMethod(str, Enum):
 
 
 # Below these sizes the reference's full-row top-k is cheap and the fast path's extra reads
-# and floor cost more than they save (measured on a 2-core CPU, docs/core.md). At small
+# and floor cost more than they save (benchmarks/tree_build.py on a 2-core CPU; see
+# docs/dev/tree-builders.md). At small
 # budgets the heap also serves every vocabulary read by full-row top-k (below
 # `row_select.BLOCK_MIN_VOCAB`): there the fast path only wins on flat rows, and on
 # drafter-like rows it paid a depth guess on top of the heap's own work (~0.93x).

@@ -530,7 +530,7 @@ DEEP_BLOCK_MIN_BUDGET = 1024
 DEEP_BLOCK_MIN_VOCAB = 24576
 
 # Up to this budget the reference heap loop over the read rows costs less than the floor and
-# the enumeration (measured on the benchmark shapes, docs/core.md).
+# the enumeration (measured with benchmarks/tree_build.py; docs/dev/tree-builders.md).
 HEAP_LOOP_MAX_BUDGET = 64
 
 

@@ -26,7 +26,8 @@ import torch
 from ddtree.inputs import raise_bad_row
 
 BLOCK = 32  # tokens per block: measured fastest for 32k-152k vocabularies on a 2-core CPU
-# Below this vocabulary a full-row top-k costs less than the block machinery (docs/core.md).
+# Below this vocabulary a full-row top-k costs less than the block machinery
+# (measured with benchmarks/tree_build.py; docs/dev/tree-builders.md).
 BLOCK_MIN_VOCAB = 65536
 # Above this share of the rows, comparing full rows costs less than gathering blocks.
 MAX_GATHERED_SHARE = 0.25
