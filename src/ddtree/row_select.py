@@ -313,7 +313,7 @@ def logsumexp_replica_holds() -> bool:
     contiguous rows shaped as the builders' (two sizes, -inf logits and a row of them). A torch that computes logsumexp otherwise fails this (a different
     summation order changes the low bits of nearly every row) and keeps its own call."""
     generator = torch.Generator().manual_seed(20260)
-    for rows, vocab in ((2, 70001), (15, 151936)):
+    for rows, vocab in ((2, 70001), (4, 151936)):  # ~1 M logits: tens of ms, once
         x = torch.randn(rows, vocab, generator=generator) * 4.0  # [rows, V] float32
         x[0, ::7] = _NEG_INF
         x[-1] = _NEG_INF  # a row with no finite logit
