@@ -282,8 +282,9 @@ def normalise_rows(owner: Any, missing: list[int]) -> None:
         start, stop = (start, stop + 1) if stop < owner.depth_limit else (start - 1, stop)
     rows = owner.logits[start:stop].float()  # [c, V]
     source = getattr(owner, "source", None)
-    if isinstance(source, BlockMaxima) and rows.is_contiguous() and logsumexp_replica_holds():
+    if isinstance(source, BlockMaxima) and rows.device.type == "cpu" and rows.is_contiguous() and logsumexp_replica_holds():
         # the maxima are read anyway (block reads); their row maxima spare logsumexp its own
+        # (host rows only: the check below runs on the host's kernels)
         log_z = logsumexp_given_max(rows, source.maxima(list(range(start, stop))).amax(dim=1))
     else:
         log_z = torch.logsumexp(rows, dim=-1)  # [c] float32

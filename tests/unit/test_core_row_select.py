@@ -190,3 +190,20 @@ def test_block_reads_normalise_with_the_maxima_and_keep_the_heaps_log_probs():
     assert reader.source.has_maxima([1, 2, 3])  # taken for the normalisation
     expected = torch.logsumexp(logits, dim=-1).tolist()
     assert [reader.log_z[d] for d in (1, 2, 3)] == expected[1:4]
+
+
+def test_only_host_rows_are_normalised_through_the_maxima(monkeypatch):
+    """The once-per-process check runs on the host's kernels: rows on another device keep
+    torch.logsumexp (the meta device stands in for one; it has no values to check)."""
+    from ddtree import fast_build
+
+    calls = []
+    monkeypatch.setattr(row_select, "logsumexp_given_max", lambda *a: calls.append(a) or torch.logsumexp(a[0], -1))
+    host = fast_build._RowReader(torch.randn(3, 70000), 1024)
+    host._normalise([0, 1])
+    assert len(calls) == 1
+    meta = torch.empty(3, 70000, device="meta")
+    reader = fast_build._RowReader(meta, 1024)
+    with pytest.raises(Exception):  # meta tensors have no values to read back
+        reader._normalise([0, 1])
+    assert len(calls) == 1  # the meta rows went to torch.logsumexp, not the maxima path
