@@ -335,7 +335,7 @@ def _maxima_histogram(maxima: torch.Tensor, steps: int, step: float) -> list[lis
     maxima: [E, NB] float32."""
     distance = maxima.amax(dim=1, keepdim=True) - maxima  # [E, NB] >= 0 (+inf: -inf blocks)
     bins = distance.mul_(1 / step).clamp_(max=steps).long()  # floor: values are >= 0
-    within = torch.zeros(maxima.shape[0], steps + 1, dtype=torch.int64)
+    within = torch.zeros(maxima.shape[0], steps + 1, dtype=torch.int64, device=maxima.device)
     return within.scatter_add_(1, bins, torch.ones_like(bins)).cumsum_(1).cumsum_(0).tolist()
 
 
@@ -414,7 +414,7 @@ def _read_through_maxima(reader: _RowReader, budget: int) -> tuple[list[float], 
         reader._normalise(list(range(stop)))
         alive = min(stop, reader.dead_from)
         log_z = reader._log_z(list(range(alive)))
-        firsts = (tops[:alive] - log_z).tolist()  # [alive] lp[d][0], as a read gives it
+        firsts = (tops[:alive].cpu() - log_z).tolist()  # [alive] lp[d][0], as a read gives it (on the host)
         chain = [0.0]
         for first in firsts:
             chain.append(chain[-1] + first)
