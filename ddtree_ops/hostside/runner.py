@@ -618,21 +618,21 @@ def command_run(args: argparse.Namespace) -> int:
                       duration_s=0.0, exit_code=EXIT_USAGE, error=str(err))
             print(f"runner: {err}", file=sys.stderr)
             return EXIT_USAGE
+        refusal, interrupted = None, None
         try:
-            refusal = release_problem(release_root, workdir, default_root=not args.release_root)
-        except Exception as err:  # noqa: BLE001 - a release we cannot even check is not run
-            refusal = f"release at {release_root} could not be checked: {type(err).__name__}: {err}"
-        interrupted = None
-        if refusal is not None:
-            preload = {"python": sys.version.split()[0], "error": refusal}
-            print(f"runner: {refusal}", file=sys.stderr)
-        else:
             try:
+                refusal = release_problem(release_root, workdir, default_root=not args.release_root)
+            except Exception as err:  # noqa: BLE001 - a release we cannot even check is not run
+                refusal = f"release at {release_root} could not be checked: {type(err).__name__}: {err}"
+            if refusal is not None:
+                preload = {"python": sys.version.split()[0], "error": refusal}
+                print(f"runner: {refusal}", file=sys.stderr)
+            else:
                 with _Keepalive():
                     preload = _preload()
-            except Interrupted as why:  # stopped while torch was importing (seconds on a GPU host)
-                preload = {"python": sys.version.split()[0], "interrupted": str(why)}
-                interrupted = str(why)
+        except Interrupted as why:  # stopped while the release was checked or torch imported
+            refusal, interrupted = None, str(why)
+            preload = {"python": sys.version.split()[0], "interrupted": interrupted}
         plan = {
             "run_dir": str(run_dir), "release_root": str(release_root),
             "expected_release": args.expected_release, "options": options.to_dict(),

@@ -364,15 +364,41 @@ def test_a_stop_while_torch_imports_runs_nothing(release, tmp_path):
             "--workdir", str(tmp_path), "--release-root", str(slow), "--stages", "ok,skipme"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     pid_file = tmp_path / "runs" / "r5" / "runner.pid"
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120  # a Python start on a busy machine: generous, not timed
     while not pid_file.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(0.5)
+    assert pid_file.exists(), "the runner never started"
+    time.sleep(0.5)  # into the release check or the import: either way nothing may run
     subprocess.run([sys.executable, str(slow / "ddtree_ops" / "hostside" / "runner.py"), "stop", "--run-id", "r5",
                     "--workdir", str(tmp_path)], capture_output=True, timeout=30, check=True)
     out, _ = proc.communicate(timeout=30)
     records = [json.loads(line) for line in out.splitlines() if line.strip()]
     assert proc.returncode == 130
+    assert [ends(records)[s]["status"] for s in ("ok", "skipme")] == ["not_run", "not_run"]
+    assert records[-1]["event"] == "run_end" and records[-1]["status"] == "interrupted"
+
+
+def test_a_stop_while_the_release_is_checked_runs_nothing(release, tmp_path):
+    """The stop lands while the runner checks the release (before torch is imported): the run
+    is interrupted with every stage not run and exit 130, not a traceback."""
+    runner = release / "ddtree_ops" / "hostside" / "runner.py"
+    argv = ["run", "--run-id", "r6", "--workdir", str(tmp_path), "--release-root", str(release),
+            "--stages", "ok,skipme"]
+    stop_mid_check = f"""
+import importlib.util, os, signal, sys
+spec = importlib.util.spec_from_file_location("runner_under_test", {str(runner)!r})
+runner = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(runner)
+check = runner.release_problem
+def checked_when_the_stop_arrives(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return check(*args, **kwargs)
+runner.release_problem = checked_when_the_stop_arrives
+sys.exit(runner.main({argv!r}))
+"""
+    proc = subprocess.run([sys.executable, "-c", stop_mid_check], capture_output=True, text=True, timeout=300)
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    assert proc.returncode == 130, proc.stderr
     assert [ends(records)[s]["status"] for s in ("ok", "skipme")] == ["not_run", "not_run"]
     assert records[-1]["event"] == "run_end" and records[-1]["status"] == "interrupted"
 
