@@ -13,11 +13,17 @@ run: setup
 	$(BIN)/ddtree-ops hosts check -H local
 	$(BIN)/ddtree-ops smoke -H local
 
+# pytest-xdist workers: most sshd tests wait on timeouts and remote processes, so a few run
+# side by side even on 2 cores (one file per worker keeps a module's fixtures in one place).
+# TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 3
+
 test:
 	@BOOTSTRAP_NEEDS_SSHD=1 bash scripts/bootstrap.sh
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
-# Unit and property tests only: no sshd fleet, no runner subprocesses (marked slow).
+# Unit and property tests only: no sshd fleet, nothing marked slow (subprocesses, the real
+# SGLang file set, long sweeps: every test over half a second). About 45 s on 2 idle cores.
 test-quick: setup
 	$(BIN)/python -m pytest -q -m "not slow and not sshd" tests/unit tests/property
 

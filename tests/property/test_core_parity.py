@@ -101,6 +101,7 @@ def random_logits(rng: random.Random, depth: int, vocab: int, kind: str, dtype=t
 KINDS = ["flat", "peaked", "huge", "masked"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", range(6))
 def test_seeded_sweep_small_shapes(block, monkeypatch):
     """3000 random cases over small shapes: V < budget, D = 1, budget 1, all kinds. Half the
@@ -124,6 +125,7 @@ def test_seeded_sweep_small_shapes(block, monkeypatch):
         check_case(random_logits(rng, depth, vocab, kind, dtype), budget, score_ties=dtype != torch.float32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block_size", [1, 3, 4])
 def test_seeded_sweep_small_shapes_through_block_maxima(block_size, monkeypatch):
     """The block-maxima reads (normally vocab >= 65536 only) on small shapes: blocks of 1, of
@@ -174,6 +176,7 @@ def test_block_maxima_floor_never_exceeds_the_budget_th_best_score(block_size, m
     assert found > 10
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(2))
 def test_seeded_sweep_large_vocabulary(seed):
     """Qwen-sized rows (151936 = 4748 blocks of 32) and a vocabulary with a short tail block:
@@ -186,6 +189,7 @@ def test_seeded_sweep_large_vocabulary(seed):
         check_case(random_logits(rng, depth, vocab, rng.choice(["flat", "peaked", "masked"])), budget, batched=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(3))
 def test_seeded_sweep_realistic_shapes(seed, monkeypatch):
     monkeypatch.setattr(frontier_build, "PROBE_RANKS", [32, 4, 1][seed])
@@ -198,6 +202,7 @@ def test_seeded_sweep_realistic_shapes(seed, monkeypatch):
         check_case(random_logits(rng, depth, vocab, rng.choice(["flat", "peaked"])), budget)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_benchmark_row_families_match_the_heap(family):
     """Every row family of the tree-build benchmark (power-law rows with and without
@@ -221,6 +226,7 @@ def test_benchmark_row_families_match_the_heap(family):
     vocab=st.sampled_from([2, 7, 40, 300, 2000]),
     budget=st.integers(1, 1100),
 )
+@pytest.mark.slow
 def test_hypothesis_row_families(family, seed, depth, vocab, budget):
     check_case(family_logits(family, seed, depth, vocab), budget, score_ties=True)
 
@@ -232,6 +238,7 @@ def test_hypothesis_row_families(family, seed, depth, vocab, budget):
     budget=st.integers(0, 40),
     data=st.data(),
 )
+@pytest.mark.slow
 def test_hypothesis_arbitrary_float_rows(depth, vocab, budget, data):
     """Any finite float32 logits, ties and -inf included."""
     values = st.one_of(
@@ -275,6 +282,7 @@ def token_paths(tree) -> list[tuple[int, ...]]:
     seed=st.integers(0, 2**31 - 1),
     scale=st.sampled_from([0.3, 1.0, 5.0]),
 )
+@pytest.mark.slow
 def test_brute_force_optimality(depth, vocab, budget, seed, scale):
     logits = torch.randn(depth, vocab, generator=torch.Generator().manual_seed(seed)) * scale
     best = brute_force_best(logits, budget)
@@ -300,6 +308,7 @@ def test_batch_of_different_requests_matches_one_by_one():
         assert (padding == -1).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("probe", [1, 3, 32])
 def test_enumeration_path_on_small_shapes(probe, monkeypatch):
     """FAST with the heap loop switched off: every finite-floor case goes through the Python

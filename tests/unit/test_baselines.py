@@ -238,6 +238,7 @@ def test_budget_series_for_plots():
     assert len(series) == 1  # Table 1 cells carry no budget
 
 
+@pytest.mark.slow
 def test_our_decode_records_saved_like_the_reference_import_back(tmp_path):
     """One metrics path for both: our DecodeResults, saved in the reference's layout, load with
     the restricted loader and summarise to the same tau as computed from the results."""

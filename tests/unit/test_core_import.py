@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 FORBIDDEN = ("ddtree_ops", "typer", "rich", "fabric", "paramiko", "yaml", "sglang", "transformers")
 
 PROBE = """
@@ -15,6 +17,7 @@ print(json.dumps({"modules": sorted(sys.modules)}))
 """
 
 
+@pytest.mark.slow
 def test_core_imports_with_torch_only():
     result = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

@@ -29,6 +29,7 @@ def assert_same_read(ours, reference):
         assert sorted(zip(lp, ids)) == sorted(zip(ref_lp, ref_ids))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vocab", [65536, 65536 + 7, 151936])
 @pytest.mark.parametrize("kind", ["flat", "peaked", "masked", "tail-max"])
 def test_top_and_at_least_match_full_rows(vocab, kind):
@@ -192,6 +193,7 @@ def test_block_reads_normalise_with_the_maxima_and_keep_the_heaps_log_probs():
     assert [reader.log_z[d] for d in (1, 2, 3)] == expected[1:4]
 
 
+@pytest.mark.slow
 def test_only_host_rows_are_normalised_through_the_maxima(monkeypatch):
     """The once-per-process check runs on the host's kernels: rows on another device keep
     torch.logsumexp (the meta device stands in for one; it has no values to check)."""

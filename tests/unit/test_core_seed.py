@@ -44,6 +44,7 @@ SEED_OUTPUT = """\
 GOLDEN_LOGITS = [[5.0, 4.0, 1.0], [4.0, 3.0, 2.0], [3.0, 2.0, 1.0]]
 
 
+@pytest.mark.slow
 def test_seed_smoke_script_prints_the_seed_lines(tmp_path):
     script = tmp_path / "seed_smoke.py"
     script.write_text(SEED_SCRIPT.format(package_dir=str(PACKAGE_DIR)))

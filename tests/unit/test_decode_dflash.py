@@ -40,6 +40,7 @@ def save_drafter(folder: Path, config: dict, target_hidden: int = 64) -> Path:
     return save_tiny_dflash_drafter(folder, config, target_hidden=target_hidden)
 
 
+@pytest.mark.slow
 def test_loaded_drafter_returns_block_logits_and_keeps_its_context(tmp_path, target):
     drafter = load_dflash_drafter(str(save_drafter(tmp_path / "d", drafter_config())), target)
     assert (drafter.block_size, drafter.vocab_size, drafter.target_layer_ids) == (6, TINY_VOCAB, (0, 1))
@@ -55,6 +56,7 @@ def test_loaded_drafter_returns_block_logits_and_keeps_its_context(tmp_path, tar
         drafter.draft(DraftRequest(torch.zeros(1, 2, dtype=torch.long), hidden[:, :2], 4, 10))
 
 
+@pytest.mark.slow
 def test_loops_with_a_dflash_drafter_are_lossless(tmp_path, target):
     drafter = load_dflash_drafter(str(save_drafter(tmp_path / "d", drafter_config())), target, block_size=6)
     for prompt in prompt_set(2, 6, TINY_VOCAB, seed=9):

@@ -31,6 +31,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
     "model_seed, block_size, noise",
     [(0, 16, 0.3), (1, 8, 0.3), (2, 4, 0.3), (3, 8, 1.0), (4, 16, 0.0), (5, 6, 0.6), (6, 8, 2.0), (7, 3, 0.3)],
 )
+@pytest.mark.slow
 def test_dflash_and_ddtree_emit_exactly_the_autoregressive_tokens(model_seed, block_size, noise):
     target = build_tiny_target(seed=model_seed)
     prompts = prompt_set(3, 5 + model_seed, TINY_VOCAB, seed=100 + model_seed)
@@ -44,6 +45,7 @@ def test_dflash_and_ddtree_emit_exactly_the_autoregressive_tokens(model_seed, bl
         assert all(r.num_output_tokens == 24 for r in results)
 
 
+@pytest.mark.slow
 def test_mean_acceptance_is_non_decreasing_in_the_budget():
     target = build_tiny_target(seed=11)
     prompts = prompt_set(4, 6, TINY_VOCAB, seed=7)
@@ -86,6 +88,7 @@ def _causal_instead_of_tree(compile_fn):
     return broken
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bug", [_shift_node_positions, _see_everything, _causal_instead_of_tree])
 def test_a_broken_mask_or_position_offset_is_caught(monkeypatch, bug):
     target = build_tiny_target(seed=0)
@@ -98,6 +101,7 @@ def test_a_broken_mask_or_position_offset_is_caught(monkeypatch, bug):
     assert {m.method for m in broken.mismatches} == {"ddtree_tb16"}  # AR and DFlash never use it
 
 
+@pytest.mark.slow
 def test_sampling_at_temperature_one_matches_the_target_distribution(monkeypatch):
     """(2nd, 3rd) new tokens: the root's sample and, when drafted, a depth-1 node's sample."""
     vocab = 48  # fewer cells: the exact pair distribution is one batched forward over vocab^2 rows

@@ -41,6 +41,7 @@ def models(tmp_path_factory) -> dict:
             "prompts": str(prompts)}
 
 
+@pytest.mark.slow
 def test_lossless_stage_passes_on_cpu(tmp_path):
     result = lossless.run(context(tmp_path, "lossless", {"name": "local"}))
     assert result.status is Status.PASS, result.reason
@@ -54,6 +55,7 @@ def test_lossless_stage_passes_on_cpu(tmp_path):
     assert taus[1] > taus[0] > 1.0  # the drafter speculated, and a bigger tree accepted more
 
 
+@pytest.mark.slow
 def test_lossless_stage_fails_when_draft_positions_are_off_by_one(tmp_path, monkeypatch):
     from ddtree import decode
 
@@ -90,6 +92,7 @@ def test_decode_bench_skips_without_models(tmp_path):
     assert result.reason == "no models configured for this host (fleet/eval.yaml: hosts.gpu-a.models)"
 
 
+@pytest.mark.slow
 def test_decode_bench_measures_every_method(tmp_path, models):
     ctx = context(tmp_path, "decode-bench", {"name": "local", "models": models}, budgets=[4, 16],
                   extra={"max_new_tokens": 12})

@@ -171,6 +171,7 @@ def test_report_cli_says_noisy_in_table_json_and_exit_code(noisy_run, tmp_path, 
     assert main(["report", "--runs-dir", runs, "--baseline", str(path)]) == 0
 
 
+@pytest.mark.slow
 def test_charts_give_every_series_its_own_look_and_band(noisy_run, tmp_path):
     pytest.importorskip("matplotlib")
     from ddtree_ops.report.plots import plot_sweep, series_style

@@ -178,6 +178,7 @@ def test_live_table_reports_hosts_that_finished_before_its_display_started(capsy
     assert lines[1].endswith(": boom")
 
 
+@pytest.mark.slow
 def test_an_interrupt_marks_hosts_under_way_interrupted_not_failed():
     """Ctrl-C closes the connections to unblock the workers; the errors that follow are the
     interrupt's doing, not the hosts' failures."""

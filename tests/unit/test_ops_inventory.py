@@ -170,6 +170,7 @@ def test_a_few_aliases_are_fine_and_a_self_referring_one_is_refused(isolated_cwd
         load_inventory(str(loop))
 
 
+@pytest.mark.slow
 def test_a_huge_bad_value_is_quoted_short(isolated_cwd):
     path = write(isolated_cwd, "hosts:\n  h:\n    port: [" + ", ".join(["'" + "p" * 1000 + "'"] * 1000) + "]\n")
     with pytest.raises(ConfigError, match=r"hosts.h.port: expected an integer, got \['ppp") as caught:

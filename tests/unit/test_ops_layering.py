@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import ddtree_ops
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,6 +59,7 @@ def ops_modules(prefix: str = "") -> list[str]:
     return [n for n in names if n.startswith(prefix) and n != "ddtree_ops.__main__" and ".hostside" not in n]
 
 
+@pytest.mark.slow
 def test_help_imports_no_torch_fabric_or_paramiko():
     code = "import contextlib, io\nfrom ddtree_ops.cli.app import main\nwith contextlib.redirect_stdout(io.StringIO()):\n"
     for args in (["--help"], ["hosts", "--help"], ["push", "--help"]):
@@ -64,6 +67,7 @@ def test_help_imports_no_torch_fabric_or_paramiko():
         assert not loaded & ({"torch"} | SSH_LIBS), (args, loaded & ({"torch"} | SSH_LIBS))
 
 
+@pytest.mark.slow
 def test_only_the_transport_imports_ssh_libraries():
     paramiko_modules = {"ddtree_ops.transport." + m for m in ("ssh", "ssh_config", "known_hosts", "paramiko_import")}
     below_cli = [m for m in ops_modules() if not m.startswith("ddtree_ops.cli") and m not in paramiko_modules]
@@ -82,6 +86,7 @@ def test_only_the_transport_imports_ssh_libraries():
     assert offenders == []
 
 
+@pytest.mark.slow
 def test_core_imports_no_ops_code():
     loaded = loaded_after("import ddtree\n" + "\n".join(f"import {m}" for m in CORE_MODULES))
     assert not loaded & CORE_FORBIDDEN, loaded & CORE_FORBIDDEN
@@ -90,6 +95,7 @@ def test_core_imports_no_ops_code():
         assert not offenders, (str(path.relative_to(ROOT)), offenders)
 
 
+@pytest.mark.slow
 def test_host_side_imports_only_stdlib_torch_and_ddtree():
     """In a fresh interpreter: what importing every host-side module adds to `torch` + the core
     is standard library and the host side itself; every import statement names one of those."""
@@ -108,6 +114,7 @@ def test_host_side_imports_only_stdlib_torch_and_ddtree():
         assert not offenders, (str(path.relative_to(ROOT)), offenders)
 
 
+@pytest.mark.slow
 def test_nothing_imports_the_cli():
     for path in [*(ROOT / "ddtree_ops").rglob("*.py"), *(ROOT / "src" / "ddtree").rglob("*.py")]:
         if "cli" in path.relative_to(ROOT).parts or path.name == "__main__.py":

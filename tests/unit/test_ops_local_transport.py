@@ -80,6 +80,7 @@ def test_shell_quoting_expands_only_a_leading_home():
     assert _through_sh(["~", "~/a b", "~root", "x~/y"]) == ["/home/tilde", "/home/tilde/a b", "~root", "x~/y"]
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12).filter(lambda s: not s.startswith("~")), max_size=4))
 def test_shell_quoting_roundtrips_any_text(argv):
@@ -98,6 +99,7 @@ def test_run_streaming_hands_over_raw_bytes_in_order():
     assert (result.exit_status, result.stdout, result.stderr) == (3, "", "done")
 
 
+@pytest.mark.slow
 def test_idle_timeout_kills_a_silent_command_and_spares_a_talking_one():
     import time
 

@@ -58,6 +58,7 @@ def test_default_bundle_is_this_checkout():
     assert any(f.relpath == "src/ddtree/__init__.py" for f in bundle.files)
 
 
+@pytest.mark.slow
 def test_push_then_noop_then_switch_back(tmp_path):
     host, transport = local_host(tmp_path / "w"), LocalTransport("local")
     one = build_bundle(make_checkout(tmp_path / "c1"))
@@ -75,6 +76,7 @@ def test_push_then_noop_then_switch_back(tmp_path):
     assert remote_workdir(transport, host) == str(tmp_path / "w")
 
 
+@pytest.mark.slow
 def test_tampered_release_is_never_activated_and_is_replaced(tmp_path):
     host, transport = local_host(tmp_path / "w"), LocalTransport("local")
     one = build_bundle(make_checkout(tmp_path / "c1"))
@@ -147,6 +149,7 @@ def test_corrupt_archive_is_rejected_and_previous_stays_active(tmp_path):
     assert sorted(os.listdir(tmp_path / "w" / "releases")) == [one.release_id]  # no half release left
 
 
+@pytest.mark.slow
 def test_prune_keeps_newest_and_never_the_active(tmp_path):
     host, transport = local_host(tmp_path / "w"), LocalTransport("local")
     bundles = [build_bundle(make_checkout(tmp_path / f"c{i}", version=str(i))) for i in range(4)]
@@ -159,6 +162,7 @@ def test_prune_keeps_newest_and_never_the_active(tmp_path):
     assert outcome.pruned == (bundles[2].release_id,)
 
 
+@pytest.mark.slow
 def test_lock_serialises_and_reports_the_holder(tmp_path):
     host, transport = local_host(tmp_path / "w"), LocalTransport("local")
     bundle = build_bundle(make_checkout(tmp_path / "c1"))

@@ -229,6 +229,7 @@ def test_rendering_does_not_interpret_reasons_as_markup(tmp_path):
     assert "FAIL h / golden: got [bold]x[/bold] [-1, 0]" in buffer.getvalue()
 
 
+@pytest.mark.slow
 def test_decode_rows_are_reported_rendered_and_plotted(tmp_path):
     from ddtree_ops.cli.console import inert_console
 

@@ -107,6 +107,7 @@ def offline(bench, tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_the_stage_rows_match_an_offline_run_of_the_same_configuration(bench, offline, tmp_path):
     report = build_report(RunStore(record_run(tmp_path, {"gpu-a": stage_fields(bench["result"])})).load("r1"))
     kind, baseline = load_any_baseline(offline)
@@ -124,6 +125,7 @@ def test_the_stage_rows_match_an_offline_run_of_the_same_configuration(bench, of
     assert rows["ddtree_tb16"]["tau"] == pytest.approx(rows["ddtree_tb16"]["baseline_tau"])
 
 
+@pytest.mark.slow
 def test_a_tau_outside_the_tolerance_is_a_regression_naming_metric_host_expected_measured(bench, tmp_path):
     responses = offline_responses(bench)
     for response in responses:  # the offline run accepted 4 tokens per round at budget 16
@@ -181,6 +183,7 @@ def test_hosts_that_failed_skipped_or_match_no_cell(bench, tmp_path):
         "(no host of run r1 measured decode-bench)"]
 
 
+@pytest.mark.slow
 def test_the_overlay_is_the_baseline_sweep_of_the_named_cell_and_it_plots(bench, tmp_path):
     report = build_report(RunStore(record_run(tmp_path, {"gpu-a": stage_fields(bench["result"])})).load("r1"))
     assert decode_baseline_overlay(report, paper_baseline()) == []  # no cell for "prompts"

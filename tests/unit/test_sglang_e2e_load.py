@@ -77,6 +77,7 @@ class StandIn:
         self.server.server_close()
 
 
+@pytest.mark.slow
 def test_a_level_keeps_its_concurrency_in_flight_and_reads_the_counters():
     with StandIn(tokens=12, rounds=4, delay_s=0.2) as server:
         level = e2e.drive_load(server.port, ["a", "b", "c"], concurrency=4, requests=8, max_new_tokens=12)
@@ -87,6 +88,7 @@ def test_a_level_keeps_its_concurrency_in_flight_and_reads_the_counters():
     assert level.tokens_per_s == pytest.approx(96 / level.wall_s)
 
 
+@pytest.mark.slow
 def test_no_speculation_reports_no_acceptance():
     with StandIn(tokens=5, rounds=None, delay_s=0.0) as server:
         level = e2e.drive_load(server.port, ["a"], concurrency=2, requests=3, max_new_tokens=5)

@@ -50,6 +50,7 @@ def copied_package(tmp_path) -> Path:
     return copy_gate_files(tmp_path / "site-packages")
 
 
+@pytest.mark.slow
 def test_real_0_5_23_passes_the_gate(real_package):
     report = run_gate(real_package)
     assert report.version == SGLANG_VERSION
@@ -79,6 +80,7 @@ def test_spec_facts_hold_in_the_real_files(real_package):
     assert ast.literal_eval(find_definition(group, "GENERAL_PLUGINS_GROUP").value) == "sglang.srt.plugins"
 
 
+@pytest.mark.slow
 def test_a_tampered_hooked_file_is_refused_naming_it(copied_package):
     worker = copied_package / "srt/speculative/dflash_worker_v2.py"
     worker.write_text(worker.read_text() + "\n# local patch\n")
@@ -89,6 +91,7 @@ def test_a_tampered_hooked_file_is_refused_naming_it(copied_package):
     assert report.findings[0].detail.endswith("; changed only outside the hooked definitions")
 
 
+@pytest.mark.slow
 def test_a_changed_signature_is_named_with_its_qualname(copied_package):
     hook_file = copied_package / "srt/arg_groups/speculative_hook.py"
     text = hook_file.read_text()
@@ -105,6 +108,7 @@ def test_a_changed_signature_is_named_with_its_qualname(copied_package):
     assert findings[1].detail == "_handle_dflash: signature (server_args, strict), expected (server_args)"
 
 
+@pytest.mark.slow
 def test_a_removed_name_in_an_unpinned_file_is_still_caught(copied_package):
     overrides = copied_package / "srt/arg_groups/overrides.py"
     overrides.write_text(overrides.read_text().replace("def declare_resolution(", "def declare_resolution_v2("))
@@ -114,6 +118,7 @@ def test_a_removed_name_in_an_unpinned_file_is_still_caught(copied_package):
     ]
 
 
+@pytest.mark.slow
 def test_an_unknown_version_is_refused(copied_package):
     metadata = copied_package.parent / f"sglang-{SGLANG_VERSION}.dist-info" / "METADATA"
     metadata.write_text(metadata.read_text().replace(f"Version: {SGLANG_VERSION}", "Version: 0.5.24", 1))
@@ -125,6 +130,7 @@ def test_an_unknown_version_is_refused(copied_package):
     assert report.verdict() == "structure ok, version not pinned, not qualified"
 
 
+@pytest.mark.slow
 def test_a_missing_file_is_refused_once(copied_package):
     """The file is both pinned and read for names: one finding, not one per check."""
     (copied_package / "srt/speculative/eagle_utils.py").unlink()
@@ -132,6 +138,7 @@ def test_a_missing_file_is_refused_once(copied_package):
     assert [(f.kind, Path(f.file).name) for f in findings] == [(FindingKind.MISSING_FILE, "eagle_utils.py")]
 
 
+@pytest.mark.slow
 def test_a_refusal_leads_with_the_version_and_stays_short(copied_package):
     """An unknown version whose files are missing: one line that says the version and the
     structure first, names the hooks, and shows only the first few findings."""
@@ -150,12 +157,14 @@ def test_a_refusal_leads_with_the_version_and_stays_short(copied_package):
     assert f"(+{len(others) - REFUSAL_FINDINGS_SHOWN} more;" in refusal
 
 
+@pytest.mark.slow
 def test_version_falls_back_to_the_version_file(copied_package):
     for dist in copied_package.parent.glob("sglang-*.dist-info"):
         (dist / "METADATA").unlink()
     assert gate.read_installed_version(copied_package) == SGLANG_VERSION
 
 
+@pytest.mark.slow
 def test_cli_exit_codes_and_json(copied_package, capsys):
     assert gate.main(["--package-dir", str(copied_package), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ok"] is True
@@ -240,6 +249,7 @@ def _code_python_runs(path: Path):
 HOOKED = "srt/speculative/spec_info.py"
 
 
+@pytest.mark.slow
 def test_fresh_bytecode_caches_pass_and_tampered_ones_are_found(copied_package):
     import importlib.util
     import py_compile
@@ -276,6 +286,7 @@ def test_fresh_bytecode_caches_pass_and_tampered_ones_are_found(copied_package):
     assert run_gate(copied_package).findings == []
 
 
+@pytest.mark.slow
 def test_a_tampered_optimized_cache_and_an_unreadable_one_are_found(copied_package):
     import importlib.util
 

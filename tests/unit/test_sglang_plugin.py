@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from sglang_plugin.dist import BYPASS_SGLANG_INIT, run_python
 
 TARGETS = (
@@ -51,6 +53,7 @@ def test_entry_point_is_discoverable_from_a_fresh_interpreter():
     assert done.stdout.split() == ["1", "ddtree.sglang.plugin:register", "ddtree-ops", "ddtree.sglang.plugin", "register"]
 
 
+@pytest.mark.slow
 def test_sglang_load_plugins_runs_register_and_the_self_check_names_each_target():
     result = _load({"DDTREE_ENABLE": "1", "DDTREE_STRICT": "0"})
     assert result["error"] is None
@@ -72,6 +75,7 @@ def test_sglang_load_plugins_runs_register_and_the_self_check_names_each_target(
     assert all(checked.values())
 
 
+@pytest.mark.slow
 def test_strict_mode_stops_loudly_naming_every_target():
     done = run_python(BYPASS_SGLANG_INIT + "from sglang.srt.plugins import load_plugins\nload_plugins()\n",
                       env={"DDTREE_ENABLE": "1"})
@@ -94,6 +98,7 @@ def test_a_bad_variable_is_not_swallowed_by_load_plugins():
     assert result["hooks"] == {}
 
 
+@pytest.mark.slow
 def test_probe_reports_static_only_on_a_cpu_host():
     done = run_python("from ddtree.sglang.probe import main; raise SystemExit(main())")
     assert done.returncode == 0, done.stderr[-2000:]
@@ -105,6 +110,7 @@ def test_probe_reports_static_only_on_a_cpu_host():
     assert result["reasons"] == ["SGLang's speculative modules cannot import here (missing: msgspec, psutil); static checks only"]
 
 
+@pytest.mark.slow
 def test_probe_fails_when_sglang_plugins_excludes_us():
     done = run_python("from ddtree.sglang.probe import main; raise SystemExit(main())",
                       env={"SGLANG_PLUGINS": "someone_else"})
@@ -115,6 +121,7 @@ def test_probe_fails_when_sglang_plugins_excludes_us():
     assert result["reasons"][0].startswith("SGLANG_PLUGINS='someone_else' does not list ddtree: SGLang skips")
 
 
+@pytest.mark.slow
 def test_probe_accepts_an_sglang_plugins_list_that_names_us():
     """SGLang's real loader honours the list (srt/plugins/__init__.py:51-70): naming ddtree among
     others loads it as if the variable were unset."""
@@ -153,6 +160,7 @@ def test_self_check_sees_a_hook_sglang_really_applied(tmp_path):
     assert json.loads(done.stdout.strip().splitlines()[-1]) == ["not-registered", "not-applied", "applied", "resolve"]
 
 
+@pytest.mark.slow
 def test_a_bad_variable_with_the_plugin_off_leaves_the_server_alone():
     for env in ({"DDTREE_ENABLE": "0", "DDTREE_BUDGET": "2000"}, {"DDTREE_BUDGTE": "64"}):
         result = _load(env)

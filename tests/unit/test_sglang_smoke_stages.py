@@ -27,6 +27,7 @@ def test_plugin_stage_skips_without_sglang(tmp_path, monkeypatch):
     assert result.status is Status.SKIP and result.reason.startswith("sglang is not installed in ")
 
 
+@pytest.mark.slow
 def test_plugin_stage_names_an_sglang_plugins_list_without_ddtree(tmp_path, monkeypatch):
     monkeypatch.setenv("SGLANG_PLUGINS", "someone_else")
     monkeypatch.setattr(plugin_stage, "_deployed_release", lambda: None)

@@ -203,6 +203,7 @@ def _gloo_rank(rank: int, world: int, port: int, added: int, results) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_real_collective_gives_every_rank_the_unsharded_trees():
     """Two processes, a real torch.distributed all-gather (gloo, loopback): every rank builds
     the same trees, equal to the unsharded ones (TP ranks must agree on the verify input)."""
@@ -247,6 +248,7 @@ def _diverging_rank(rank: int, world: int, port: int, results) -> None:
 _TREE_FIELDS = ("token_ids", "depths", "parents", "num_nodes", "scores", "visibility")
 
 
+@pytest.mark.slow
 def test_every_rank_verifies_rank_zeros_trees():
     import socket
 

@@ -76,6 +76,7 @@ def neox_rope_reference(k: torch.Tensor, cos_sin: torch.Tensor, positions: torch
     return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prefix", [[31], [31, 28, 5], [27, 31]])
 def test_draft_kv_rewrite_stays_inside_dflashs_rope_table(prefix):
     """DFlashWorkerV2 sizes the fused draft-KV RoPE table for context_len + B

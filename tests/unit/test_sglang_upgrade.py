@@ -65,6 +65,7 @@ def test_the_upstream_evidence_for_each_differing_hook(old_package, new_package)
         assert text not in (old_package / rel).read_text(), name
 
 
+@pytest.mark.slow
 def test_structure_on_0_5_22_names_exactly_the_hooks_that_differ(old_package):
     report = run_gate(old_package)
     assert report.version == PREVIOUS_SGLANG_VERSION and report.manifest_version == SGLANG_VERSION
@@ -122,6 +123,7 @@ PLANTED_BREAKS = {
 }
 
 
+@pytest.mark.slow
 def test_the_real_0_5_23_keeps_every_worker_fact(new_package):
     facts = check_worker(new_package, worker_source())
     assert facts.broken == []
@@ -129,6 +131,7 @@ def test_the_real_0_5_23_keeps_every_worker_fact(new_package):
     assert {family: n for family, n in facts.checked.items() if n < WORKER_FACT_MINIMUMS[family]} == {}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", PLANTED_BREAKS)
 def test_each_worker_fact_that_breaks_is_named_with_its_file(family, tmp_path):
     rel, text, replacement, name = PLANTED_BREAKS[family]
@@ -153,6 +156,7 @@ PLUGIN_SIDE_BREAKS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", PLUGIN_SIDE_BREAKS)
 def test_a_plugin_side_break_of_a_worker_fact_is_named(family, new_package):
     module, text, replacement, fact = PLUGIN_SIDE_BREAKS[family]
@@ -163,6 +167,7 @@ def test_a_plugin_side_break_of_a_worker_fact_is_named(family, new_package):
     assert [(f.file, f.name) for f in facts.broken] == [fact]
 
 
+@pytest.mark.slow
 def test_a_comment_in_a_hooked_file_is_structure_ok_hashes_drifted_not_qualified(commented_copy):
     package, hooked = commented_copy
     report = run_gate(package)
@@ -177,6 +182,7 @@ def test_a_comment_in_a_hooked_file_is_structure_ok_hashes_drifted_not_qualified
                        f"`ddtree-ops sglang qualify`, or --force deploys anyway (recorded)")
 
 
+@pytest.mark.slow
 def test_a_code_change_in_a_hooked_body_is_named(commented_copy):
     package, hooked = commented_copy
     hooked.write_text(hooked.read_text().replace("    # reviewed locally\n", "    attn_backend = attn_backend\n"))
@@ -184,6 +190,7 @@ def test_a_code_change_in_a_hooked_body_is_named(commented_copy):
     assert finding.detail.endswith("; hooked definitions changed: resolve_dflash_verify_mask_policy")
 
 
+@pytest.mark.slow
 def test_a_qualification_with_the_same_hashes_vouches_for_the_drift(commented_copy):
     package, hooked = commented_copy
     entry = qualification_for(run_gate(package))
@@ -196,6 +203,7 @@ def test_a_qualification_with_the_same_hashes_vouches_for_the_drift(commented_co
     assert run_gate(package, qualifications=[entry]).qualified_by is None
 
 
+@pytest.mark.slow
 def test_qualification_never_passes_a_structure_that_differs(old_package):
     report = run_gate(old_package)
     vouched = run_gate(old_package, qualifications=[qualification_for(report)])
@@ -217,6 +225,7 @@ def test_a_malformed_qualification_file_is_one_line_naming_the_field(text, messa
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_the_gate_cli_reads_a_qualification_file(commented_copy, tmp_path, capsys):
     package, _ = commented_copy
     qualified = tmp_path / "sglang-qualified.json"
@@ -230,6 +239,7 @@ def test_the_gate_cli_reads_a_qualification_file(commented_copy, tmp_path, capsy
     assert capsys.readouterr().out == f"{qualified}: expected an object with a `qualified` list\n"
 
 
+@pytest.mark.slow
 def test_manifest_tool_writes_a_manifest_only_for_a_qualified_sound_version(commented_copy, old_package, tmp_path, capsys):
     package, _ = commented_copy
     metadata = package.parent / f"sglang-{SGLANG_VERSION}.dist-info" / "METADATA"
@@ -252,6 +262,7 @@ def test_manifest_tool_writes_a_manifest_only_for_a_qualified_sound_version(comm
     assert "structure differs from sglang 0.5.23: " in err and "draft_tp_context" in err
 
 
+@pytest.mark.slow
 def test_diff_by_hook_between_0_5_22_and_0_5_23(old_package, new_package):
     result = diff_installations(old_package, new_package, newest(SUPPORTED))
     by_name = {h.qualname: h for f in result.files for h in f.hooks}
@@ -264,6 +275,7 @@ def test_diff_by_hook_between_0_5_22_and_0_5_23(old_package, new_package):
     assert json.loads(json.dumps(result.to_dict()))["version_b"] == SGLANG_VERSION
 
 
+@pytest.mark.slow
 def test_diff_of_a_comment_touches_no_hook(commented_copy, new_package):
     package, hooked = commented_copy
     result = diff_installations(new_package, package, newest(SUPPORTED))

@@ -194,6 +194,7 @@ def _innermost_functions_mentioning(site: Path, relative: str, needle: str) -> s
     return found
 
 
+@pytest.mark.slow
 def test_the_draft_forward_runs_without_flipping_the_spec_bag(site):
     """The round's draft forward does not override the process-global spec bag (its leaves are
     traced by torch.compile): SGLang reads the draft width from the bag only while building

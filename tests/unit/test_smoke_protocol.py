@@ -105,6 +105,7 @@ def test_smoke_package_imports_only_ddtree_stdlib_and_torch():
         assert imported <= allowed, (path, imported - allowed)
 
 
+@pytest.mark.slow
 def test_command_help_imports_no_torch_or_ssh_libraries():
     import subprocess
 
