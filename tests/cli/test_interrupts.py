@@ -132,6 +132,43 @@ def test_a_repeated_sigterm_does_not_cut_the_cleanup_short(capsys):
     assert "terminated again: still stopping" in capsys.readouterr().err
 
 
+class SignalsWhenCollected:
+    """Raises a signal from `__del__`, where Python swallows any exception: the handler's
+    KeyboardInterrupt lands there (as it can in an import's module-lock weakref callback)."""
+
+    def __init__(self, sig: signal.Signals):
+        self.sig = sig
+
+    def __del__(self):
+        signal.raise_signal(self.sig)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_an_interrupt_swallowed_where_it_landed_is_sent_again(sig, capsys):
+    if sig == signal.SIGINT and signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("this test process does not handle SIGINT (started with it ignored)")
+    hook_before = sys.unraisablehook
+    with signals_interrupt():
+        with pytest.raises(KeyboardInterrupt):
+            SignalsWhenCollected(sig)  # dropped at once: __del__ runs here
+            time.sleep(30)  # blocked in a system call: the re-sent signal must wake it
+    assert sys.unraisablehook is hook_before
+    assert "Exception ignored" not in capsys.readouterr().err
+
+
+def test_other_unraisable_errors_still_reach_the_previous_hook(monkeypatch):
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+
+    class FailsWhenCollected:
+        def __del__(self):
+            raise ValueError("not an interrupt")
+
+    with signals_interrupt():
+        FailsWhenCollected()
+    assert [type(u.exc_value) for u in seen] == [ValueError]
+
+
 def runner_pids(run_id: str) -> list[int]:
     """Processes of `runner.py run` for this run id (what SIGTERM must not leave behind)."""
     found = []
