@@ -146,15 +146,28 @@ def make_sglang_venv(root: Path) -> Path:
     return python
 
 
+# sha256 by (path, inode, size, mtime, ctime): any write, rename or chmod moves the ctime,
+# so a file whose key is unchanged holds the bytes hashed before (sglang alone is ~2000 files)
+_HASHED: dict[tuple[str, int, int, int, int], str] = {}
+_SITES: dict[Path, Path] = {}
+
+
 def site_listing(python: Path) -> dict[str, str]:
     """relative path -> sha256 of every file under the environment's site-packages."""
     import hashlib
 
-    site = Path(subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True, capture_output=True, text=True).stdout.strip())
+    if python not in _SITES:
+        _SITES[python] = Path(subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True, capture_output=True, text=True).stdout.strip())
+    site = _SITES[python]
     listing = {}
     for path in sorted(site.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts:
-            listing[str(path.relative_to(site))] = hashlib.sha256(path.read_bytes()).hexdigest()
+        if "__pycache__" in path.parts or not path.is_file():
+            continue
+        stat = path.stat()  # follows links, as read_bytes does
+        key = (str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+        if key not in _HASHED:
+            _HASHED[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+        listing[str(path.relative_to(site))] = _HASHED[key]
     return listing

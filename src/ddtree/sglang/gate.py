@@ -16,17 +16,21 @@ import ast
 import importlib.util
 import json
 import sys
+import types
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from ddtree.sglang.manifest import (
+    PARSED_TEXTS_KEPT,
     Manifest,
     RequiredName,
     definition_digest,
     describe_static,
     find_definition,
+    parse_file,
     sha256_file,
     version_key,
 )
@@ -185,7 +189,7 @@ def drift_detail(path: Path, manifest: Manifest, rel: str) -> str:
     if not hooked:
         return "no hooked definition in this file"
     try:
-        tree: ast.Module | None = ast.parse(path.read_text(encoding="utf-8"))
+        tree: ast.Module | None = parse_file(path)
     except (OSError, SyntaxError, UnicodeDecodeError):
         tree = None
     changed = _changed_definitions(tree, hooked)
@@ -222,7 +226,7 @@ def check_names(package_dir: Path, manifest: Manifest) -> list[GateFinding]:
         path = package_dir / required.file
         if required.file not in parsed:
             try:
-                parsed[required.file] = ast.parse(path.read_text(encoding="utf-8"))
+                parsed[required.file] = parse_file(path)
             except FileNotFoundError:
                 parsed[required.file] = None
                 findings.append(GateFinding(FindingKind.MISSING_FILE, str(path), "not found", required.file))
@@ -260,6 +264,12 @@ def bytecode_python_would_run(source_path: Path, source: bytes, pyc: bytes) -> b
             and int.from_bytes(pyc[12:16], "little") == stat.st_size & 0xFFFFFFFF)
 
 
+@lru_cache(maxsize=PARSED_TEXTS_KEPT)  # as `parse_text`: a gate run again compiles the same files
+def _compiled(source: bytes, level: int) -> types.CodeType:
+    """The code `source` compiles to (the file name is left out: code objects compare without it)."""
+    return compile(source, "<gated>", "exec", dont_inherit=True, optimize=level)
+
+
 def check_bytecode(package_dir: Path, manifest: Manifest) -> list[GateFinding]:
     """The gate reads sources, but Python runs a cached .pyc when its header says it is fresh
     (and never looks at the source again): each gated file's caches that would run must hold
@@ -285,7 +295,7 @@ def check_bytecode(package_dir: Path, manifest: Manifest) -> list[GateFinding]:
             if not bytecode_python_would_run(path, source, pyc):
                 continue  # stale or foreign: Python recompiles from the (gated) source
             try:
-                same = marshal.loads(pyc[16:]) == compile(source, str(path), "exec", dont_inherit=True, optimize=level)
+                same = marshal.loads(pyc[16:]) == _compiled(source, level)
             except (ValueError, EOFError, TypeError, SyntaxError):
                 same = False
             if not same:

@@ -23,9 +23,10 @@ from __future__ import annotations
 import ast
 import importlib.util
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
-from ddtree.sglang.manifest import class_fields, find_definition
+from ddtree.sglang.manifest import class_fields, find_definition, parse_file, parse_text
 
 WORKER_MODULE = "ddtree.sglang.worker"
 WORKER_CLASS = "DDTreeWorkerV2"
@@ -114,7 +115,7 @@ class _Files:
                 if (self.package_dir / package_init).is_file():
                     return self.tree(package_init)
             try:
-                self.cache[rel] = ast.parse(path.read_text(encoding="utf-8"))
+                self.cache[rel] = parse_file(path)
                 self.report.files_read.add(rel)
             except (OSError, SyntaxError, UnicodeDecodeError):
                 self.cache[rel] = None
@@ -161,10 +162,11 @@ def _methods(node: ast.ClassDef) -> dict[str, ast.FunctionDef]:
     return {s.name: s for s in node.body if isinstance(s, ast.FunctionDef)}
 
 
-def _self_stores(node: ast.AST) -> set[str]:
-    return {n.attr for n in ast.walk(node)
+@lru_cache(maxsize=64)  # by node: the parsed trees are shared (`parse_text`), so is this walk
+def _self_stores(node: ast.AST) -> frozenset[str]:
+    return frozenset(n.attr for n in ast.walk(node)
             if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
-            and isinstance(n.value, ast.Name) and n.value.id == "self"}
+            and isinstance(n.value, ast.Name) and n.value.id == "self")
 
 
 def sglang_imports(worker: ast.Module) -> dict[str, str]:
@@ -205,7 +207,7 @@ def check_worker(package_dir: Path, source: str, tree_round: str | None = None) 
     source; `tree_round`: tree_round.py's (None: found as the import system would)."""
     report = StructureReport()
     files = _Files(package_dir, report)
-    worker = ast.parse(source)
+    worker = parse_text(source)
     ours = find_definition(worker, WORKER_CLASS)
     if not isinstance(ours, ast.ClassDef):
         report.broken.append(Fact("-", WORKER_CLASS, "the worker source defines no such class"))
@@ -307,7 +309,7 @@ def check_worker(package_dir: Path, source: str, tree_round: str | None = None) 
             broken(TP_SYNC[0], f"{TP_SYNC[1]}.{member}", "the worker syncs at this site, which is not defined")
 
     shard_source = tree_round if tree_round is not None else plugin_source(TREE_ROUND_MODULE)
-    shard = find_definition(ast.parse(shard_source), HEAD_SHARD) if shard_source is not None else None
+    shard = find_definition(parse_text(shard_source), HEAD_SHARD) if shard_source is not None else None
     if not isinstance(shard, ast.ClassDef):
         broken("-", HEAD_SHARD, f"{TREE_ROUND_MODULE} is not available or defines no such class")
     else:
