@@ -119,6 +119,20 @@ def test_a_removed_name_in_an_unpinned_file_is_still_caught(copied_package):
 
 
 @pytest.mark.slow
+def test_a_file_edited_between_two_gate_runs_in_one_process_is_read_anew(copied_package):
+    """The gate keeps what it parsed for the next run in the process: an edit, same path,
+    same size even, must still be seen."""
+    assert run_gate(copied_package).ok
+    overrides = copied_package / "srt/arg_groups/overrides.py"
+    text = overrides.read_text()
+    overrides.write_text(text.replace("def declare_resolution(", "def declare_resolutioX("))
+    assert len(overrides.read_text()) == len(text)
+    assert [f.detail for f in run_gate(copied_package).findings] == ["declare_resolution: not defined"]
+    overrides.write_text(text)
+    assert run_gate(copied_package).ok
+
+
+@pytest.mark.slow
 def test_an_unknown_version_is_refused(copied_package):
     metadata = copied_package.parent / f"sglang-{SGLANG_VERSION}.dist-info" / "METADATA"
     metadata.write_text(metadata.read_text().replace(f"Version: {SGLANG_VERSION}", "Version: 0.5.24", 1))
