@@ -42,7 +42,8 @@ def keep_settled_after_command() -> None:
 def _resend_to_main_thread(signum: int, hook_left: threading.Event) -> None:
     """Sent from its own thread: sent from the main thread, the handler would run at once,
     inside the hook, and be swallowed again. A real signal (not `interrupt_main`) also wakes
-    a main thread that is blocked in a system call."""
+    a main thread that is blocked in a system call, unless it lands just before the call
+    starts: the command's waits are short polls (fanout: 0.1 s), so the next one sees it."""
     hook_left.wait()
     main = threading.main_thread().ident
     if hasattr(signal, "pthread_kill") and main is not None:

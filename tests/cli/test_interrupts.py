@@ -151,7 +151,10 @@ def test_an_interrupt_swallowed_where_it_landed_is_sent_again(sig, capsys):
     with signals_interrupt():
         with pytest.raises(KeyboardInterrupt):
             SignalsWhenCollected(sig)  # dropped at once: __del__ runs here
-            time.sleep(30)  # blocked in a system call: the re-sent signal must wake it
+            # the CLI waits in short polls (fanout: 0.1 s); a signal sent as the main thread
+            # drops the GIL to block may land before the system call starts and not cut it short
+            for _ in range(300):
+                time.sleep(0.1)
     assert sys.unraisablehook is hook_before
     assert "Exception ignored" not in capsys.readouterr().err
 
