@@ -3,7 +3,6 @@ CPU target, that the budget it predicts best decodes within 10 % of the best bud
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 import torch
@@ -76,12 +75,34 @@ def test_the_best_budget_moves_down_as_concurrency_makes_wide_verifies_dear():
         best_ddtree_budget(COSTS, taus, [], concurrency=1)
 
 
+class ForwardWorkClock:
+    """A clock that advances only with the target's forwards: a fixed cost per call (as a
+    kernel launch) plus one unit per token processed. The decode loop's real forwards,
+    widths and acceptances set what it reads, never the host's load, so a test that compares
+    the model with decodes is deterministic (wall-clock comparisons live in
+    benchmarks/budget_choice.py)."""
+
+    PER_CALL = 32.0
+
+    def __init__(self, model: torch.nn.Module):
+        self.now = 0.0
+        self._hook = model.register_forward_pre_hook(self._count, with_kwargs=True)
+
+    def _count(self, module, args, kwargs) -> None:
+        ids = args[0] if args else kwargs["input_ids"]  # [bs, n]
+        self.now += self.PER_CALL + ids.numel()
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_torch_thread")
 def test_the_predicted_best_budget_decodes_within_10_percent_of_the_measured_best():
     """One run on a small random target: verify costs from forwards alone, tau / draft / round
-    overhead from decodes at three of five budgets; every budget is then decoded for real. CPU
-    time (process_time), so other processes' load does not decide the outcome."""
+    overhead from decodes at three of five budgets; every budget is then decoded for real.
+    Costs are read from `ForwardWorkClock`, so what is compared is the model against the
+    decode loop, not against the noise of a shared machine."""
     pytest.importorskip("transformers")
     from ddtree.cost_probe import compare_budgets, predicted_choice_ratio
     from ddtree.drafters import NoisyTargetDrafter
@@ -89,13 +110,17 @@ def test_the_predicted_best_budget_decodes_within_10_percent_of_the_measured_bes
 
     target = build_tiny_target(seed=0, vocab_size=4096, dtype=torch.float32)
     drafter = NoisyTargetDrafter(target, block_size=8, noise=0.3)
+    clock = ForwardWorkClock(target.model)
     rows = compare_budgets(target, drafter, prompt_set(2, 12, 4096, seed=1), budgets=[1, 4, 16, 64, 256],
-                           calibration_budgets=[1, 16, 256], max_new_tokens=32, clock=time.process_time)
+                           calibration_budgets=[1, 16, 256], max_new_tokens=32, clock=clock)
     pick, best, ratio = predicted_choice_ratio(rows)
-    table = ", ".join(f"{r.budget}: predicted {r.predicted_tokens_per_s:.0f} measured {r.measured_tokens_per_s:.0f}"
+    table = ", ".join(f"{r.budget}: predicted {r.predicted_tokens_per_s:.4f} measured {r.measured_tokens_per_s:.4f}"
                       for r in rows)
+    assert clock() > 0 and len({r.budget for r in rows}) == 5
     assert ratio >= 0.9, f"predicted best {pick.budget} decodes at {ratio:.2f}x of measured best {best.budget} ({table})"
-    assert len({r.budget for r in rows}) == 5 and all(r.measured_tokens_per_s > 0 for r in rows)
+    # the model leaves the prefill out, so it runs a little high; never far off either way
+    assert all(abs(r.error) <= 0.15 for r in rows), table
+    assert all(r.tau_model == r.tau_measured for r in rows if r.calibrated), table
 
 
 def test_prediction_rows_cover_the_budgets_between_the_measured_ones_and_say_which_were_measured():
