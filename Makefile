@@ -13,10 +13,10 @@ run: setup
 	$(BIN)/ddtree-ops hosts check -H local
 	$(BIN)/ddtree-ops smoke -H local
 
-# pytest-xdist workers: most sshd tests wait on timeouts and remote processes, so a few run
-# side by side even on 2 cores (one file per worker keeps a module's fixtures in one place).
-# TEST_WORKERS=0 runs everything in one process.
-TEST_WORKERS ?= 3
+# pytest-xdist workers: most sshd tests wait on timeouts and remote processes, so one more
+# than the cores runs best (3 on 2 cores), at most 8 (one file per worker keeps a module's
+# fixtures in one place). TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); n=$$((n + 1)); [ $$n -gt 8 ] && n=8; echo $$n)
 
 test:
 	@BOOTSTRAP_NEEDS_SSHD=1 bash scripts/bootstrap.sh
