@@ -196,6 +196,7 @@ class LiveHostTable:
         self.started: dict[str, float] = {}
         self.lock = threading.Lock()
         self.showing = False
+        self.closed = False  # the command is past its fan-out (done or interrupted)
         self.live: Optional[Live] = None
         self.height: Optional[int] = None
 
@@ -204,6 +205,10 @@ class LiveHostTable:
 
     def __exit__(self, *exc: object) -> None:
         self.start()  # a fan-out that never started its display still reports its hosts
+        with self.lock:
+            # An interrupted fan-out leaves its workers to finish on their own: what they
+            # report now would land after the command's final line ("interrupted").
+            self.closed = True
         if self.live is not None:
             self.live.__exit__(*exc)
 
@@ -239,7 +244,7 @@ class LiveHostTable:
             if state_text == "connecting":
                 self.started[host] = now
             self.rows[host] = (state_text, detail, now)
-            line_now = self.showing and self.live is None
+            line_now = self.showing and self.live is None and not self.closed
         if line_now and getattr(state, "terminal", False):
             self._say_finished(host, state_text, detail, now)
 

@@ -178,6 +178,21 @@ def test_live_table_reports_hosts_that_finished_before_its_display_started(capsy
     assert lines[1].endswith(": boom")
 
 
+def test_live_table_is_silent_once_its_fan_out_is_over(capsys):
+    """An interrupted fan-out's workers may report after the command ended: no line then
+    (the command's own last line, `interrupted`, stays last)."""
+    from ddtree_ops.cli.console import LiveHostTable
+
+    with pytest.raises(KeyboardInterrupt):
+        with LiveHostTable("push", ["h0", "h1"]) as live:
+            live.start()
+            live.on_progress("h0", HostState.OK, "")
+            raise KeyboardInterrupt
+    live.on_progress("h1", HostState.INTERRUPTED, "late")
+    assert [line.split(" (")[0] for line in capsys.readouterr().err.splitlines()] == ["ddtree-ops: push: h0: ok"]
+    assert live.rows["h1"][0] == "interrupted"  # still recorded
+
+
 @pytest.mark.slow
 def test_an_interrupt_marks_hosts_under_way_interrupted_not_failed():
     """Ctrl-C closes the connections to unblock the workers; the errors that follow are the
