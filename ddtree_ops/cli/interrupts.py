@@ -11,16 +11,11 @@ the records. A repeated Ctrl-C is an operator who will not wait: it raises again
 boundary still ends quietly. Handlers are installed only in the main thread and restored on
 exit, so `main()` called in-process (tests) leaves the caller's handlers as they were.
 
-A handler runs wherever the main thread happens to be, and Python swallows an exception
-raised inside a weakref callback or `__del__` (an import's module-lock callback is one):
-it only reports it to `sys.unraisablehook`. The interrupt would then be lost and the command
-would go on as if no signal came. So while the handlers are in place, that hook re-sends
-the same signal to the main thread, until the KeyboardInterrupt lands somewhere it can
-propagate.
+An interrupt that lands where Python swallows exceptions (a weakref callback, `__del__`)
+is sent again (`ddtree_ops.hostside.signals`).
 """
 from __future__ import annotations
 
-import _thread
 import signal
 import sys
 import threading
@@ -39,19 +34,6 @@ def keep_settled_after_command() -> None:
     _keep_settled = True
 
 
-def _resend_to_main_thread(signum: int, hook_left: threading.Event) -> None:
-    """Sent from its own thread: sent from the main thread, the handler would run at once,
-    inside the hook, and be swallowed again. A real signal (not `interrupt_main`) also wakes
-    a main thread that is blocked in a system call, unless it lands just before the call
-    starts: the command's waits are short polls (fanout: 0.1 s), so the next one sees it."""
-    hook_left.wait()
-    main = threading.main_thread().ident
-    if hasattr(signal, "pthread_kill") and main is not None:
-        signal.pthread_kill(main, signum)
-    else:
-        _thread.interrupt_main(signum)
-
-
 @contextmanager
 def signals_interrupt() -> Iterator[Callable[[], None]]:
     """Within the block, SIGINT/SIGTERM raise KeyboardInterrupt (see the module doc). Yields
@@ -60,16 +42,20 @@ def signals_interrupt() -> Iterator[Callable[[], None]]:
     if threading.current_thread() is not threading.main_thread():
         yield lambda: None  # signal handlers can only be set from the main thread
         return
-    interrupted = False
-    # Each KeyboardInterrupt a handler raised, by id, with its signal; held, so no id is reused.
-    raised: dict[int, tuple[KeyboardInterrupt, int]] = {}
+    from ddtree_ops.hostside.signals import Redelivery
 
-    def interrupt(signum: int) -> KeyboardInterrupt:
+    interrupted = False
+
+    def never_arrived(signum: int) -> None:
+        nonlocal interrupted
+        interrupted = False  # swallowed where it landed: the re-sent signal is a first one
+
+    redelivery = Redelivery(on_swallowed=never_arrived)
+
+    def interrupt(signum: int) -> BaseException:
         nonlocal interrupted
         interrupted = True
-        error = KeyboardInterrupt()
-        raised[id(error)] = (error, signum)
-        return error
+        return redelivery.raising(KeyboardInterrupt(), signum)
 
     def on_sigint(signum: int, frame: Any) -> None:
         raise interrupt(signum)
@@ -80,20 +66,6 @@ def signals_interrupt() -> Iterator[Callable[[], None]]:
             return
         raise interrupt(signum)
 
-    previous_hook = sys.unraisablehook
-
-    def redeliver_swallowed(unraisable: Any) -> None:
-        nonlocal interrupted
-        error, signum = raised.pop(id(unraisable.exc_value), (None, None))
-        if error is not unraisable.exc_value or signum is None:
-            previous_hook(unraisable)
-            return
-        interrupted = False  # this one never arrived: the re-sent signal is a first one
-        hook_left = threading.Event()
-        threading.Thread(target=_resend_to_main_thread, args=(signum, hook_left), daemon=True,
-                         name="ddtree-ops-resend-interrupt").start()
-        hook_left.set()  # the last step here: the signal must not land in this hook too
-
     previous = {sig: signal.getsignal(sig) for sig in _SIGNALS}
     # An inherited SIG_IGN (a background job, `nohup`) stays ignored; SIGINT is taken over only
     # from Python's own handler, so an embedding program's handler is left alone.
@@ -101,7 +73,7 @@ def signals_interrupt() -> Iterator[Callable[[], None]]:
         signal.signal(signal.SIGINT, on_sigint)
     if previous[signal.SIGTERM] is not signal.SIG_IGN:
         signal.signal(signal.SIGTERM, on_sigterm)
-    sys.unraisablehook = redeliver_swallowed
+    redelivery.install()
 
     def settle() -> None:
         for sig in _SIGNALS:
@@ -110,7 +82,7 @@ def signals_interrupt() -> Iterator[Callable[[], None]]:
     try:
         yield settle
     finally:
-        sys.unraisablehook = previous_hook
+        redelivery.remove()
         if _keep_settled:
             settle()
         else:

@@ -88,6 +88,7 @@ from ddtree_ops.hostside.protocol import (  # noqa: E402
     make_event,
     stage_module_name,
 )
+from ddtree_ops.hostside.signals import Redelivery  # noqa: E402
 
 # The release this runner belongs to, `current` resolved as the run starts (a push may switch
 # `current` while the run goes on).
@@ -464,7 +465,10 @@ def release_problem(release_root: Path, workdir: Path, default_root: bool) -> st
 
 
 def _raise_interrupted(signum: int, _frame: Any) -> None:
-    raise Interrupted(signal.Signals(signum).name)
+    raise _REDELIVERY.raising(Interrupted(signal.Signals(signum).name), signum)
+
+
+_REDELIVERY = Redelivery()  # a stop swallowed where it landed (an import's lock callback) is sent again
 
 
 class Supervisor:
@@ -603,6 +607,7 @@ def command_run(args: argparse.Namespace) -> int:
     (run_dir / PID_FILE).write_text(f"{os.getpid()}\n", encoding="utf-8")
     signal.signal(signal.SIGTERM, _raise_interrupted)
     signal.signal(signal.SIGINT, _raise_interrupted)
+    _REDELIVERY.install()
     started = time.monotonic()
     try:
         try:
@@ -667,6 +672,7 @@ def command_run(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        _REDELIVERY.remove()
         sink.close()
         try:
             (run_dir / PID_FILE).unlink()

@@ -140,7 +140,7 @@ def release(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("release")
     (root / "ddtree_ops" / "hostside" / "stages").mkdir(parents=True)
     shutil.copy(REPO / "ddtree_ops" / "__init__.py", root / "ddtree_ops" / "__init__.py")
-    for name in ("__init__.py", "agent.py", "protocol.py", "release_check.py", "runner.py"):
+    for name in ("__init__.py", "agent.py", "protocol.py", "release_check.py", "runner.py", "signals.py"):
         shutil.copy(REPO / "ddtree_ops" / "hostside" / name, root / "ddtree_ops" / "hostside" / name)
     shutil.copy(REPO / "ddtree_ops" / "hostside" / "stages" / "__init__.py", root / "ddtree_ops" / "hostside" / "stages")
     shutil.copy(REPO / "ddtree_ops" / "hostside" / "stages" / "env.py", root / "ddtree_ops" / "hostside" / "stages")
@@ -376,6 +376,30 @@ def test_a_stop_while_torch_imports_runs_nothing(release, tmp_path):
     assert proc.returncode == 130
     assert [ends(records)[s]["status"] for s in ("ok", "skipme")] == ["not_run", "not_run"]
     assert records[-1]["event"] == "run_end" and records[-1]["status"] == "interrupted"
+
+
+def test_a_stop_that_lands_where_python_swallows_it_still_stops_the_run(release, tmp_path):
+    """A stop whose handler runs inside a `__del__` (as in an import's module-lock weakref
+    callback, where it was once lost under load): Python swallows what the handler raises, the
+    runner sends the signal again, and the run is interrupted instead of carrying on."""
+    swallowing = tmp_path / "swallowing-release"
+    shutil.copytree(release, swallowing, symlinks=True, ignore=shutil.ignore_patterns("src"))
+    (swallowing / "src" / "ddtree").mkdir(parents=True)
+    (swallowing / "src" / "ddtree" / "__init__.py").write_text(
+        "import signal, time\n"
+        "class StopLandsHere:\n"
+        "    def __del__(self):\n"
+        "        signal.raise_signal(signal.SIGTERM)\n"
+        "StopLandsHere()\n"
+        "for _ in range(300):  # 30 s: a lost stop would let the stages run after it\n"
+        "    time.sleep(0.1)\n")
+    argv = [sys.executable, str(swallowing / "ddtree_ops" / "hostside" / "runner.py"), "run", "--run-id", "r7",
+            "--workdir", str(tmp_path), "--release-root", str(swallowing), "--stages", "ok,skipme"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    assert proc.returncode == 130, proc.stderr[-2000:]
+    assert [ends(records)[s]["status"] for s in ("ok", "skipme")] == ["not_run", "not_run"]
+    assert "Exception ignored" not in proc.stderr
 
 
 def test_a_stop_while_the_release_is_checked_runs_nothing(release, tmp_path):
