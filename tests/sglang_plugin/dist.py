@@ -139,10 +139,7 @@ def make_sglang_venv(root: Path) -> Path:
     for name in TORCH_MODULES:
         if (here / name).exists():
             (borrowed / name).symlink_to(here / name)
-    venv_site = Path(subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True, capture_output=True, text=True).stdout.strip())
-    (venv_site / "borrowed_torch.pth").write_text(str(borrowed) + "\n")
+    (site_dir(python) / "borrowed_torch.pth").write_text(str(borrowed) + "\n")
     return python
 
 
@@ -152,15 +149,20 @@ _HASHED: dict[tuple[str, int, int, int, int], str] = {}
 _SITES: dict[Path, Path] = {}
 
 
-def site_listing(python: Path) -> dict[str, str]:
-    """relative path -> sha256 of every file under the environment's site-packages."""
-    import hashlib
-
+def site_dir(python: Path) -> Path:
+    """The environment's site-packages (asked of its python once)."""
     if python not in _SITES:
         _SITES[python] = Path(subprocess.run(
             [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
             check=True, capture_output=True, text=True).stdout.strip())
-    site = _SITES[python]
+    return _SITES[python]
+
+
+def site_listing(python: Path) -> dict[str, str]:
+    """relative path -> sha256 of every file under the environment's site-packages."""
+    import hashlib
+
+    site = site_dir(python)
     listing = {}
     for path in sorted(site.rglob("*")):
         if "__pycache__" in path.parts or not path.is_file():

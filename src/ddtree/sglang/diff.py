@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from ddtree.sglang.gate import read_installed_version
-from ddtree.sglang.manifest import Manifest, NameKind, definition_digest, find_definition, sha256_file, signature_from_ast
+from ddtree.sglang.manifest import (
+    Manifest,
+    NameKind,
+    definition_digest,
+    find_definition,
+    parse_file,
+    sha256_file,
+    signature_from_ast,
+)
 
 
 class Change(Enum):
@@ -84,7 +92,7 @@ def definitions(tree: ast.Module) -> dict[str, ast.AST]:
 
 def _parse(path: Path) -> ast.Module | None:
     try:
-        return ast.parse(path.read_text(encoding="utf-8"))
+        return parse_file(path)
     except (OSError, SyntaxError, UnicodeDecodeError):
         return None
 
