@@ -465,7 +465,19 @@ def release_problem(release_root: Path, workdir: Path, default_root: bool) -> st
 
 
 def _raise_interrupted(signum: int, _frame: Any) -> None:
-    raise _REDELIVERY.raising(Interrupted(signal.Signals(signum).name), signum)
+    global _stop_signal
+    _stop_signal = signal.Signals(signum).name
+    raise _REDELIVERY.raising(Interrupted(_stop_signal), signum)
+
+
+def _raise_if_stopped() -> None:
+    """Raise the stop again if one came and was lost on the way: an `except BaseException`
+    in the code it interrupted (a release's import, a library's) or C code that cleared it."""
+    if _stop_signal is not None:
+        raise Interrupted(_stop_signal)
+
+
+_stop_signal: str | None = None  # the stop signal's name, once one has come
 
 
 _REDELIVERY = Redelivery()  # a stop swallowed where it landed (an import's lock callback) is sent again
@@ -529,6 +541,7 @@ class Supervisor:
     def run(self) -> RunStatus:
         try:
             while self.pending:
+                _raise_if_stopped()
                 before = len(self.pending)
                 lost = self._one_worker()
                 if lost:
@@ -557,6 +570,7 @@ class Supervisor:
         self.current, last_event = None, time.monotonic()
         try:
             while True:
+                _raise_if_stopped()
                 wait = HEARTBEAT_S
                 if self.current is not None:
                     left = self.stage_started + self.timeout_s - time.monotonic()
@@ -604,7 +618,6 @@ def command_run(args: argparse.Namespace) -> int:
     release_root = Path(os.path.expanduser(args.release_root)) if args.release_root \
         else OWN_RELEASE_ROOT
     sink = EventSink(run_dir, args.run_id, args.host)
-    (run_dir / PID_FILE).write_text(f"{os.getpid()}\n", encoding="utf-8")
     signal.signal(signal.SIGTERM, _raise_interrupted)
     signal.signal(signal.SIGINT, _raise_interrupted)
     _REDELIVERY.install()
@@ -625,6 +638,8 @@ def command_run(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         refusal, interrupted = None, None
         try:
+            # `stop` finds the runner by this file: written only once a stop is handled
+            (run_dir / PID_FILE).write_text(f"{os.getpid()}\n", encoding="utf-8")
             try:
                 refusal = release_problem(release_root, workdir, default_root=not args.release_root)
             except Exception as err:  # noqa: BLE001 - a release we cannot even check is not run
@@ -635,6 +650,7 @@ def command_run(args: argparse.Namespace) -> int:
             else:
                 with _Keepalive():
                     preload = _preload()
+            _raise_if_stopped()
         except Interrupted as why:  # stopped while the release was checked or torch imported
             refusal, interrupted = None, str(why)
             preload = {"python": sys.version.split()[0], "interrupted": interrupted}

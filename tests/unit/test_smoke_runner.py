@@ -402,6 +402,38 @@ def test_a_stop_that_lands_where_python_swallows_it_still_stops_the_run(release,
     assert "Exception ignored" not in proc.stderr
 
 
+def test_a_stop_that_the_interrupted_code_swallows_still_stops_the_run(release, tmp_path):
+    """A stop that lands in code catching everything (a release's import with a bare
+    `except`; a library's C code that clears errors) never reaches the runner as an exception:
+    the runner remembers the signal and stops before any stage all the same."""
+    swallowing = tmp_path / "catch-all-release"
+    shutil.copytree(release, swallowing, symlinks=True, ignore=shutil.ignore_patterns("src"))
+    (swallowing / "src" / "ddtree").mkdir(parents=True)
+    importing = tmp_path / "importing"
+    (swallowing / "src" / "ddtree" / "__init__.py").write_text(
+        "import pathlib, time\n"
+        f"pathlib.Path({str(importing)!r}).touch()\n"
+        "try:\n"
+        "    time.sleep(60)\n"
+        "except BaseException:\n"
+        "    pass  # the stop is caught here, and the import ends early\n")
+    runner = swallowing / "ddtree_ops" / "hostside" / "runner.py"
+    argv = [sys.executable, str(runner), "run", "--run-id", "r8", "--workdir", str(tmp_path),
+            "--release-root", str(swallowing), "--stages", "ok,skipme"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120  # torch's import on a busy machine: generous, not timed
+    while not importing.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert importing.exists(), "the runner never imported the release"
+    subprocess.run([sys.executable, str(runner), "stop", "--run-id", "r8", "--workdir", str(tmp_path)],
+                   capture_output=True, timeout=30, check=True)
+    out, _ = proc.communicate(timeout=60)
+    records = [json.loads(line) for line in out.splitlines() if line.strip()]
+    assert proc.returncode == 130
+    assert [ends(records)[s]["status"] for s in ("ok", "skipme")] == ["not_run", "not_run"]
+    assert records[-1]["event"] == "run_end" and records[-1]["status"] == "interrupted"
+
+
 def test_a_stop_while_the_release_is_checked_runs_nothing(release, tmp_path):
     """The stop lands while the runner checks the release (before torch is imported): the run
     is interrupted with every stage not run and exit 130, not a traceback."""
