@@ -90,7 +90,7 @@ class _RowReader:
         self.unreachable_from = depth_limit
         self.read_once = False  # rows read by `_read_through_maxima`
         self.family_best = _NEG_INF  # `_family_floor`'s last budget-th best score (no margin)
-        self.maxima_histogram: tuple[tuple[int, float], list[list[int]]] | None = None  # `_block_maxima_floor`'s
+        self.maxima_histogram: tuple[tuple[int, float], torch.Tensor] | None = None  # `_block_maxima_floor`'s
 
     def _normalise(self, rows: list[int]) -> None:
         normalise_rows(self, [d for d in rows if d not in self.log_z])
@@ -294,7 +294,7 @@ def _block_maxima_floor(reader: _RowReader, chain: list[float], budget: int, gri
         steps, step = grid
     lowest = top - steps * step
     kept = reader.maxima_histogram
-    if grid is not None and kept is not None and kept[0] == grid and len(kept[1]) >= depths:
+    if grid is not None and kept is not None and kept[0] == grid and kept[1].shape[0] >= depths:
         below = kept[1]
     else:
         below = _maxima_histogram(reader.source.maxima(list(range(depths))), steps, step)
@@ -302,41 +302,33 @@ def _block_maxima_floor(reader: _RowReader, chain: list[float], budget: int, gri
             reader.maxima_histogram = (grid, below)
     # a token r nats below row d's best places its path to depth e iff r <= chain[e] - F_j,
     # i.e. (less a margin for float rounding, rounded down: it can only count fewer) iff it
-    # lies less than j + shift[e] steps below
+    # lies less than j + shift[e] steps below. Counted for every j at once ([E, steps + 1]).
     margin = 2 * float_slack(top, lowest)
-    shift = [math.floor((chain[e] - top - margin) / step) for e in range(1, depths + 1)]
-
-    def paths_at_least(j: int) -> int:
-        floor_j = top - j * step
-        count = 0
-        for e in range(1, depths + 1):
-            k = j + shift[e - 1]
-            if k >= 1:  # the greedy tokens are in bin 0 of every row: one per row less
-                count += below[e - 1][min(k - 1, steps)] - e
-            count += chain[e] >= floor_j  # the chain's own node at depth e
-        return count
-
-    if paths_at_least(steps) < budget:
+    shift = long_tensor([math.floor((chain[e] - top - margin) / step) for e in range(1, depths + 1)])
+    j = torch.arange(steps + 1)  # [S] grid index
+    k = j.unsqueeze(0) + shift.unsqueeze(1)  # [E, S] steps below that still count at depth e
+    # the greedy tokens are in bin 0 of every row: one per row less
+    tokens = below[:depths].gather(1, (k - 1).clamp_(0, steps)) - torch.arange(1, depths + 1).unsqueeze(1)
+    floors = top - j.double() * step  # [S] F_j, as `top - j * step` in float64
+    chain_nodes = double_tensor(chain[1 : depths + 1]).unsqueeze(1) >= floors  # [E, S] the chain's own nodes
+    counts = torch.where(k >= 1, tokens, 0).sum(dim=0) + chain_nodes.sum(dim=0)  # [S], non-decreasing in j
+    if int(counts[steps]) < budget:
         return _NEG_INF
-    lo, hi = 0, steps  # the smallest j whose count reaches the budget (counts grow with j)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if paths_at_least(mid) >= budget:
-            hi = mid
-        else:
-            lo = mid + 1
+    lo = int(torch.searchsorted(counts, budget))  # the smallest j whose count reaches the budget
     floor = top - lo * step
     return floor - float_slack(floor)
 
 
-def _maxima_histogram(maxima: torch.Tensor, steps: int, step: float) -> list[list[int]]:
-    """below[d][k]: blocks of rows 0..d whose maximum lies less than k + 1 steps below their
-    row's best (one histogram op per row, then running sums over bins and over rows).
-    maxima: [E, NB] float32."""
+def _maxima_histogram(maxima: torch.Tensor, steps: int, step: float) -> torch.Tensor:
+    """[E, steps + 1] int64 on the host: below[d, k] counts the blocks of rows 0..d whose
+    maximum lies less than k + 1 steps below their row's best (one bincount over every row,
+    then running sums over bins and over rows). maxima: [E, NB] float32."""
+    rows = maxima.shape[0]
     distance = maxima.amax(dim=1, keepdim=True) - maxima  # [E, NB] >= 0 (+inf: -inf blocks)
     bins = distance.mul_(1 / step).clamp_(max=steps).long()  # floor: values are >= 0
-    within = torch.zeros(maxima.shape[0], steps + 1, dtype=torch.int64, device=maxima.device)
-    return within.scatter_add_(1, bins, torch.ones_like(bins)).cumsum_(1).cumsum_(0).tolist()
+    bins += torch.arange(rows, device=bins.device).unsqueeze(1) * (steps + 1)  # row d's bins after row d-1's
+    within = torch.bincount(bins.flatten(), minlength=rows * (steps + 1)).view(rows, steps + 1)
+    return within.cumsum_(1).cumsum_(0).cpu()
 
 
 # A greedy two-token path more likely than this (log-prob) predicts a deep tree. Only the
@@ -545,7 +537,7 @@ def build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
         # Rows past 1 will likely be read to K and popped by the heap loop: that is the
         # reference's own work, so run it without the reader's bookkeeping.
         return build_heap_tree(logits, budget, lazy_rows=True)
-    if guess.likely_deep and budget >= DEEP_BLOCK_MIN_BUDGET and vocab >= DEEP_BLOCK_MIN_VOCAB:
+    if guess.likely_deep and budget >= DEEP_BLOCK_MIN_BUDGET and vocab >= DEEP_BLOCK_MIN_VOCAB and not isinstance(reader.source, BlockMaxima):
         reader.source = BlockMaxima(logits)  # nothing is read yet; see DEEP_BLOCK_MIN_BUDGET
     chain, floor = _read_until_complete(reader, budget, guess.likely_deep)
     if floor == _NEG_INF or budget <= HEAP_LOOP_MAX_BUDGET:
