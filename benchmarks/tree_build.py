@@ -16,12 +16,14 @@ round, in a fresh random order each round (a busy machine slows them alike); med
   (d) batch/r  build_ddtree_trees on a batch of 8 requests of the family, per request (timed
                apart: the batch's 8x data would evict what the others share)
 a/b is the ratio of the medians (geometric mean over the draws) with the min / median / max of
-the per-round ratios beside it (all draws pooled). Each family's line carries the load average
-when its timing ended. glibc's malloc thresholds are fixed first (`steady_malloc`;
-`--default-malloc` leaves them) so one call's freed memory cannot make the next call's
-temporaries page-fault. With CUDA present it also prints the device rows: a batch of 16 bf16
-requests at budget 256, eager (CUDA events, sync-debug mode "error" around the builder) and as
-a CUDA graph replay (`GraphedTreeBuilder`), and the peak extra memory at batch 16, budget 1024.
+the per-round ratios beside it (all draws pooled). Each line carries the load average when its
+timing ended and the share of CPU time the hypervisor stole meanwhile (`steal`, /proc/stat: on
+a shared VM a few percent make single timings noisy, tens of percent make them noise).
+glibc's malloc thresholds are fixed first (`steady_malloc`; `--default-malloc` leaves them) so
+one call's freed memory cannot make the next call's temporaries page-fault. With CUDA present
+it also prints the device rows: a batch of 16 bf16 requests at budget 256, eager (CUDA
+events, sync-debug mode "error" around the builder) and as a CUDA graph replay
+(`GraphedTreeBuilder`), and the peak extra memory at batch 16, budget 1024.
 """
 from __future__ import annotations
 
@@ -121,7 +123,7 @@ def cpu_table(calls: int, budgets, vocabs, draws: int, families) -> None:
         f"D = {DEPTH}, float32 logits\n"
     )
     header = ("| vocab | family | budget | (a) heap ms | (b) public ms | (c) floor ms | (d) batch/req ms "
-              "| a/b | a/b per round min / med / max | b/c | depth | load |")
+              "| a/b | a/b per round min / med / max | b/c | depth | load | steal |")
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     for vocab in vocabs:
@@ -129,6 +131,7 @@ def cpu_table(calls: int, budgets, vocabs, draws: int, families) -> None:
             batch = family_batch(family, BATCH, vocab)
             requests = [batch[r].contiguous() for r in range(min(draws, BATCH))]
             for budget in budgets:
+                ticks = cpu_ticks()
                 per_request = [single_request_samples(one, budget, calls) for one in requests]
                 medians = [{name: statistics.median(v) for name, v in t.items()} for t in per_request]
                 ms = {name: statistics.median(m[name] for m in medians) * 1e3 for name in medians[0]}
@@ -142,9 +145,27 @@ def cpu_table(calls: int, budgets, vocabs, draws: int, families) -> None:
                     f"| {ms['batch'] / BATCH:.2f} | {ratio:.2f}x | {rounds[0]:.2f} / {statistics.median(rounds):.2f} / "
                     f"{rounds[-1]:.2f} | {ms['public'] / ms['floor']:.2f}x "
                     f"| {'-'.join(map(str, (depths[0], depths[-1]) if len(depths) > 1 else depths))} "
-                    f"| {os.getloadavg()[0]:.1f} |",
+                    f"| {os.getloadavg()[0]:.1f} | {steal_share(ticks, cpu_ticks())} |",
                     flush=True,
                 )
+
+
+def cpu_ticks() -> tuple[int, int] | None:
+    """(stolen, all) CPU ticks so far from /proc/stat (Linux), else None. Steal is the time
+    the hypervisor ran another guest on this VM's CPUs: a timing taken then is slowed by
+    something the load average does not show."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return (fields[7] if len(fields) > 7 else 0), sum(fields)
+
+
+def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> str:
+    """The share of this machine's CPU time stolen between two `cpu_ticks()`."""
+    if before is None or after is None or after[1] <= before[1]:
+        return "n/a"
+    return f"{100 * (after[0] - before[0]) / (after[1] - before[1]):.0f} %"
 
 
 def batch_calls(calls: int) -> int:
