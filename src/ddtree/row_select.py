@@ -165,8 +165,18 @@ class BlockMaxima:
         """As `FullRows.top`."""
         if max(ks) >= self.block_count:  # as many ranks as blocks: no block can be skipped
             return FullRows(self.logits).top(rows, ks, log_z)
-        if max(ks) <= TOP_BLOCKS_MAX_K and self.whole == self.block_count:
+        small = [i for i, k in enumerate(ks) if k <= TOP_BLOCKS_MAX_K] if self.whole == self.block_count else []
+        if len(small) == len(rows):
             return self._top_in_top_blocks(rows, ks, log_z)
+        if small:
+            # a wide read of one row (row 0 read to the budget) beside narrow ones: the narrow
+            # rows from their best blocks, not cut at the wide row's k-th block maximum (which
+            # gathered some thousand logits of each to keep a few dozen)
+            wide = [i for i in range(len(rows)) if ks[i] > TOP_BLOCKS_MAX_K]
+            narrow_read = self._top_in_top_blocks([rows[i] for i in small], [ks[i] for i in small], log_z[small])
+            wide_read = self.top([rows[i] for i in wide], [ks[i] for i in wide], log_z[wide])
+            by_row = dict(zip(small, zip(*narrow_read))) | dict(zip(wide, zip(*wide_read)))
+            return Read([by_row[i][0] for i in range(len(rows))], [by_row[i][1] for i in range(len(rows))])
         read = self._select(rows, self._kth_largest_block_max(rows, ks), log_z)
         return Read([lp[:k] for lp, k in zip(read.log_probs, ks)], [i[:k] for i, k in zip(read.ids, ks)])
 
