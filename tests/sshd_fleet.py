@@ -142,7 +142,7 @@ class SshdHost:
         log = open(self.directory / "sshd.log", "ab")
         self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.config)], stdout=log, stderr=log)
         log.close()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a busy machine starts sshd slowly; polled, so no cost when quick
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"sshd for {self.name} exited: {(self.directory / 'sshd.log').read_text()}")
