@@ -300,23 +300,44 @@ def _block_maxima_floor(reader: _RowReader, chain: list[float], budget: int, gri
         below = _maxima_histogram(reader.source.maxima(list(range(depths))), steps, step)
         if grid is not None:
             reader.maxima_histogram = (grid, below)
+    rows = _host_rows(below)
     # a token r nats below row d's best places its path to depth e iff r <= chain[e] - F_j,
     # i.e. (less a margin for float rounding, rounded down: it can only count fewer) iff it
-    # lies less than j + shift[e] steps below. Counted for every j at once ([E, steps + 1]).
+    # lies less than j + shift[e] steps below
     margin = 2 * float_slack(top, lowest)
-    shift = long_tensor([math.floor((chain[e] - top - margin) / step) for e in range(1, depths + 1)])
-    j = torch.arange(steps + 1)  # [S] grid index
-    k = j.unsqueeze(0) + shift.unsqueeze(1)  # [E, S] steps below that still count at depth e
-    # the greedy tokens are in bin 0 of every row: one per row less
-    tokens = below[:depths].gather(1, (k - 1).clamp_(0, steps)) - torch.arange(1, depths + 1).unsqueeze(1)
-    floors = top - j.double() * step  # [S] F_j, as `top - j * step` in float64
-    chain_nodes = double_tensor(chain[1 : depths + 1]).unsqueeze(1) >= floors  # [E, S] the chain's own nodes
-    counts = torch.where(k >= 1, tokens, 0).sum(dim=0) + chain_nodes.sum(dim=0)  # [S], non-decreasing in j
-    if int(counts[steps]) < budget:
+    shift = [math.floor((chain[e] - top - margin) / step) for e in range(1, depths + 1)]
+
+    def paths_at_least(j: int) -> int:
+        floor_j = top - j * step
+        count = 0
+        for e in range(1, depths + 1):
+            k = j + shift[e - 1]
+            if k >= 1:  # the greedy tokens are in bin 0 of every row: one per row less
+                count += rows[e - 1][min(k - 1, steps)] - e
+            count += chain[e] >= floor_j  # the chain's own node at depth e
+        return count
+
+    if paths_at_least(steps) < budget:
         return _NEG_INF
-    lo = int(torch.searchsorted(counts, budget))  # the smallest j whose count reaches the budget
+    lo, hi = 0, steps  # the smallest j whose count reaches the budget (counts grow with j)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if paths_at_least(mid) >= budget:
+            hi = mid
+        else:
+            lo = mid + 1
     floor = top - lo * step
     return floor - float_slack(floor)
+
+
+def _host_rows(table: torch.Tensor):
+    """A host int64 table for element reads from Python: a numpy view (no copy; a full
+    `tolist()` of the [15, 769] histogram cost more than the search that reads ~150 of it),
+    or lists where torch runs without numpy."""
+    try:
+        return table.numpy()
+    except RuntimeError:  # torch installed without numpy
+        return table.tolist()
 
 
 def _maxima_histogram(maxima: torch.Tensor, steps: int, step: float) -> torch.Tensor:

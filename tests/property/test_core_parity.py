@@ -176,6 +176,27 @@ def test_block_maxima_floor_never_exceeds_the_budget_th_best_score(block_size, m
     assert found > 10
 
 
+def test_block_maxima_floor_is_the_same_where_torch_has_no_numpy(monkeypatch):
+    """The floor search reads its histogram through a numpy view; a torch without numpy
+    (`Tensor.numpy` raises) reads it as lists and finds the same floors."""
+    monkeypatch.setattr(row_select, "BLOCK_MIN_VOCAB", 1)
+    rng = random.Random(71)
+    cases = []
+    for _ in range(40):
+        depth, vocab, budget = rng.choice([2, 6, 15]), rng.choice([300, 3000]), rng.choice([33, 300, 1000])
+        reader = fast_build._RowReader(random_logits(rng, depth, vocab, rng.choice(KINDS)), budget)
+        reader.read(list(range(depth)), rng.choice([1, 4, 32]))
+        cases.append((reader, fast_build._greedy_chain(reader), budget))
+    with_numpy = [fast_build._block_maxima_floor(*case) for case in cases]
+
+    def no_numpy(self):
+        raise RuntimeError("Numpy is not available")
+
+    monkeypatch.setattr(torch.Tensor, "numpy", no_numpy)
+    assert [fast_build._block_maxima_floor(*case) for case in cases] == with_numpy
+    assert sum(floor != float("-inf") for floor in with_numpy) > 10
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(2))
 def test_seeded_sweep_large_vocabulary(seed):
