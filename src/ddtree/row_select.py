@@ -245,9 +245,13 @@ class BlockMaxima:
             row_of, token = keep.nonzero(as_tuple=True)
             return _sorted_per_row(len(rows), row_of, x[keep], token, log_z, self.vocab)
         row_of, block = hit.nonzero(as_tuple=True)  # [P] each
-        source_row = torch.tensor(rows, device=block.device)[row_of]  # [P] rows of the logits
-        main = block < self.whole  # every block but a short tail one
-        if bool(main.all()):
+        if rows[-1] - rows[0] + 1 == len(rows):  # a contiguous run (ascending rows)
+            source_row = row_of + rows[0] if rows[0] else row_of  # [P] rows of the logits
+        else:
+            source_row = torch.tensor(rows, device=block.device)[row_of]
+        has_tail = self.whole < self.block_count
+        main = block < self.whole if has_tail else None  # every block but a short tail one
+        if main is None or bool(main.all()):
             values = self._blocks[source_row, :, block].float()  # [P, BLOCK]: whole blocks
         else:
             values = torch.full((block.numel(), BLOCK), _NEG_INF, device=block.device)
@@ -259,8 +263,9 @@ class BlockMaxima:
             keep &= values > _NEG_INF
         hit_index, offset = keep.nonzero(as_tuple=True)
         block = block[hit_index]
-        # a tail block's tokens follow the strided ones in order
-        token = torch.where(block < self.whole, offset * self.whole + block, self.whole * BLOCK + offset)
+        token = offset * self.whole + block
+        if has_tail:  # a tail block's tokens follow the strided ones in order
+            token = torch.where(block < self.whole, token, self.whole * BLOCK + offset)
         return _sorted_per_row(len(rows), row_of[hit_index], values[hit_index, offset], token, log_z, self.vocab)
 
 
