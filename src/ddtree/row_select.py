@@ -245,7 +245,7 @@ class BlockMaxima:
             row_of, token = keep.nonzero(as_tuple=True)
             return _sorted_per_row(len(rows), row_of, x[keep], token, log_z, self.vocab)
         row_of, block = hit.nonzero(as_tuple=True)  # [P] each
-        if rows[-1] - rows[0] + 1 == len(rows):  # a contiguous run (ascending rows)
+        if rows and rows[-1] - rows[0] + 1 == len(rows):  # a contiguous run (ascending rows)
             source_row = row_of + rows[0] if rows[0] else row_of  # [P] rows of the logits
         else:
             source_row = torch.tensor(rows, device=block.device)[row_of]
