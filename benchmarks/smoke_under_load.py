@@ -35,6 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_args import non_negative_int, positive_int  # noqa: E402
+from cpu_stat import IDLE, IOWAIT, cpu_fields  # noqa: E402
 
 BUSY_LOOP = "while True: pass"
 
@@ -56,9 +57,11 @@ def stop(processes: list[subprocess.Popen]) -> None:
 
 
 def cpu_ticks() -> tuple[int, int]:
-    """(busy, total) jiffies of all CPUs so far, from /proc/stat."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    """(busy, total) jiffies of all CPUs so far, from /proc/stat (Linux only)."""
+    fields = cpu_fields()
+    if fields is None:
+        raise OSError("/proc/stat is not readable: this benchmark needs Linux")
+    idle = fields[IDLE] + (fields[IOWAIT] if len(fields) > IOWAIT else 0)
     return sum(fields) - idle, sum(fields)
 
 

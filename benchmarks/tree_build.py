@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from ddtree import BuildMethod, GraphedTreeBuilder, build_ddtree_tree_from_logits, build_ddtree_trees  # noqa: E402
 from bench_args import budget_list, positive_int  # noqa: E402
+from cpu_stat import STEAL, cpu_fields  # noqa: E402
 from row_families import FAMILIES, family_logits  # noqa: E402
 
 DEPTH = 15
@@ -151,14 +152,13 @@ def cpu_table(calls: int, budgets, vocabs, draws: int, families) -> None:
 
 
 def cpu_ticks() -> tuple[int, int] | None:
-    """(stolen, all) CPU ticks so far from /proc/stat (Linux), else None. Steal is the time
-    the hypervisor ran another guest on this VM's CPUs: a timing taken then is slowed by
-    something the load average does not show."""
-    try:
-        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    except (OSError, ValueError):
+    """(stolen, all) CPU jiffies so far (`cpu_stat`), else None. Steal is the time the
+    hypervisor ran another guest on this VM's CPUs: a timing taken then is slowed by something
+    the load average does not show."""
+    fields = cpu_fields()
+    if fields is None:
         return None
-    return (fields[7] if len(fields) > 7 else 0), sum(fields)
+    return (fields[STEAL] if len(fields) > STEAL else 0), sum(fields[: STEAL + 1])
 
 
 def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> str:
