@@ -11,6 +11,17 @@ sys.path.insert(0, str(Path(__file__).parent))  # so tests can `from sshd_fleet 
 from sshd_fleet import SshdFleet, sshd_available  # noqa: E402
 
 
+def pytest_configure(config):
+    """Ctrl-C handling as in an interactive shell, even when the suite was started in the
+    background (`make test &`, nohup, some CI runners): such a start ignores SIGINT, Python then
+    raises no KeyboardInterrupt, and the children the tests start inherit the ignore, so the
+    tests that stop a run with Ctrl-C would hang or fail. Runs in every xdist worker too."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @pytest.fixture
 def sshd_fleet(tmp_path_factory):
     """Factory: `sshd_fleet(n, python=..., connect_timeout=5, command_timeout=30) -> SshdFleet`.

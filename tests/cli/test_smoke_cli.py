@@ -227,17 +227,20 @@ def test_ctrl_c_stops_the_runner_and_keeps_what_arrived(env, checkout):
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=env)
     runs = env / "runs"
-    deadline = time.monotonic() + 60
-    hang_log = None
-    while time.monotonic() < deadline:  # wait until the host is inside `hang`
-        logs = list((env / "wd" / "runs").glob("*/logs/hang.log"))
-        if logs and "hanging now" in logs[0].read_text():
-            hang_log = logs[0]
-            break
-        time.sleep(0.2)
-    assert hang_log is not None, proc.stderr.read() if proc.poll() is not None else "no hang"
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    try:  # a failed wait must not leave the CLI and its hanging runner behind
+        deadline = time.monotonic() + 60
+        hang_log = None
+        while time.monotonic() < deadline:  # wait until the host is inside `hang`
+            logs = list((env / "wd" / "runs").glob("*/logs/hang.log"))
+            if logs and "hanging now" in logs[0].read_text():
+                hang_log = logs[0]
+                break
+            time.sleep(0.2)
+        assert hang_log is not None, proc.stderr.read() if proc.poll() is not None else "no hang"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
     assert proc.returncode == 130, err
     doc = json.loads(out)
     stages = doc["hosts"]["local"]["stages"]

@@ -269,17 +269,20 @@ def test_ctrl_c_stops_the_remote_runners_over_ssh(sshd_fleet, runs, checkout):
          str(checkout), "--stages", "env,hang,golden", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "DDTREE_OPS_RUNS_DIR": str(runs)})
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:  # both hosts inside `hang`
-        logs = [list((h.workdir / "runs").glob("*/logs/hang.log")) for h in fleet.hosts]
-        if all(found and "hanging on" in found[0].read_text() for found in logs):
-            break
-        time.sleep(0.2)
-    else:
+    try:  # a failed wait must not leave the CLI behind (the sshd fixture ends the hosts' side)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:  # both hosts inside `hang`
+            logs = [list((h.workdir / "runs").glob("*/logs/hang.log")) for h in fleet.hosts]
+            if all(found and "hanging on" in found[0].read_text() for found in logs):
+                break
+            time.sleep(0.2)
+        else:
+            proc.kill()
+            pytest.fail(f"hosts never reached the hang stage: {proc.communicate()[1][-2000:]}")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=90)
+    finally:
         proc.kill()
-        pytest.fail(f"hosts never reached the hang stage: {proc.communicate()[1][-2000:]}")
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=90)
     assert proc.returncode == 130, err
     assert "ended without a result" not in err and "failed" not in err, err  # stopped, not failed
     doc = json.loads(out)
