@@ -15,6 +15,7 @@ and sha256, for `collect`).
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import importlib
 import importlib.machinery
@@ -762,4 +763,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    # torch leaves about a million objects behind, and the interpreter's last garbage collection
+    # walks them all: ~0.6 s of CPU per run. Frozen objects are not walked; the rest of the
+    # shutdown (atexit, flushing, closing) is unchanged.
+    gc.freeze()
+    sys.exit(exit_code)

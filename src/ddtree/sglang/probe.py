@@ -18,6 +18,7 @@ exit 0 unless the verdict is "failed" (then 1).
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import os
@@ -157,4 +158,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_code = main()
+    gc.freeze()  # skip the shutdown's walk over SGLang's and torch's objects (~0.6 s of CPU)
+    raise SystemExit(exit_code)
