@@ -607,11 +607,15 @@ def recover(workdir, site):
     return outcome
 
 
-def verify_in_fresh_interpreter(force):
-    argv = [sys.executable, "-m", "ddtree.sglang.probe"] + (["--allow-gate-findings"] if force else [])
+def verify_in_fresh_interpreter(force, gate):
+    """The deployed plugin loaded by SGLang's load_plugins() in a fresh interpreter (the probe).
+    `gate`: this deploy's gate report, made with the same release moments ago under the host
+    lock: the probe takes it rather than parse SGLang's files again."""
+    argv = [sys.executable, "-m", "ddtree.sglang.probe", "--gate-report", "-"] + (["--allow-gate-findings"] if force else [])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DDTREE_", "PYTHONPATH"))}
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # leave no bytecode behind in site-packages
-    done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd="/", timeout=300)
+    done = subprocess.run(argv, input=json.dumps(gate).encode("utf-8"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          env=env, cwd="/", timeout=300)
     lines = done.stdout.decode("utf-8", "replace").strip().splitlines()
     try:
         result = json.loads(lines[-1])
@@ -840,7 +844,7 @@ def install_locked(site, workdir, release_id, mode, sources, allow_shared_env=Fa
         if old:
             replaced = remove_recorded(site_part(old))
         site_hashes = write_site_files(site, release_id, payload_dir, files)
-        probe = verify_in_fresh_interpreter(force)
+        probe = verify_in_fresh_interpreter(force, plan["gate"])
         if probe.get("verdict") == "failed":
             raise InstallError("verify", "installed plugin failed its check: %s" % "; ".join(probe.get("reasons", [])))
         for path, digest in site_hashes.items():  # still what was written, before it is called ok
@@ -880,7 +884,7 @@ def install_locked(site, workdir, release_id, mode, sources, allow_shared_env=Fa
 
 def verify_unchanged(record_path, record, plan, force, recovered):
     """The same release, intact: check it again, and record this deploy's gate and --force."""
-    probe = verify_in_fresh_interpreter(force)
+    probe = verify_in_fresh_interpreter(force, plan["gate"])
     if probe.get("verdict") == "failed":
         raise InstallError("verify", "release %s is deployed and intact but fails its check: %s" % (
             record["release"], "; ".join(probe.get("reasons", []))))

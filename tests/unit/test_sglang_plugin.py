@@ -104,10 +104,37 @@ def test_probe_reports_static_only_on_a_cpu_host():
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["verdict"] == "static-only"
-    assert result["gate"]["ok"] is True and result["gate"]["version"] == "0.5.23"
+    assert result["gate"]["ok"] is True and result["gate"]["version"] == "0.5.23" and result["gate_from"] == "probe"
     assert result["entry_point"] == {"found": True, "value": "ddtree.sglang.plugin:register",
                                      "dist": "ddtree-ops", "count": 1}
     assert result["reasons"] == ["SGLang's speculative modules cannot import here (missing: msgspec, psutil); static checks only"]
+
+
+PROBE_WITH_REPORT = """
+import io, json, sys
+from ddtree.sglang.probe import main
+sys.stdin = io.StringIO(sys.argv[1])
+raise SystemExit(main(["--gate-report", "-"]))
+"""
+
+
+@pytest.mark.slow
+def test_probe_takes_the_callers_gate_report_and_judges_by_it():
+    """Deploy's installer hands the probe the report it just made: the probe judges by that
+    report (a structure finding in it fails the verdict) and says where the gate came from."""
+    finding = {"kind": "name-mismatch", "file": "/site/sglang/srt/speculative/spec_info.py", "evidence": "structure",
+               "detail": "SpeculativeAlgorithm.create_worker: signature changed"}
+    report = {"ok": False, "structure_ok": False, "version": "0.5.23", "findings": [finding]}
+    done = run_python(PROBE_WITH_REPORT.replace("sys.argv[1]", repr(json.dumps(report))))
+    assert done.returncode == 1, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (result["gate_from"], result["gate"], result["verdict"]) == ("caller", report, "failed")
+    assert result["reasons"][0] == "gate: /site/sglang/srt/speculative/spec_info.py: name-mismatch: " \
+                                   "SpeculativeAlgorithm.create_worker: signature changed"
+
+    done = run_python(PROBE_WITH_REPORT.replace("sys.argv[1]", repr('["not a report"]')))
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].endswith(
+        "--gate-report: stdin holds no gate report (a JSON object with structure_ok)")
 
 
 @pytest.mark.slow

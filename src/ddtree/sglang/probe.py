@@ -1,9 +1,13 @@
 """Run in a host's Python environment: is the plugin discoverable, and do its hooks take?
 
-    python -m ddtree.sglang.probe [--allow-gate-findings]
+    python -m ddtree.sglang.probe [--allow-gate-findings] [--gate-report -]
 
 Prints one JSON object. Used by `ddtree-ops deploy` (from a fresh interpreter after
-installing), by the `plugin` smoke stage and by the tests. It runs SGLang's own
+installing), by the `plugin` smoke stage and by the tests. `--gate-report -` reads the gate's
+report on this installation from stdin instead of checking it again: the installer passes the
+report it made moments before, with the same release's gate, under the same host lock (the
+check costs about half a second; its result would be the same). The output's `gate_from` says
+which it was: "probe" or "caller". It runs SGLang's own
 `load_plugins()` with `sglang/__init__.py` bypassed (that file imports the whole frontend,
 which needs GPU-only dependencies) and DDTREE_ENABLE=1, DDTREE_STRICT=0, so that it can
 report every hook instead of stopping at the first.
@@ -114,10 +118,12 @@ def classify(
     return Verdict.HOOKS_APPLIED, []
 
 
-def probe(*, allow_gate_findings: bool = False) -> dict[str, Any]:
+def probe(*, allow_gate_findings: bool = False, gate_report: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`gate_report`: the gate's report (`GateReport.to_dict()`) on this installation, made by
+    the caller with this same release; None: the probe runs the gate itself."""
     os.environ["DDTREE_ENABLE"] = "1"
     os.environ["DDTREE_STRICT"] = "0"
-    from ddtree.sglang.gate import find_package_dir, run_gate
+    from ddtree.sglang.gate import collector_paused, find_package_dir, run_gate
 
     package_dir = find_package_dir()
     result: dict[str, Any] = {"python": sys.executable, "sglang_dir": str(package_dir) if package_dir else None}
@@ -126,14 +132,20 @@ def probe(*, allow_gate_findings: bool = False) -> dict[str, Any]:
         result["gate"] = {"ok": False, "error": "sglang not found", "findings": []}
         result["verdict"], result["reasons"] = Verdict.FAILED.value, ["sglang is not installed in this environment"]
         return result
-    result["gate"] = run_gate(package_dir).to_dict()
+    if gate_report is None:
+        result["gate"], result["gate_from"] = run_gate(package_dir).to_dict(), "probe"
+    else:
+        result["gate"], result["gate_from"] = gate_report, "caller"
 
     bypass_sglang_init()
     load_error = None
     try:
-        from sglang.srt.plugins import load_plugins
+        # SGLang and the plugin import torch here: a million objects that every full collection
+        # during the imports would walk again
+        with collector_paused():
+            from sglang.srt.plugins import load_plugins
 
-        load_plugins()
+            load_plugins()
     except Exception as err:  # noqa: BLE001 - reported as a reason
         load_error = f"{type(err).__name__}: {err}"
     from ddtree.sglang import selfcheck
@@ -151,8 +163,14 @@ def probe(*, allow_gate_findings: bool = False) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddtree.sglang.probe", description=__doc__.splitlines()[0])
     parser.add_argument("--allow-gate-findings", action="store_true", help="deploy --force: do not fail on gate findings")
+    parser.add_argument("--gate-report", choices=["-"], help="read the caller's gate report (JSON) from stdin")
     args = parser.parse_args(argv)
-    result = probe(allow_gate_findings=args.allow_gate_findings)
+    gate_report = None
+    if args.gate_report:
+        gate_report = json.loads(sys.stdin.read())
+        if not isinstance(gate_report, dict) or "structure_ok" not in gate_report:
+            parser.error("--gate-report: stdin holds no gate report (a JSON object with structure_ok)")
+    result = probe(allow_gate_findings=args.allow_gate_findings, gate_report=gate_report)
     print(json.dumps(result))
     return 1 if result["verdict"] == Verdict.FAILED.value else 0
 
