@@ -1,7 +1,7 @@
 """The host-side smoke runner: `python <workdir>/current/ddtree_ops/hostside/runner.py run ...`.
 
 One Python start per host per run. The parent process (this script) imports torch and the
-release's `ddtree` once, then forks a worker that runs the selected stages in order and sends
+release's `ddtree` once (unless every selected stage declares `NEEDS_TORCH = False`), then forks a worker that runs the selected stages in order and sends
 each event back over a pipe. The parent never runs stage code, so a stage that hangs (per-stage
 timeout) or kills the interpreter (abort, segfault) is reported as failed with its last output;
 the parent then reports the rest as not run, or (`--keep-going`) forks a fresh worker for them.
@@ -22,6 +22,7 @@ import importlib.machinery
 import json
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import threading
@@ -142,6 +143,20 @@ def resolve_stages(requested: list[str] | None) -> list[str]:
     return [s for s in requested if not (s in seen or seen.add(s))]
 
 
+# A stage module whose code never touches torch says so on a line of its own; a run of only
+# such stages then starts without importing torch (about a second of CPU). Read, not imported:
+# importing a stage runs its code, and stage code runs only in the worker.
+_NO_TORCH_LINE = re.compile(r"^NEEDS_TORCH\s*=\s*False\s*(#.*)?$", re.MULTILINE)
+
+
+def stage_needs_torch(name: str) -> bool:
+    try:
+        text = (stages_dir() / f"{stage_module_name(name)}.py").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return True  # the worker reports what is wrong with it
+    return _NO_TORCH_LINE.search(text) is None
+
+
 def load_stage(name: str) -> Any:
     module = importlib.import_module(f"ddtree_ops.hostside.stages.{stage_module_name(name)}")
     for attr in ("NAME", "DESCRIPTION", "run"):
@@ -244,7 +259,7 @@ def _run_stages(conn: Any, plan: dict[str, Any], stages: list[str]) -> None:
     _redirect_output(logs / "worker.log")
     faulthandler.enable(file=sys.stderr, all_threads=True)
     options = SmokeOptions.from_dict(plan["options"])
-    device = _pick_device()
+    device = _pick_device() if plan["needs_torch"] else "cpu"  # no stage here uses torch
     for stage in stages:
         _redirect_output(logs / f"{stage}.log")
         conn.send(("event", EventKind.STAGE_START, {"stage": stage}))
@@ -435,16 +450,25 @@ def _preload() -> dict[str, Any]:
     # other processes each parallel op then waits for a descheduled spinner (tree-bench, 2
     # cores at load ~13: 113 s spinning, 49 s passive). OpenMP reads it once, as torch loads.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # No garbage collection while they load: torch creates about a million objects, and every
+    # full collection meanwhile walks all of them again (about an eighth of the import's CPU).
+    # Frozen afterwards, so that the forked worker's collections skip them too (and leave the
+    # memory pages it shares with this process unwritten, so uncopied).
+    gc.disable()
     try:
-        import torch
+        try:
+            import torch
 
-        info["torch"] = torch.__version__
-    except Exception as err:  # noqa: BLE001 - the env stage reports a broken torch
-        info["torch_error"] = f"{type(err).__name__}: {err}"
-    try:
-        import ddtree  # noqa: F401
-    except Exception as err:  # noqa: BLE001 - the import stage reports it
-        info["ddtree_error"] = f"{type(err).__name__}: {err}"
+            info["torch"] = torch.__version__
+        except Exception as err:  # noqa: BLE001 - the env stage reports a broken torch
+            info["torch_error"] = f"{type(err).__name__}: {err}"
+        try:
+            import ddtree  # noqa: F401
+        except Exception as err:  # noqa: BLE001 - the import stage reports it
+            info["ddtree_error"] = f"{type(err).__name__}: {err}"
+    finally:
+        gc.freeze()
+        gc.enable()
     return info
 
 
@@ -638,6 +662,7 @@ def command_run(args: argparse.Namespace) -> int:
             print(f"runner: {err}", file=sys.stderr)
             return EXIT_USAGE
         refusal, interrupted = None, None
+        needs_torch = any(stage_needs_torch(stage) for stage in stages)
         try:
             # `stop` finds the runner by this file: written only once a stop is handled
             (run_dir / PID_FILE).write_text(f"{os.getpid()}\n", encoding="utf-8")
@@ -648,9 +673,11 @@ def command_run(args: argparse.Namespace) -> int:
             if refusal is not None:
                 preload = {"python": sys.version.split()[0], "error": refusal}
                 print(f"runner: {refusal}", file=sys.stderr)
-            else:
+            elif needs_torch:
                 with _Keepalive():
                     preload = _preload()
+            else:  # no `torch` key: it was not imported
+                preload = {"python": sys.version.split()[0], "executable": sys.executable}
             _raise_if_stopped()
         except Interrupted as why:  # stopped while the release was checked or torch imported
             refusal, interrupted = None, str(why)
@@ -660,6 +687,7 @@ def command_run(args: argparse.Namespace) -> int:
             "expected_release": args.expected_release, "options": options.to_dict(),
             "host_entry": host_entry, "keep_going": args.keep_going,
             "stage_timeout_s": args.stage_timeout,
+            "needs_torch": needs_torch,
         }
         meta = dict(stages=stages, options=options.to_dict(), release_root=str(release_root),
                     expected_release=args.expected_release, pid=os.getpid(),

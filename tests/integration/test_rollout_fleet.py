@@ -167,7 +167,7 @@ def test_smoke_a_canary_whose_stage_fails_stops_before_the_other_hosts(sshd_flee
 
     monkeypatch.setenv("DDTREE_OPS_RUNS_DIR", str(tmp_path / "runs"))
     checkout = copy_release_files(tmp_path / "checkout", {
-        "picky": 'NAME = "picky"\nDESCRIPTION = "fails on h0 only"\nfrom ddtree_ops.hostside.protocol import StageResult\n'
+        "picky": 'NAME = "picky"\nDESCRIPTION = "fails on h0 only"\nNEEDS_TORCH = False\nfrom ddtree_ops.hostside.protocol import StageResult\n'
                  'def run(ctx):\n    if ctx.host["name"] == "h0":\n        return StageResult.failed("canary says no")\n'
                  '    return StageResult.passed("fine")\n'})
     fleet = sshd_fleet(3)

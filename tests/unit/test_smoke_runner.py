@@ -21,6 +21,7 @@ STAGES = {
     "ok": """
 NAME = "ok"
 DESCRIPTION = "passes with a metric"
+NEEDS_TORCH = False
 def run(ctx):
     from ddtree_ops.hostside.protocol import StageResult
     ctx.log("hello from ok")
@@ -31,6 +32,7 @@ def run(ctx):
     "bad": """
 NAME = "bad"
 DESCRIPTION = "returns a failure"
+NEEDS_TORCH = False
 def run(ctx):
     from ddtree_ops.hostside.protocol import StageResult
     return StageResult.failed("bad on purpose", metrics={"x": 1.5})
@@ -38,12 +40,14 @@ def run(ctx):
     "boom": """
 NAME = "boom"
 DESCRIPTION = "raises"
+NEEDS_TORCH = False
 def run(ctx):
     raise RuntimeError("boom from a stage")
 """,
     "hang": """
 NAME = "hang"
 DESCRIPTION = "never returns"
+NEEDS_TORCH = False
 import time
 def run(ctx):
     print("about to hang", flush=True)
@@ -52,6 +56,7 @@ def run(ctx):
     "abort": """
 NAME = "abort"
 DESCRIPTION = "kills the interpreter"
+NEEDS_TORCH = False
 import os, sys
 def run(ctx):
     print("last words before abort", flush=True)
@@ -60,6 +65,7 @@ def run(ctx):
     "segv": """
 NAME = "segv"
 DESCRIPTION = "segfaults"
+NEEDS_TORCH = False
 import ctypes
 def run(ctx):
     print("about to segfault", flush=True)
@@ -68,6 +74,7 @@ def run(ctx):
     "skipme": """
 NAME = "skipme"
 DESCRIPTION = "skips"
+NEEDS_TORCH = False
 def run(ctx):
     from ddtree_ops.hostside.protocol import StageResult
     return StageResult.skipped("nothing to do here")
@@ -75,6 +82,7 @@ def run(ctx):
     "pid": """
 NAME = "pid"
 DESCRIPTION = "reports the worker pid"
+NEEDS_TORCH = False
 import os
 def run(ctx):
     from ddtree_ops.hostside.protocol import StageResult
@@ -83,6 +91,7 @@ def run(ctx):
     "spawner": """
 NAME = "spawner"
 DESCRIPTION = "starts a server in its own session (cleaned up in finally) and a plain child"
+NEEDS_TORCH = False
 import subprocess, time
 def run(ctx):
     server = subprocess.Popen(["sleep", "333"], start_new_session=True)
@@ -97,6 +106,7 @@ def run(ctx):
     "odd": """
 NAME = "odd"
 DESCRIPTION = "a reason that is no string"
+NEEDS_TORCH = False
 def run(ctx):
     from pathlib import Path
     from ddtree_ops.hostside.protocol import StageResult
@@ -105,13 +115,24 @@ def run(ctx):
     "listtables": """
 NAME = "listtables"
 DESCRIPTION = "tables as a list"
+NEEDS_TORCH = False
 def run(ctx):
     from ddtree_ops.hostside.protocol import StageResult
     return StageResult.passed("rows", tables=[{"budget": 16, "ms": 1.0}])
 """,
+    "notorch": """
+NAME = "notorch"
+DESCRIPTION = "reports whether torch was imported"
+NEEDS_TORCH = False  # a comment may follow
+import sys
+def run(ctx):
+    from ddtree_ops.hostside.protocol import StageResult
+    return StageResult.passed(metrics={"torch_loaded": "torch" in sys.modules, "device": ctx.device})
+""",
     "threadlog": """
 NAME = "threadlog"
 DESCRIPTION = "logs from several threads at once"
+NEEDS_TORCH = False
 import threading
 def run(ctx):
     from ddtree_ops.hostside.protocol import StageResult
@@ -158,6 +179,12 @@ def run_runner(release: Path, workdir: Path, stages: str, *extra: str, run_id: s
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
     return proc.returncode, records, proc.stderr
+
+
+def needing_torch(release: Path, stage: str) -> None:
+    """Drop the stage's `NEEDS_TORCH = False`: the runner then imports torch and ddtree first."""
+    module = release / "ddtree_ops" / "hostside" / "stages" / f"{stage}.py"
+    module.write_text(module.read_text().replace("NEEDS_TORCH = False\n", ""))
 
 
 def ends(records: list[dict]) -> dict[str, dict]:
@@ -252,6 +279,20 @@ def test_stages_share_one_worker_process(release, tmp_path):
     pids = {ends(records)[s]["metrics"]["pid"] for s in ("pid", "pid2")}
     runner_pid = records[0]["pid"]
     assert len(pids) == 1 and runner_pid not in pids
+
+
+def test_a_run_of_stages_that_need_no_torch_never_imports_it(release, tmp_path):
+    """Stages declaring `NEEDS_TORCH = False` run on the CPU without torch imported, in the
+    worker or the runner; one stage without the declaration brings the import back."""
+    code, records, _ = run_runner(release, tmp_path, "notorch,ok")
+    assert code == 0
+    assert "torch" not in records[0] and records[0]["event"] == "run_start"
+    assert ends(records)["notorch"]["metrics"] == {"torch_loaded": False, "device": "cpu"}
+
+    code, records, _ = run_runner(release, tmp_path, "notorch,env", run_id="r2")
+    assert code == 0
+    assert records[0]["torch"] == __import__("torch").__version__
+    assert ends(records)["notorch"]["metrics"]["torch_loaded"] is True
 
 
 def test_unknown_stage_is_a_usage_error_naming_it(release, tmp_path):
@@ -360,6 +401,7 @@ def test_a_stop_while_torch_imports_runs_nothing(release, tmp_path):
     shutil.copytree(release, slow, symlinks=True, ignore=shutil.ignore_patterns("src"))
     (slow / "src" / "ddtree").mkdir(parents=True)
     (slow / "src" / "ddtree" / "__init__.py").write_text("import time\ntime.sleep(30)\n")
+    needing_torch(slow, "skipme")
     argv = [sys.executable, str(slow / "ddtree_ops" / "hostside" / "runner.py"), "run", "--run-id", "r5",
             "--workdir", str(tmp_path), "--release-root", str(slow), "--stages", "ok,skipme"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
@@ -393,6 +435,7 @@ def test_a_stop_that_lands_where_python_swallows_it_still_stops_the_run(release,
         "StopLandsHere()\n"
         "for _ in range(300):  # 30 s: a lost stop would let the stages run after it\n"
         "    time.sleep(0.1)\n")
+    needing_torch(swallowing, "skipme")
     argv = [sys.executable, str(swallowing / "ddtree_ops" / "hostside" / "runner.py"), "run", "--run-id", "r7",
             "--workdir", str(tmp_path), "--release-root", str(swallowing), "--stages", "ok,skipme"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
@@ -417,6 +460,7 @@ def test_a_stop_that_the_interrupted_code_swallows_still_stops_the_run(release, 
         "    time.sleep(60)\n"
         "except BaseException:\n"
         "    pass  # the stop is caught here, and the import ends early\n")
+    needing_torch(swallowing, "skipme")
     runner = swallowing / "ddtree_ops" / "hostside" / "runner.py"
     argv = [sys.executable, str(runner), "run", "--run-id", "r8", "--workdir", str(tmp_path),
             "--release-root", str(swallowing), "--stages", "ok,skipme"]
@@ -466,6 +510,7 @@ def test_the_runner_keeps_talking_while_a_slow_torch_imports(release, tmp_path):
     shutil.copytree(release, slow, symlinks=True)
     (slow / "torch").mkdir()
     (slow / "torch" / "__init__.py").write_text("import time\ntime.sleep(6.5)\n__version__ = '0.fake'\n")
+    needing_torch(slow, "skipme")
     argv = [sys.executable, str(slow / "ddtree_ops" / "hostside" / "runner.py"), "run", "--run-id", "r2", "--workdir",
             str(tmp_path), "--release-root", str(slow), "--host", "h1", "--stages", "skipme"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
