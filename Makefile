@@ -15,12 +15,13 @@ run: setup
 
 # pytest-xdist workers: most sshd tests wait on timeouts and remote processes, so one more
 # than the cores runs best (3 on 2 cores), at most 8 (one file per worker keeps a module's
-# fixtures in one place). TEST_WORKERS=0 runs everything in one process.
+# fixtures in one place; the longest files go first, tests/conftest.py). TEST_WORKERS=0 runs
+# everything in one process.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); n=$$((n + 1)); [ $$n -gt 8 ] && n=8; echo $$n)
 
 test:
 	@BOOTSTRAP_NEEDS_SSHD=1 bash scripts/bootstrap.sh
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # Unit and property tests only: no sshd fleet, nothing marked slow (subprocesses, the real
 # SGLang file set, long sweeps: every test over half a second). About 45 s on 2 idle cores.

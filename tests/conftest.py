@@ -22,6 +22,28 @@ def pytest_configure(config):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# The files that take longest (measured on 2 idle cores: 40-155 s each, the rest under 25 s),
+# longest first. pytest-xdist hands out whole files (`--dist loadfile`) in collection order
+# when `--no-loadscope-reorder` is given (the Makefile does): these then start first and the
+# short files fill in around them, instead of one of them starting last and running on alone.
+LONGEST_FILES = (
+    "tests/integration/test_deploy_sglang.py",
+    "tests/integration/test_deploy_lifecycle.py",
+    "tests/property/test_core_parity.py",
+    "tests/integration/test_smoke_fleet.py",
+    "tests/unit/test_decode_lossless.py",
+    "tests/unit/test_smoke_runner.py",
+    "tests/integration/test_push_ssh.py",
+    "tests/cli/test_smoke_cli.py",
+    "tests/integration/test_rollout_fleet.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    first = {path: rank for rank, path in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: first.get(item.nodeid.split("::", 1)[0], len(first)))  # stable: the rest keep their order
+
+
 @pytest.fixture
 def sshd_fleet(tmp_path_factory):
     """Factory: `sshd_fleet(n, python=..., connect_timeout=5, command_timeout=30) -> SshdFleet`.
