@@ -1,10 +1,11 @@
 """The host-side smoke runner: `python <workdir>/current/ddtree_ops/hostside/runner.py run ...`.
 
 One Python start per host per run. The parent process (this script) imports torch and the
-release's `ddtree` once (unless every selected stage declares `NEEDS_TORCH = False`), then forks a worker that runs the selected stages in order and sends
-each event back over a pipe. The parent never runs stage code, so a stage that hangs (per-stage
-timeout) or kills the interpreter (abort, segfault) is reported as failed with its last output;
-the parent then reports the rest as not run, or (`--keep-going`) forks a fresh worker for them.
+release's `ddtree` once (unless every selected stage declares `NEEDS_TORCH = False`), then
+forks a worker that runs the selected stages in order and sends each event back over a pipe.
+The parent never runs stage code, so a stage that hangs (per-stage timeout) or kills the
+interpreter (abort, segfault) is reported as failed with its last output; the parent then
+reports the rest as not run, or (`--keep-going`) forks a fresh worker for them.
 Events go to stdout (one JSON line each) and to `<workdir>/runs/<run-id>/` on the host, so a
 run whose SSH channel dropped keeps going and its results can be fetched later (`collect`).
 

@@ -611,7 +611,8 @@ def verify_in_fresh_interpreter(force, gate):
     """The deployed plugin loaded by SGLang's load_plugins() in a fresh interpreter (the probe).
     `gate`: this deploy's gate report, made with the same release moments ago under the host
     lock: the probe takes it rather than parse SGLang's files again."""
-    argv = [sys.executable, "-m", "ddtree.sglang.probe", "--gate-report", "-"] + (["--allow-gate-findings"] if force else [])
+    argv = [sys.executable, "-m", "ddtree.sglang.probe", "--gate-report", "-"]
+    argv += ["--allow-gate-findings"] if force else []
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DDTREE_", "PYTHONPATH"))}
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # leave no bytecode behind in site-packages
     done = subprocess.run(argv, input=json.dumps(gate).encode("utf-8"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -3,14 +3,15 @@
     python -m ddtree.sglang.probe [--allow-gate-findings] [--gate-report -]
 
 Prints one JSON object. Used by `ddtree-ops deploy` (from a fresh interpreter after
-installing), by the `plugin` smoke stage and by the tests. `--gate-report -` reads the gate's
-report on this installation from stdin instead of checking it again: the installer passes the
-report it made moments before, with the same release's gate, under the same host lock (the
-check costs about half a second; its result would be the same). The output's `gate_from` says
-which it was: "probe" or "caller". It runs SGLang's own
+installing), by the `plugin` smoke stage and by the tests. It runs SGLang's own
 `load_plugins()` with `sglang/__init__.py` bypassed (that file imports the whole frontend,
 which needs GPU-only dependencies) and DDTREE_ENABLE=1, DDTREE_STRICT=0, so that it can
 report every hook instead of stopping at the first.
+
+`--gate-report -` reads the gate's report on this installation from stdin instead of checking
+it again: the installer passes the report it made moments before, with the same release's
+gate, under the same host lock (a second check costs about half a second and would find the
+same). The output's `gate_from` says which it was: "probe" or "caller".
 
 verdict: "hooks-applied"  every hook applied, every name checked at runtime matched;
          "static-only"    SGLang's speculative modules cannot import here (a third-party
