@@ -3,6 +3,7 @@ release (tampered file, wrong release id, foreign ddtree on sys.path, ddtree fro
 `golden` and `invariants` against a deliberately broken builder, `env`, `tree-bench`."""
 from __future__ import annotations
 
+import gc
 import io
 import json
 import os
@@ -333,11 +334,16 @@ def test_the_runner_keeps_torch_threads_from_spinning(monkeypatch):
     from ddtree_ops.hostside import runner
 
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    runner._preload()
-    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
-    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
-    runner._preload()
-    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+    try:
+        runner._preload()
+        assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+        monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+        runner._preload()
+        assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+    finally:
+        # _preload freezes the heap (for the runner's forked worker): this test process's
+        # objects go back to the collector, or cycles made before stay until exit
+        gc.unfreeze()
 
 
 def install_release(workdir: Path, checkout: Path) -> Path:
