@@ -168,7 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     gate_report = None
     if args.gate_report:
-        gate_report = json.loads(sys.stdin.read())
+        try:
+            gate_report = json.loads(sys.stdin.read())
+        except ValueError:  # not JSON: the same one-line usage error as a wrong shape
+            gate_report = None
         if not isinstance(gate_report, dict) or "structure_ok" not in gate_report:
             parser.error("--gate-report: stdin holds no gate report (a JSON object with structure_ok)")
     result = probe(allow_gate_findings=args.allow_gate_findings, gate_report=gate_report)
