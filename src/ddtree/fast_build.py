@@ -39,6 +39,7 @@ import torch
 from ddtree.heap_build import best_first, build_heap_tree
 from ddtree.host_tensors import double_tensor, long_tensor
 from ddtree.inputs import check_rows_finite, raise_bad_row
+from ddtree.op_threads import callers_threads, small_ops_on_one_thread
 from ddtree.row_select import BlockMaxima, Read, float_slack, normalise_rows, row_source
 from ddtree.tree import DraftTree, make_draft_tree, root_only_tree
 
@@ -106,7 +107,8 @@ class _RowReader:
             for i in (maxima.isnan() | maxima.isposinf()).any(dim=1).nonzero().flatten().tolist():
                 raise_bad_row(unread[i], self.logits[unread[i]])
             return
-        check_rows_finite(self.logits[unread[0] : unread[-1] + 1], first_row=unread[0])
+        with callers_threads():
+            check_rows_finite(self.logits[unread[0] : unread[-1] + 1], first_row=unread[0])
 
     def read(self, rows: list[int], k: int, first_row_k: int | None = None) -> None:
         """Read the top min(k, cap) ranks of each of `rows` (ascending); row 0, if among them,
@@ -548,16 +550,23 @@ HEAP_LOOP_MAX_BUDGET = 64
 
 
 def build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
-    """logits: [D, V] (checked by the caller); budget >= 0. The exact tree (see above)."""
-    depth_limit, vocab = logits.shape
-    if budget == 0 or depth_limit == 0:
+    """logits: [D, V] (checked by the caller); budget >= 0. The exact tree (see above); its
+    small ops on one thread (`ddtree.op_threads`)."""
+    if budget == 0 or logits.shape[0] == 0:
         return root_only_tree()
+    with small_ops_on_one_thread(logits):
+        return _build_enumerated_tree(logits, budget)
+
+
+def _build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
+    depth_limit, vocab = logits.shape
     reader = _RowReader(logits, budget)
     guess = _guess_depth(reader) if depth_limit > 2 else DepthGuess(False, False)
     if budget <= HEAP_LOOP_MAX_BUDGET and guess.may_be_deep and not reader.source.wide_reads_are_cheap:
         # Rows past 1 will likely be read to K and popped by the heap loop: that is the
         # reference's own work, so run it without the reader's bookkeeping.
-        return build_heap_tree(logits, budget, lazy_rows=True)
+        with callers_threads():
+            return build_heap_tree(logits, budget, lazy_rows=True)
     if guess.likely_deep and budget >= DEEP_BLOCK_MIN_BUDGET and vocab >= DEEP_BLOCK_MIN_VOCAB and not isinstance(reader.source, BlockMaxima):
         reader.source = BlockMaxima(logits)  # nothing is read yet; see DEEP_BLOCK_MIN_BUDGET
     chain, floor = _read_until_complete(reader, budget, guess.likely_deep)

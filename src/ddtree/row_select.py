@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ddtree.inputs import raise_bad_row
+from ddtree.op_threads import callers_threads
 
 BLOCK = 32  # tokens per block: measured fastest for 32k-152k vocabularies on a 2-core CPU
 # Below this vocabulary a full-row top-k costs less than the block machinery
@@ -68,11 +69,12 @@ class FullRows:
         and the row's maximum: their logsumexp is at most the row's (the bound); plus
         log(BLOCK) it stands for the whole row's (the estimate)."""
         x = self.logits[rows[0] : rows[-1] + 1]  # [c, V] (rows are a contiguous run)
-        tops = x.amax(dim=-1, keepdim=True).float()  # [c, 1]
-        # sum over the sample of exp(logit - top): the top plus the sample then log-sum to
-        # top + log1p(sum). (Strided, the sample costs less shifted into a fresh tensor first
-        # than run through logsumexp.) NaN for a row without a finite maximum: "no guess".
-        sums = (x[:, ::BLOCK].float() - tops).exp_().sum(dim=-1).tolist()
+        with callers_threads():
+            tops = x.amax(dim=-1, keepdim=True).float()  # [c, 1]
+            # sum over the sample of exp(logit - top): the top plus the sample then log-sum to
+            # top + log1p(sum). (Strided, the sample costs less shifted into a fresh tensor
+            # first than run through logsumexp.) NaN for a row without a finite maximum: "no guess".
+            sums = (x[:, ::BLOCK].float() - tops).exp_().sum(dim=-1).tolist()
         bounds = [-math.log1p(total) if total == total else math.nan for total in sums]
         estimates = [-math.log1p(BLOCK * total) if total == total else math.nan for total in sums]
         return bounds, estimates
@@ -86,14 +88,16 @@ class FullRows:
     def top(self, rows: list[int], ks: list[int], log_z: torch.Tensor) -> Read:
         """Each row's top ks[i] finite log-probs (fewer where the row runs out).
         log_z: [c] float32 host, the rows' logsumexp."""
-        return _top_of(self._chunk(rows), ks, log_z)
+        with callers_threads():
+            return _top_of(self._chunk(rows), ks, log_z)
 
     def at_least(self, rows: list[int], cuts: torch.Tensor, limits: list[int], log_z: torch.Tensor) -> tuple[Read, list[int]]:
         """Each row's finite logits >= cuts[i] ([c] float32, logit scale) as log-probs, the
         largest limits[i] of them, and how many there are in all."""
-        x = self._chunk(rows)
-        counts = (x >= cuts.to(x.device).unsqueeze(1)).sum(dim=1).tolist()
-        return _top_of(x, [min(c, limit) for c, limit in zip(counts, limits)], log_z), counts
+        with callers_threads():
+            x = self._chunk(rows)
+            counts = (x >= cuts.to(x.device).unsqueeze(1)).sum(dim=1).tolist()
+            return _top_of(x, [min(c, limit) for c, limit in zip(counts, limits)], log_z), counts
 
 
 def _top_of(x: torch.Tensor, ks: list[int], log_z: torch.Tensor) -> Read:
@@ -138,12 +142,13 @@ class BlockMaxima:
         if missing:
             start, stop = missing[0], missing[-1] + 1  # one pass over the span
             source = self.logits[start:stop]
-            if source.dtype != torch.float32:
-                source = source.float()  # CPU amax on half types is slow
-            if self.whole:
-                torch.amax(_strided_blocks(source), dim=1, out=self._maxima[start:stop, : self.whole])
-            if self.whole < self.block_count:
-                self._maxima[start:stop, self.whole] = source[:, self.whole * BLOCK :].amax(dim=-1)
+            with callers_threads():  # a pass over whole rows
+                if source.dtype != torch.float32:
+                    source = source.float()  # CPU amax on half types is slow
+                if self.whole:
+                    torch.amax(_strided_blocks(source), dim=1, out=self._maxima[start:stop, : self.whole])
+                if self.whole < self.block_count:
+                    self._maxima[start:stop, self.whole] = source[:, self.whole * BLOCK :].amax(dim=-1)
             self._ready[start:stop] = [True] * (stop - start)
         if rows and rows[-1] - rows[0] + 1 == len(rows):  # a contiguous run (ascending rows): a view, no copy
             return self._maxima[rows[0] : rows[-1] + 1]
@@ -240,10 +245,11 @@ class BlockMaxima:
             hit = hit & (self.maxima(rows) > _NEG_INF)
         hit_count = sum(cleared) if cleared is not None and not unbounded else int(hit.sum())
         if hit_count * BLOCK > MAX_GATHERED_SHARE * len(rows) * self.vocab:
-            x = self.logits[rows].float()  # [c, V]: cheaper than gathering most of it
-            keep = (x >= cut) & (x > _NEG_INF) if unbounded else x >= cut
-            row_of, token = keep.nonzero(as_tuple=True)
-            return _sorted_per_row(len(rows), row_of, x[keep], token, log_z, self.vocab)
+            with callers_threads():  # whole rows: cheaper than gathering most of them
+                x = self.logits[rows].float()  # [c, V]
+                keep = (x >= cut) & (x > _NEG_INF) if unbounded else x >= cut
+                row_of, token = keep.nonzero(as_tuple=True)
+                return _sorted_per_row(len(rows), row_of, x[keep], token, log_z, self.vocab)
         row_of, block = hit.nonzero(as_tuple=True)  # [P] each
         if rows and rows[-1] - rows[0] + 1 == len(rows):  # a contiguous run (ascending rows)
             source_row = row_of + rows[0] if rows[0] else row_of  # [P] rows of the logits
@@ -326,14 +332,15 @@ def normalise_rows(owner: Any, missing: list[int]) -> None:
         start, stop = 0, owner.depth_limit
     elif stop - start == 1 and owner.depth_limit > 1:
         start, stop = (start, stop + 1) if stop < owner.depth_limit else (start - 1, stop)
-    rows = owner.logits[start:stop].float()  # [c, V]
-    source = getattr(owner, "source", None)
-    if isinstance(source, BlockMaxima) and rows.device.type == "cpu" and rows.is_contiguous() and logsumexp_replica_holds():
-        # the maxima are read anyway (block reads); their row maxima spare logsumexp its own
-        # (host rows only: the check below runs on the host's kernels)
-        log_z = logsumexp_given_max(rows, source.maxima(list(range(start, stop))).amax(dim=1))
-    else:
-        log_z = torch.logsumexp(rows, dim=-1)  # [c] float32
+    with callers_threads():  # the pass over whole rows, with the threads the reference has
+        rows = owner.logits[start:stop].float()  # [c, V]
+        source = getattr(owner, "source", None)
+        if isinstance(source, BlockMaxima) and rows.device.type == "cpu" and rows.is_contiguous() and logsumexp_replica_holds():
+            # the maxima are read anyway (block reads); their row maxima spare logsumexp its
+            # own (host rows only: the check below runs on the host's kernels)
+            log_z = logsumexp_given_max(rows, source.maxima(list(range(start, stop))).amax(dim=1))
+        else:
+            log_z = torch.logsumexp(rows, dim=-1)  # [c] float32
     for offset, value in enumerate(log_z.tolist()):
         row = start + offset
         if math.isnan(value) or value == math.inf:
