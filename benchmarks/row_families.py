@@ -14,6 +14,8 @@ the shapes real drafters produce, not one shape:
 - `name@T`: a temperature-scaled copy of family `name` (logits / T), T = 0.5 and 2.
 - `mixed-depths`: rows whose shape changes with depth: peaked (first fifth), power-2.0 (next
   two fifths), few-peaks, then flat.
+- `dflash-tiny`: a real DFlash drafter forward pass (seeded random weights) over the tiny Llama
+  test target, and its copy at T = 0.5 (`benchmarks/dflash_rows.py`; needs transformers).
 """
 from __future__ import annotations
 
@@ -79,11 +81,22 @@ def _base_families() -> dict[str, Callable[[torch.Generator, int, int], torch.Te
         families[f"power-{exponent}"] = _power(exponent, False)
         families[f"power-{exponent}-sharp"] = _power(exponent, True)
     families["mixed-depths"] = _mixed
+    families["dflash-tiny"] = _dflash_tiny
     return families
 
 
+def _dflash_tiny(g: torch.Generator, depth: int, vocab: int) -> torch.Tensor:
+    from dflash_rows import dflash_block_logits  # imports transformers: only when asked for
+
+    return dflash_block_logits(g, depth, vocab)
+
+
 BASE_FAMILIES = _base_families()
-FAMILIES = list(BASE_FAMILIES) + [f"{base}@T{t:g}" for base in TEMPERATURE_BASES for t in TEMPERATURES]
+# the drafter's random rows are flatter than a trained drafter's: its T = 0.5 copy stands in
+# for a confident one
+EXTRA_TEMPERATURE_COPIES = ("dflash-tiny@T0.5",)
+FAMILIES = (list(BASE_FAMILIES) + [f"{base}@T{t:g}" for base in TEMPERATURE_BASES for t in TEMPERATURES]
+            + list(EXTRA_TEMPERATURE_COPIES))
 
 
 def family_logits(name: str, seed: int, depth: int, vocab: int) -> torch.Tensor:

@@ -5,7 +5,8 @@
 
 Rows come from the seeded families of `benchmarks/row_families.py` (flat, peaked, few-peaks,
 power-law rows with exponents 1.0-2.5 with and without depth-dependent sharpening, temperature
-copies, a mix whose depths differ in shape), D = 15, float32. Per (family, budget) and for each
+copies, a mix whose depths differ in shape, a DFlash drafter's block over the tiny test target),
+D = 15, float32. Per (family, budget) and for each
 of --draws requests of that family, the three single-request functions are called once per
 round, in a fresh random order each round (a busy machine slows them alike); medians over
 --calls rounds:

@@ -5,11 +5,13 @@ Why: a small op (a [15, 4748] comparison, a bincount, a gather of a few hundred 
 still above ATen's grain size, so it wakes the OpenMP team, and waking sleeping threads
 (`OMP_WAIT_POLICY=PASSIVE`, or any thread the scheduler has parked on a busy host) costs more
 than the op. A build makes dozens of them and only a handful of passes over whole rows (a
-logsumexp, the block maxima, a full-row top-k) gain from a second thread.
+logsumexp, a full-row top-k) gain from a second thread. The block maxima, a pass over whole
+rows too, stay on one: a max is exact in any order and the strided pass was no faster on two
+threads than the wake-up it cost (`row_select.BlockMaxima.maxima`).
 
 Every op here gives the same bits on one thread as on several (element-wise arithmetic,
-comparisons, integer counts, sorts); the full-row reductions whose float sums could depend on
-the split run with the caller's threads, exactly as before (`callers_threads`).
+comparisons, maxima, integer counts, sorts); the full-row reductions whose float sums could
+depend on the split run with the caller's threads, exactly as before (`callers_threads`).
 
 Under OpenMP (torch's CPU build) the count is per calling thread: other threads keep theirs
 while a build runs, except a thread whose very first torch op falls inside the build, which

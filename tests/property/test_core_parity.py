@@ -252,6 +252,28 @@ def test_hypothesis_row_families(family, seed, depth, vocab, budget):
     check_case(family_logits(family, seed, depth, vocab), budget, score_ties=True)
 
 
+@pytest.mark.slow
+def test_dflash_family_is_a_repeatable_drafted_block():
+    """The `dflash-tiny` rows come from a DFlash forward pass: one row per draft position, the
+    same rows whatever the caller's thread count (generated on one thread, which is given
+    back), other rows for another seed, and its T = 0.5 copy is the rows over 0.5."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        first = family_logits("dflash-tiny", 5, 6, 300)
+        assert torch.get_num_threads() == 2
+        torch.set_num_threads(1)
+        again = family_logits("dflash-tiny", 5, 6, 300)
+    finally:
+        torch.set_num_threads(threads)
+    assert first.shape == (6, 300) and first.dtype == torch.float32 and bool(first.isfinite().all())
+    assert torch.equal(first, again)
+    assert not torch.equal(first[0], first[1])  # positions see different attention contexts
+    assert not torch.equal(first, family_logits("dflash-tiny", 6, 6, 300))
+    assert torch.equal(family_logits("dflash-tiny@T0.5", 5, 6, 300), first / 0.5)
+    assert family_logits("dflash-tiny", 5, 0, 300).shape == (0, 300)
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     depth=st.integers(0, 6),

@@ -51,9 +51,10 @@ def test_outside_a_build_and_for_rows_off_the_host_nothing_changes(two_threads):
 
 @pytest.mark.parametrize("budget", [16, 256, 1024])
 def test_a_fast_build_runs_its_passes_with_the_callers_threads_and_the_rest_on_one(two_threads, monkeypatch, budget):
-    """Record the thread count where the build reads ranks from a few blocks; the tree is the
-    heap's, bit for bit."""
-    seen: dict[str, set[int]] = {"blocks": set()}
+    """Record the thread count where the build reads ranks from a few blocks and where it takes
+    the block maxima (a max is exact in any order: on one thread too); the tree is the heap's,
+    bit for bit."""
+    seen: dict[str, set[int]] = {"blocks": set(), "maxima": set()}
 
     def spy(name, function):
         def wrapped(*args, **kwargs):
@@ -64,13 +65,14 @@ def test_a_fast_build_runs_its_passes_with_the_callers_threads_and_the_rest_on_o
 
     monkeypatch.setattr(row_select, "_sorted_per_row", spy("blocks", row_select._sorted_per_row))
     monkeypatch.setattr(row_select, "_read_of_top", spy("blocks", row_select._read_of_top))
+    monkeypatch.setattr(row_select, "_strided_blocks", spy("maxima", row_select._strided_blocks))
     generator = torch.Generator().manual_seed(7)
     logits = torch.randn(15, 151936, generator=generator) * 3.0  # large vocabulary: block-maxima reads
     logits[:, :40] += 12.0  # a few likely tokens per row: a deep tree
 
     tree = build_ddtree_tree_from_logits(logits, budget, method="fast")
 
-    assert seen["blocks"] == {1}
+    assert seen["blocks"] == {1} and seen["maxima"] == {1}
     assert torch.get_num_threads() == 2
     heap = build_ddtree_tree_from_logits(logits, budget, method="heap")
     assert tree.parents == heap.parents and tree.node_scores_list == heap.node_scores_list
