@@ -6,8 +6,8 @@ still above ATen's grain size, so it wakes the OpenMP team, and waking sleeping 
 (`OMP_WAIT_POLICY=PASSIVE`, or any thread the scheduler has parked on a busy host) costs more
 than the op. A build makes dozens of them and only a handful of passes over whole rows (a
 logsumexp, a full-row top-k) gain from a second thread. The block maxima, a pass over whole
-rows too, stay on one: a max is exact in any order and the strided pass was no faster on two
-threads than the wake-up it cost (`row_select.BlockMaxima.maxima`).
+rows too, stay on one: a max is exact in any order and that pass gained less from a second
+thread than the wake-up cost (`row_select.BlockMaxima.maxima`).
 
 Every op here gives the same bits on one thread as on several (element-wise arithmetic,
 comparisons, maxima, integer counts, sorts); the full-row reductions whose float sums could

@@ -7,9 +7,12 @@ the float32 logsumexp):
 - `FullRows`: one full-row `torch.topk` per read (small vocabularies: it is cheap there).
 - `BlockMaxima`: the rows are cut into blocks of `BLOCK` tokens and each block's maximum is
   taken once (a vectorised `amax`, far cheaper than a top-k or a logsumexp pass). A block is
-  strided: block j holds tokens j, j + NB, j + 2 NB, ... (NB = V // BLOCK), so the maxima are
-  an element-wise max of `BLOCK` contiguous slices of the row, vectorised across blocks (about
-  twice as fast as a max within each run of `BLOCK` neighbours). Every logit
+  a run of `BLOCK` neighbouring tokens (block j: tokens BLOCK * j .. BLOCK * j + BLOCK - 1; a
+  shorter tail block ends the row). Blocks of strided tokens (j, j + V // BLOCK, ...) made the
+  maxima one element-wise max of `BLOCK` slices, faster on rows already in the cache (0.21
+  against 0.51 ms for [15, 151936] on a 2-core AMD EPYC), but 32 streams at once read rows
+  from memory at 0.8-1.7 ms against 0.6-0.8 ms, and builds found them there: with neighbours
+  builds took 0.73-1.09x the time, median 0.96x (14 families x 4 budgets, interleaved). Every logit
   >= a cut lies in a block whose maximum is >= that cut, so gathering only those blocks finds
   exactly the logits a full-row comparison would; sorting that handful is cheap. The k-th
   largest block maximum is a valid cut for a top-k read: the k blocks at or above it hold k
@@ -29,7 +32,10 @@ import torch
 from ddtree.inputs import raise_bad_row
 from ddtree.op_threads import callers_threads
 
-BLOCK = 32  # tokens per block: measured fastest for 32k-152k vocabularies on a 2-core CPU
+# Tokens per block: measured fastest for 32k-152k vocabularies on a 2-core CPU (strided blocks,
+# Intel); with blocks of neighbours on an AMD EPYC, 64 and 128 were 5-13 % faster on deep rows
+# but 4-16 % slower on flat and wide ones at budget 1024, 48 slower throughout.
+BLOCK = 32
 # Below this vocabulary a full-row top-k costs less than the block machinery
 # (measured with benchmarks/tree_build.py; docs/dev/tree-builders.md).
 BLOCK_MIN_VOCAB = 65536
@@ -130,10 +136,10 @@ class BlockMaxima:
         self.logits = logits  # [D, V] any float dtype, any device
         depth_limit, vocab = logits.shape
         self.vocab = vocab
-        self.whole = vocab // BLOCK  # block j < whole holds tokens j + i * whole, i = 0..BLOCK-1
+        self.whole = vocab // BLOCK  # block j < whole holds tokens BLOCK * j + i, i = 0..BLOCK-1
         self.block_count = self.whole + (1 if vocab % BLOCK else 0)  # the tail: one more, shorter block
         self._maxima = torch.empty(depth_limit, self.block_count, device=logits.device)  # [D, NB] float32
-        self._blocks = _strided_blocks(logits)  # [D, BLOCK, NB'] a view: block j is [:, :, j]
+        self._blocks = _block_view(logits)  # [D, BLOCK, NB'] a view: block j is [:, :, j]
         self._ready = [False] * depth_limit  # rows whose maxima are taken (rows the tree reaches)
 
     def maxima(self, rows: list[int]) -> torch.Tensor:
@@ -143,13 +149,14 @@ class BlockMaxima:
             start, stop = missing[0], missing[-1] + 1  # one pass over the span
             source = self.logits[start:stop]
             # A pass over whole rows, yet on the build's one thread (`ddtree.op_threads`): a max
-            # is exact in any order, the strided pass is memory-bound (on a 2-core AMD EPYC,
-            # [15, 151936]: 0.22 ms on one thread, 0.23 ms on two) and waking the OpenMP team
-            # for it cost ~0.15 ms more (builds 3-8 % faster on deep rows, 16-26 % on flat ones)
+            # is exact in any order, a second thread gains little (on a 2-core AMD EPYC,
+            # [15, 151936]: 0.51 / 0.76 ms on one thread from the cache / from memory, 0.49 /
+            # 0.59 ms on two) and waking the OpenMP team for it cost ~0.15 ms more (builds 3-8 %
+            # faster on deep rows, 16-26 % on flat ones)
             if source.dtype != torch.float32:
                 source = source.float()  # CPU amax on half types is slow
             if self.whole:
-                torch.amax(_strided_blocks(source), dim=1, out=self._maxima[start:stop, : self.whole])
+                torch.amax(_block_view(source), dim=1, out=self._maxima[start:stop, : self.whole])
             if self.whole < self.block_count:
                 self._maxima[start:stop, self.whole] = source[:, self.whole * BLOCK :].amax(dim=-1)
             self._ready[start:stop] = [True] * (stop - start)
@@ -221,7 +228,7 @@ class BlockMaxima:
         source_rows = torch.tensor(rows, device=blocks.device).unsqueeze(1)  # [c, 1]
         candidates = self._blocks[source_rows, :, blocks].float().reshape(len(rows), width * BLOCK)  # [c, width, BLOCK] flat
         values, where = torch.topk(candidates, width, dim=-1)  # [c, width] sorted descending
-        ids = where % BLOCK * self.whole + blocks.gather(1, where // BLOCK)
+        ids = blocks.gather(1, where // BLOCK) * BLOCK + where % BLOCK
         return _read_of_top(values, ids, ks, log_z)
 
     def _kth_largest_block_max(self, rows: list[int], ks: list[int]) -> torch.Tensor:
@@ -272,17 +279,15 @@ class BlockMaxima:
             keep &= values > _NEG_INF
         hit_index, offset = keep.nonzero(as_tuple=True)
         block = block[hit_index]
-        token = offset * self.whole + block
-        if has_tail:  # a tail block's tokens follow the strided ones in order
-            token = torch.where(block < self.whole, token, self.whole * BLOCK + offset)
+        token = block * BLOCK + offset  # the tail block too: it is the row's last, shorter run
         return _sorted_per_row(len(rows), row_of[hit_index], values[hit_index, offset], token, log_z, self.vocab)
 
 
-def _strided_blocks(rows: torch.Tensor) -> torch.Tensor:
+def _block_view(rows: torch.Tensor) -> torch.Tensor:
     """[c, BLOCK, V // BLOCK] view of [c, V] rows' first BLOCK * (V // BLOCK) tokens: block j
-    (the last index) holds tokens j, j + V // BLOCK, ... (a view: no copy)."""
+    (the last index) holds tokens BLOCK * j .. BLOCK * j + BLOCK - 1 (a view: no copy)."""
     count, vocab = rows.shape
-    return rows[:, : vocab // BLOCK * BLOCK].view(count, BLOCK, vocab // BLOCK)
+    return rows[:, : vocab // BLOCK * BLOCK].unflatten(1, (vocab // BLOCK, BLOCK)).transpose(1, 2)
 
 
 def _sorted_per_row(count: int, row_of: torch.Tensor, values: torch.Tensor, token: torch.Tensor, log_z: torch.Tensor, vocab: int) -> Read:

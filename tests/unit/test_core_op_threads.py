@@ -65,7 +65,7 @@ def test_a_fast_build_runs_its_passes_with_the_callers_threads_and_the_rest_on_o
 
     monkeypatch.setattr(row_select, "_sorted_per_row", spy("blocks", row_select._sorted_per_row))
     monkeypatch.setattr(row_select, "_read_of_top", spy("blocks", row_select._read_of_top))
-    monkeypatch.setattr(row_select, "_strided_blocks", spy("maxima", row_select._strided_blocks))
+    monkeypatch.setattr(row_select, "_block_view", spy("maxima", row_select._block_view))
     generator = torch.Generator().manual_seed(7)
     logits = torch.randn(15, 151936, generator=generator) * 3.0  # large vocabulary: block-maxima reads
     logits[:, :40] += 12.0  # a few likely tokens per row: a deep tree

@@ -59,12 +59,12 @@ def test_reads_skip_zero_probability_tokens():
 
 @pytest.mark.parametrize("one_sort_key", [True, False])
 def test_exactly_equal_logits_are_read_in_token_order(one_sort_key, monkeypatch):
-    """Blocks are strided, so gathered logits come block by block, not token by token; ties
-    still come out by token id (the order a full-row read gives them), on either sort path."""
+    """Gathered logits come block by block and are sorted by value; ties come out by token id
+    (the order a full-row read gives them), on either sort path, the short tail block too."""
     if not one_sort_key:
         monkeypatch.setattr(row_select, "ONE_SORT_KEY_MAX", 0)
     logits = rows(3, 70003, seed=5, kind="flat")
-    tied = [11, 2190, 40000, 70001]  # blocks 11, 3 and 634 of 2187, then the short tail block
+    tied = [11, 2190, 40000, 70001]  # blocks 0, 68 and 1250 of 2187, then the short tail block
     logits[1, tied] = 30.0
     log_z = torch.logsumexp(logits, dim=-1)
     read, counts = BlockMaxima(logits).at_least([0, 1, 2], torch.tensor([29.0, 29.0, 29.0]), [10, 10, 10], log_z)
@@ -81,7 +81,7 @@ def test_maxima_are_taken_only_for_rows_read():
     blocks.maxima([0, 1])
     assert blocks._ready == [True, True, False, False, False, False]
     whole = 70000 // row_select.BLOCK * row_select.BLOCK
-    expected = torch.cat([logits[4, :whole].view(row_select.BLOCK, -1).amax(0), logits[4, whole:].amax(-1, keepdim=True)])  # strided blocks
+    expected = torch.cat([logits[4, :whole].view(-1, row_select.BLOCK).amax(1), logits[4, whole:].amax(-1, keepdim=True)])  # runs of neighbours
     assert torch.equal(blocks.maxima([4])[0], expected)
     assert blocks._ready == [True, True, False, False, True, False]
 
