@@ -55,6 +55,19 @@ def test_cuda_batched_and_public_builders_match_the_heap():
             assert torch.allclose(tree.node_scores, heap.node_scores, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("budget", [64, 1024])
+def test_cuda_public_builder_reads_a_large_vocabulary_through_block_maxima_like_the_heap(budget):
+    """At V = 151936 the public builder reads CUDA rows through block maxima (runs of 32
+    neighbouring tokens, `ddtree.row_select`): the same tree as the heap on the same rows."""
+    for logits in drafter_like(2, 15, 151936, 5).to("cuda"):
+        heap = build_ddtree_tree_from_logits(logits, budget, method=BuildMethod.HEAP)
+        tree = build_ddtree_tree_from_logits(logits, budget)
+        validate_tree(tree, budget=budget, logits=logits.cpu())
+        assert tree.parents == heap.parents
+        assert tree.node_token_ids.tolist() == heap.node_token_ids.tolist()
+        assert torch.allclose(tree.node_scores, heap.node_scores, rtol=1e-5, atol=1e-5)
+
+
 def test_cuda_bf16_trees_are_valid_and_score_like_the_heap():
     # bf16 rows tie a lot; the tie order among equal logits is torch.topk's, so compare scores
     logits = drafter_like(4, 15, 4000, 3).to(torch.bfloat16)
