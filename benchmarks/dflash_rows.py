@@ -52,7 +52,6 @@ def dflash_block_logits(g: torch.Generator, depth: int, vocab: int) -> torch.Ten
             positions = torch.arange(PROMPT_TOKENS).unsqueeze(0)
             seen = target.forward(prompt, positions, target.new_cache(), hidden_layer_ids=drafter.target_layer_ids)
             root = int(seen.logits[-1].argmax())
-            logits = drafter.draft(DraftRequest(prompt, seen.hidden, root, PROMPT_TOKENS))  # [depth, V]
+            return drafter.draft(DraftRequest(prompt, seen.hidden, root, PROMPT_TOKENS))  # [depth, V] float32
     finally:
         torch.set_num_threads(threads)
-    return logits.float().contiguous()

@@ -151,8 +151,8 @@ class BlockMaxima:
             # A pass over whole rows, yet on the build's one thread (`ddtree.op_threads`): a max
             # is exact in any order, a second thread gains little (on a 2-core AMD EPYC,
             # [15, 151936]: 0.51 / 0.76 ms on one thread from the cache / from memory, 0.49 /
-            # 0.59 ms on two) and waking the OpenMP team for it cost ~0.15 ms more (builds 3-8 %
-            # faster on deep rows, 16-26 % on flat ones)
+            # 0.59 ms on two) and waking the OpenMP team for it cost ~0.15 ms more (builds 3-7 %
+            # faster on deep rows, 16-27 % on flat ones)
             if source.dtype != torch.float32:
                 source = source.float()  # CPU amax on half types is slow
             if self.whole:
@@ -343,8 +343,8 @@ def normalise_rows(owner: Any, missing: list[int]) -> None:
     source = getattr(owner, "source", None)
     # the maxima are read anyway (block reads; taken on the build's one thread): their row
     # maxima spare logsumexp its own (host rows only: the replica check runs on the host's kernels)
-    on_host = isinstance(source, BlockMaxima) and owner.logits.device.type == "cpu"
-    row_max = source.maxima(list(range(start, stop))).amax(dim=1) if on_host else None  # [c]
+    use_maxima = isinstance(source, BlockMaxima) and owner.logits.device.type == "cpu" and owner.logits.stride(-1) == 1
+    row_max = source.maxima(list(range(start, stop))).amax(dim=1) if use_maxima else None  # [c]
     with callers_threads():  # the pass over whole rows, with the threads the reference has
         rows = owner.logits[start:stop].float()  # [c, V]
         if row_max is not None and rows.is_contiguous() and logsumexp_replica_holds():
