@@ -40,6 +40,7 @@ from ddtree.heap_build import best_first, build_heap_tree
 from ddtree.host_tensors import double_tensor, long_tensor
 from ddtree.inputs import check_rows_finite, raise_bad_row
 from ddtree.op_threads import callers_threads, small_ops_on_one_thread
+from ddtree.rank_path_heap import best_first_by_rank_path
 from ddtree.row_select import BlockMaxima, Read, float_slack, normalise_rows, row_source
 from ddtree.tree import DraftTree, make_draft_tree, root_only_tree
 
@@ -357,19 +358,26 @@ def _maxima_histogram(maxima: torch.Tensor, steps: int, step: float) -> torch.Te
 # A greedy two-token path more likely than this (log-prob) predicts a deep tree. Only the
 # chunking of the reads depends on it, never the result.
 DEEP_GUESS_LOG_PROB = -2.0
+# From budget BLOCK_FLOOR_MIN_BUDGET on, a greedy two-token path more likely than this reads
+# rows once through the block maxima (`_read_through_maxima`) though the tree is not likely
+# deep: probing row by row cost more there (dflash-tiny at 1024, estimate -2.5, a tree 7-8 deep:
+# 0.66-0.81x the time; at 512 within the noise). At -5, rows of two or three levels (few-peaks,
+# peaked@T2, estimates -3.8) took 1.06-1.3x the time.
+READ_THROUGH_GUESS_LOG_PROB = -3.0
 
 
 class DepthGuess(NamedTuple):
-    """Two guesses from rows 0-1 before any read (only the chunking of reads depends on them)."""
+    """Guesses from rows 0-1 before any read (only the chunking of reads depends on them)."""
 
     may_be_deep: bool  # the greedy two-token path may beat DEEP_GUESS_LOG_PROB (an upper bound says so)
     likely_deep: bool  # ...and a best estimate says it does
+    reads_through: bool = False  # the estimate beats READ_THROUGH_GUESS_LOG_PROB
 
 
 def _guess_depth(reader: _RowReader) -> DepthGuess:
     bounds, estimates = reader.source.top_log_prob_guesses([0, 1])
     # NaN (a NaN row) compares False: read as usual, the read reports it
-    return DepthGuess(sum(bounds) >= DEEP_GUESS_LOG_PROB, sum(estimates) >= DEEP_GUESS_LOG_PROB)
+    return DepthGuess(sum(bounds) >= DEEP_GUESS_LOG_PROB, sum(estimates) >= DEEP_GUESS_LOG_PROB, sum(estimates) >= READ_THROUGH_GUESS_LOG_PROB)
 
 
 def _rows_the_chain_may_reach(chain: list[float], floor: float) -> int:
@@ -451,12 +459,12 @@ def _read_through_maxima(reader: _RowReader, budget: int) -> tuple[list[float], 
     return _greedy_chain(reader), floor
 
 
-def _read_until_complete(reader: _RowReader, budget: int, likely_deep: bool) -> tuple[list[float], float]:
+def _read_until_complete(reader: _RowReader, budget: int, likely_deep: bool, reads_through: bool = False) -> tuple[list[float], float]:
     """Read rows until every path scoring >= floor lies within the read ranks.
     Returns (greedy chain, floor); floor -inf means no bound was found (rows read whole)."""
     depth_limit = reader.depth_limit
     first, deep = _first_reads(budget, reader.source.wide_reads_are_cheap)
-    if likely_deep and budget >= BLOCK_FLOOR_MIN_BUDGET and isinstance(reader.source, BlockMaxima):
+    if (likely_deep or reads_through) and budget >= BLOCK_FLOOR_MIN_BUDGET and isinstance(reader.source, BlockMaxima):
         read = _read_through_maxima(reader, budget)
         if read is not None:
             return read
@@ -569,7 +577,7 @@ def _build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
             return build_heap_tree(logits, budget, lazy_rows=True)
     if guess.likely_deep and budget >= DEEP_BLOCK_MIN_BUDGET and vocab >= DEEP_BLOCK_MIN_VOCAB and not isinstance(reader.source, BlockMaxima):
         reader.source = BlockMaxima(logits)  # nothing is read yet; see DEEP_BLOCK_MIN_BUDGET
-    chain, floor = _read_until_complete(reader, budget, guess.likely_deep)
+    chain, floor = _read_until_complete(reader, budget, guess.likely_deep, guess.reads_through)
     if floor == _NEG_INF or budget <= HEAP_LOOP_MAX_BUDGET:
         # no bound (a small tree) or few pops: the reference loop over the read rows (rows it
         # needs further are read whole on first use)
@@ -577,13 +585,16 @@ def _build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
     else:
         tree = _depth_one_tree(reader, budget)
         depths = len(chain) - 1
-        if tree is None and reader.read_once and not _rows_share_log_probs(reader, depths):
+        if tree is None and reader.read_once:
             # rows read once, down to the floor: the heap loop over them costs less than the
             # estimate and the enumeration (measured at budget 1024: 2.2-2.6 ms against
-            # 3.2-4.2 ms of CPU time on drafter-like rows), except on exact score ties. Every
-            # row it can reach is read (plain lists: no `_HeapView` call per pop)
+            # 3.2-4.2 ms of CPU time on drafter-like rows). Where paths tie exactly and often,
+            # the loop keyed by rank path (power-2.0 / -2.5 rows at 512-1024: 0.76-0.93x the
+            # enumeration's time). Every row it can reach is read (plain lists: no
+            # `_HeapView` call per pop)
             rows = [reader.lp[d] if d < min(reader.unreachable_from, reader.dead_from) else [] for d in range(depth_limit)]
-            tree = best_first(rows, reader.ids, depth_limit, budget)
+            loop = best_first_by_rank_path if _rows_share_log_probs(reader, depths) else best_first
+            tree = loop(rows, reader.ids, depth_limit, budget)
         if tree is None:
             threshold = floor - float_slack(floor)
             estimate = _estimated_last_score(reader, depths, budget, threshold)
@@ -604,9 +615,9 @@ SHARED_RANKS = 8
 def _rows_share_log_probs(reader: _RowReader, depths: int) -> bool:
     """Whether two of the first `depths` rows share two exactly equal log-probs among their
     leading ranks (rows of one shape, e.g. one sampling distribution at every depth): paths
-    that take the two in swapped order then often tie exactly, and the heap loop sorts every
-    tie by rank path (3-4x its usual cost there), which the enumeration does not. (One
-    shared value, e.g. a top log-prob of -6e-8 on every peaked row, makes no such pair.)"""
+    that take the two in swapped order then often tie exactly, and `best_first` sorts every
+    tie by rank path (3-4x its usual cost there), which `best_first_by_rank_path` does not.
+    (One shared value, e.g. a top log-prob of -6e-8 on every peaked row, makes no such pair.)"""
     rows = [set(reader.lp[d][:SHARED_RANKS]) for d in range(depths)]
     return any(len(a & b) >= 2 for i, a in enumerate(rows) for b in rows[i + 1 :])
 

@@ -25,6 +25,7 @@ from ddtree import fast_build, heap_build, row_select
 from oracles import frontier_build
 from oracles.frontier_build import build_frontier_tree
 from ddtree.heap_build import top_log_probs
+from ddtree.rank_path_heap import best_first_by_rank_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from row_families import FAMILIES, family_logits  # noqa: E402  (the benchmark's seeded row families)
@@ -272,6 +273,41 @@ def test_dflash_family_is_a_repeatable_drafted_block():
     assert not torch.equal(first, family_logits("dflash-tiny", 6, 6, 300))
     assert torch.equal(family_logits("dflash-tiny@T0.5", 5, 6, 300), first / 0.5)
     assert family_logits("dflash-tiny", 5, 0, 300).shape == (0, 300)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(st.lists(st.sampled_from([0.0, -0.5, -1.0, -1.5, -2.0, -3.25]), max_size=8), min_size=1, max_size=5),
+    budget=st.integers(0, 60),
+)
+def test_rank_path_heap_pops_what_best_first_pops(rows, budget):
+    """The loop keyed by rank path against the oracle's loop on rows drawn from a few grid
+    values, so that many paths tie exactly: the same nodes in the same pop order, the same
+    float64 scores."""
+    rows = [sorted(row, reverse=True) for row in rows]
+    ids = [[1000 * d + r for r in range(len(row))] for d, row in enumerate(rows)]
+    expected = heap_build.best_first(rows, ids, len(rows), budget)
+    actual = best_first_by_rank_path(rows, ids, len(rows), budget)
+    assert actual.parents == expected.parents
+    assert actual.node_token_ids_list == expected.node_token_ids_list
+    assert actual.node_depths_list == expected.node_depths_list
+    assert actual.node_scores_list == expected.node_scores_list
+
+
+def test_rows_of_one_shape_are_built_by_the_rank_path_loop(monkeypatch):
+    """Power-law rows of one exponent (one ladder of log-probs at every depth) read once at
+    budget 1024 go through the loop keyed by rank path, and give the heap's tree bit for bit."""
+    calls = []
+
+    def spy(*args):
+        calls.append(args[3])
+        return best_first_by_rank_path(*args)
+
+    monkeypatch.setattr(fast_build, "best_first_by_rank_path", spy)
+    logits = family_logits("power-2.0", 0, 15, 151936)
+    tree = build_ddtree_tree_from_logits(logits, 1024)
+    assert calls == [1024]
+    assert_same(build_ddtree_tree_from_logits(logits, 1024, method=BuildMethod.HEAP), tree)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

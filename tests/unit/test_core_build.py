@@ -419,3 +419,25 @@ def test_a_read_stopped_at_its_limit_claims_nothing_below_what_it_read():
     assert 8 < read < reader.cap[0]
     next_unread = float(logits[0, read * BLOCK] - reader.log_z[0])
     assert reader.known_above[0] >= next_unread  # "every rank above known_above is read"
+
+
+def test_a_tree_of_middling_depth_at_a_large_budget_reads_rows_once(monkeypatch):
+    """A greedy two-token path estimated between READ_THROUGH_GUESS_LOG_PROB and
+    DEEP_GUESS_LOG_PROB (not likely deep, yet a tree four levels deep at 1024): rows are read
+    once through the block maxima, not probed row by row, and the tree is the heap's."""
+    from ddtree import fast_build
+
+    generator = torch.Generator().manual_seed(1)
+    logits = torch.randn(15, 151936, generator=generator) * 2.0
+    top = torch.randint(0, 151936, (15, 1), generator=generator)
+    logits.scatter_add_(1, top, torch.full((15, 1), 13.5))
+    guess = fast_build._guess_depth(fast_build._RowReader(logits, 1024))
+    assert not guess.likely_deep and guess.reads_through  # the regime this test is about
+    calls = []
+    read_through = fast_build._read_through_maxima
+    monkeypatch.setattr(fast_build, "_read_through_maxima", lambda *args: calls.append(args[1]) or read_through(*args))
+    fast = build_ddtree_tree_from_logits(logits, 1024)
+    assert calls == [1024]
+    heap = build_ddtree_tree_from_logits(logits, 1024, method=BuildMethod.HEAP)
+    assert fast.parents == heap.parents and fast.node_token_ids_list == heap.node_token_ids_list
+    assert fast.node_scores_list == heap.node_scores_list and max(heap.node_depths_list) >= 3

@@ -1,0 +1,48 @@
+"""The reference's best-first loop with the rank path in every heap entry: for rows whose
+paths tie exactly and often (rows of one shape, e.g. one sampling distribution at every depth).
+
+`heap_build.best_first` keeps its entries small and, on an exact score tie, pops every tied
+entry and sorts them by rank path, which is cheapest when ties are rare. Where they are
+common that sort runs hundreds of times per build; here each entry carries its rank path as
+a tuple, so the heap's own comparison breaks the tie (score first, then the smaller path, the
+reference's order) at the cost of one short tuple per push. Same pop order, same scores.
+"""
+from __future__ import annotations
+
+import heapq
+
+from ddtree.tree import DraftTree, make_draft_tree
+
+
+def best_first_by_rank_path(log_probs, token_ids, depth_limit: int, budget: int) -> DraftTree:
+    """As `heap_build.best_first` over rows read once (`log_probs[d]`: row d's usable ranks,
+    sorted descending, as a list; `token_ids[d]` their ids), without `more`."""
+    parents = [-1]
+    tokens: list[int] = []
+    depths: list[int] = []
+    scores: list[float] = []
+    # entries (-logw, rank path, parent index, depth): paths are unique, so the comparison
+    # never reaches the fields after them
+    heap: list[tuple[float, tuple[int, ...], int, int]] = []
+    first_row = log_probs[0]
+    if first_row:
+        heap.append((-first_row[0], (0,), 0, 1))
+    pop, push = heapq.heappop, heapq.heappush
+    placed = 0
+    while heap and placed < budget:
+        neg_logw, path, parent, depth = pop(heap)
+        rank = path[-1]
+        logw = -neg_logw  # exact: negation only flips the sign
+        row = log_probs[depth - 1]
+        parents.append(parent)
+        tokens.append(token_ids[depth - 1][rank])
+        depths.append(depth)
+        scores.append(logw)
+        placed += 1
+        if rank + 1 < len(row):  # the next sibling: the same float ops as `best_first`'s
+            push(heap, (row[rank] - logw - row[rank + 1], path[:-1] + (rank + 1,), parent, depth))
+        if depth < depth_limit:
+            next_row = log_probs[depth]
+            if next_row:
+                push(heap, (-(logw + next_row[0]), path + (0,), placed, depth + 1))
+    return make_draft_tree(parents, tokens, depths, scores)
