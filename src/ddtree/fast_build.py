@@ -93,6 +93,7 @@ class _RowReader:
         self.read_once = False  # rows read by `_read_through_maxima`
         self.family_best = _NEG_INF  # `_family_floor`'s last budget-th best score (no margin)
         self.maxima_histogram: tuple[tuple[int, float], torch.Tensor] | None = None  # `_block_maxima_floor`'s
+        self.top_bounds: tuple[torch.Tensor, list[float]] | None = None  # `_top_log_prob_bounds`'s
 
     def _normalise(self, rows: list[int]) -> None:
         normalise_rows(self, [d for d in rows if d not in self.log_z])
@@ -358,12 +359,22 @@ def _maxima_histogram(maxima: torch.Tensor, steps: int, step: float) -> torch.Te
 # A greedy two-token path more likely than this (log-prob) predicts a deep tree. Only the
 # chunking of the reads depends on it, never the result.
 DEEP_GUESS_LOG_PROB = -2.0
-# From budget BLOCK_FLOOR_MIN_BUDGET on, a greedy two-token path more likely than this reads
-# rows once through the block maxima (`_read_through_maxima`) though the tree is not likely
-# deep: probing row by row cost more there (dflash-tiny at 1024, estimate -2.5, a tree 7-8 deep:
+# A greedy two-token path more likely than this reads rows once through the block maxima
+# (`_read_through_maxima`, as `_reads_through` decides) though the tree is not likely deep:
+# probing row by row cost more there (dflash-tiny at 1024, estimate -2.5, a tree 7-8 deep:
 # 0.66-0.81x the time; at 512 within the noise). At -5, rows of two or three levels (few-peaks,
 # peaked@T2, estimates -3.8) took 1.06-1.3x the time.
 READ_THROUGH_GUESS_LOG_PROB = -3.0
+# Below BLOCK_FLOOR_MIN_BUDGET (down to READ_THROUGH_MIN_BUDGET) rows are read once through
+# the block maxima too, unless the greedy chain through every row is bounded above
+# EVERY_ROW_GUESS_LOG_PROB: a tree that likely reaches every row gains nothing from
+# normalising fewer rows and pays the floors (budgets 16-64: 1.1-1.2x the time on such rows
+# read through), while one that stops short skips the last rows' logsumexp (budgets 16-256:
+# 0.6-0.9x the time on trees 5-12 deep; the bounds cost the other rows ~0.15 ms). Measured
+# bound sums: -5.1 to 0 on rows whose trees reach all 15 rows at 128-256, -6.7 and below on
+# the others.
+READ_THROUGH_MIN_BUDGET = 16
+EVERY_ROW_GUESS_LOG_PROB = -6.0
 
 
 class DepthGuess(NamedTuple):
@@ -407,11 +418,7 @@ def _read_through_maxima(reader: _RowReader, budget: int) -> tuple[list[float], 
     3. Every reached row read once, down to floor - chain[d]: exactly the ranks the tree can
        use (no probe, no second read)."""
     depth_limit = reader.depth_limit
-    maxima = reader.source.maxima(list(range(depth_limit)))  # [D, NB] float32 (a view)
-    tops = maxima.amax(dim=1)  # [D] each row's largest logit
-    # NaN (a NaN row, or a row with no finite logit): no bound; such a row is normalised,
-    # which raises or marks it dead
-    bounds = [b if b == b else math.inf for b in (tops - torch.logsumexp(maxima, dim=1)).tolist()]
+    tops, bounds = _top_log_prob_bounds(reader)
 
     def reach(chain: list[float], floor: float) -> int:
         """Rows [0, n) may hold a path >= floor, the chain exact over its rows and bounded past them."""
@@ -459,12 +466,41 @@ def _read_through_maxima(reader: _RowReader, budget: int) -> tuple[list[float], 
     return _greedy_chain(reader), floor
 
 
+def _top_log_prob_bounds(reader: _RowReader) -> tuple[torch.Tensor, list[float]]:
+    """(tops [D], bounds): each row's largest logit and an upper bound on its top log-prob,
+    from the block maxima of every row (taken here if not yet), worked out once per reader.
+    The maxima are some of a row's logits, so their logsumexp is at most the row's. NaN (a NaN
+    row, or a row with no finite logit) gives no bound (+inf); such a row is normalised,
+    which raises or marks it dead."""
+    if reader.top_bounds is None:
+        maxima = reader.source.maxima(list(range(reader.depth_limit)))  # [D, NB] float32 (a view)
+        tops = maxima.amax(dim=1)  # [D]
+        bounds = [b if b == b else math.inf for b in (tops - torch.logsumexp(maxima, dim=1)).tolist()]
+        reader.top_bounds = (tops, bounds)
+    return reader.top_bounds
+
+
+def _reads_through(reader: _RowReader, budget: int, likely_deep: bool, reads_through: bool) -> bool:
+    """Whether rows are read once through the block maxima (`_read_through_maxima`): for a
+    tree guessed deep (or of middling depth, `reads_through`) from budget
+    BLOCK_FLOOR_MIN_BUDGET on; from READ_THROUGH_MIN_BUDGET on only when the greedy chain
+    through every row is bounded below EVERY_ROW_GUESS_LOG_PROB, i.e. when the tree likely
+    stops short of the last rows, which are then never normalised."""
+    if not (likely_deep or reads_through) or not isinstance(reader.source, BlockMaxima):
+        return False
+    if budget >= BLOCK_FLOOR_MIN_BUDGET:
+        return True
+    if budget < READ_THROUGH_MIN_BUDGET:
+        return False
+    return sum(min(bound, 0.0) for bound in _top_log_prob_bounds(reader)[1]) < EVERY_ROW_GUESS_LOG_PROB
+
+
 def _read_until_complete(reader: _RowReader, budget: int, likely_deep: bool, reads_through: bool = False) -> tuple[list[float], float]:
     """Read rows until every path scoring >= floor lies within the read ranks.
     Returns (greedy chain, floor); floor -inf means no bound was found (rows read whole)."""
     depth_limit = reader.depth_limit
     first, deep = _first_reads(budget, reader.source.wide_reads_are_cheap)
-    if (likely_deep or reads_through) and budget >= BLOCK_FLOOR_MIN_BUDGET and isinstance(reader.source, BlockMaxima):
+    if _reads_through(reader, budget, likely_deep, reads_through):
         read = _read_through_maxima(reader, budget)
         if read is not None:
             return read

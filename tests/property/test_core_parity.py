@@ -240,6 +240,37 @@ def test_benchmark_row_families_match_the_heap(family):
         check_case(family_logits(family, seed, depth, vocab), rng.choice([16, 64, 256, 512, 1024]), score_ties=True)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_benchmark_row_families_match_the_heap_at_small_budgets(family):
+    """The Qwen-sized vocabulary at budgets 16 and 128, where trees that stop short of the
+    last rows are read once through the block maxima and the others are probed: FAST, AUTO
+    and the frontier against the heap."""
+    logits = family_logits(family, 1, 15, 151936)
+    for budget in (16, 128):
+        check_case(logits, budget, batched=False, score_ties=True)
+
+
+@pytest.mark.parametrize(("family", "read_once"), [("power-1.5", True), ("power-1.0-sharp", True), ("mixed-depths", True),
+                                                   ("peaked", False), ("power-2.5-sharp", False), ("flat", False)])
+def test_rows_are_read_once_below_budget_512_only_for_trees_that_stop_short(family, read_once, monkeypatch):
+    """Below budget 512 (from READ_THROUGH_MIN_BUDGET) the read through the block maxima is
+    taken when the greedy chain through every row is bounded below EVERY_ROW_GUESS_LOG_PROB
+    (power-law rows falling ~1 nat a row: trees 6-9 deep), not for rows whose trees reach all
+    15 rows (peaked, sharp power-law) nor for flat ones; the trees are the heap's either way."""
+    calls = []
+    read_through = fast_build._read_through_maxima
+    monkeypatch.setattr(fast_build, "_read_through_maxima", lambda *args: calls.append(args[1]) or read_through(*args))
+    logits = family_logits(family, 0, 15, 151936)
+    for budget in (16, 256):
+        tree = build_ddtree_tree_from_logits(logits, budget)
+        assert shape_of(tree) == shape_of(build_ddtree_tree_from_logits(logits, budget, method=BuildMethod.HEAP))
+    assert calls == ([16, 256] if read_once else [])
+    calls.clear()
+    build_ddtree_tree_from_logits(logits, fast_build.READ_THROUGH_MIN_BUDGET - 1)
+    assert calls == []
+
+
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     family=st.sampled_from(FAMILIES),
