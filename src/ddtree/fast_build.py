@@ -41,7 +41,7 @@ from ddtree.host_tensors import double_tensor, long_tensor
 from ddtree.inputs import check_rows_finite, raise_bad_row
 from ddtree.op_threads import callers_threads, small_ops_on_one_thread
 from ddtree.rank_path_heap import best_first_by_rank_path
-from ddtree.row_select import BlockMaxima, Read, float_slack, normalise_rows, row_source
+from ddtree.row_select import BlockMaxima, Read, float_slack, logsumexp_given_max, normalise_rows, row_source
 from ddtree.tree import DraftTree, make_draft_tree, root_only_tree
 
 _NEG_INF = float("-inf")
@@ -475,7 +475,8 @@ def _top_log_prob_bounds(reader: _RowReader) -> tuple[torch.Tensor, list[float]]
     if reader.top_bounds is None:
         maxima = reader.source.maxima(list(range(reader.depth_limit)))  # [D, NB] float32 (a view)
         tops = maxima.amax(dim=1)  # [D]
-        bounds = [b if b == b else math.inf for b in (tops - torch.logsumexp(maxima, dim=1)).tolist()]
+        log_z_lower = logsumexp_given_max(maxima, tops)  # [D] torch.logsumexp's value, without its own max pass
+        bounds = [b if b == b else math.inf for b in (tops - log_z_lower).tolist()]
         reader.top_bounds = (tops, bounds)
     return reader.top_bounds
 

@@ -329,7 +329,8 @@ def normalise_rows(owner: Any, missing: list[int]) -> None:
     to the reference's full [D, V] call: torch reduces a lone row with a thread-split sum but
     each row of a multi-row call serially, as the reference does. Raises on NaN / +inf rows;
     lowers `owner.dead_from` at a row with no finite logit. `owner`: the builders' row readers
-    (`logits`, `depth_limit`, `log_z: dict[int, float]`, `dead_from`)."""
+    (`logits`, `depth_limit`, `log_z: dict[int, float]`, `dead_from`; optionally `source` and
+    `top_bounds`, whose first item holds the row maxima)."""
     if not missing:
         return
     start, stop = missing[0], missing[-1] + 1
@@ -344,7 +345,13 @@ def normalise_rows(owner: Any, missing: list[int]) -> None:
     # the maxima are read anyway (block reads; taken on the build's one thread): their row
     # maxima spare logsumexp its own (host rows only: the replica check runs on the host's kernels)
     use_maxima = isinstance(source, BlockMaxima) and owner.logits.device.type == "cpu" and owner.logits.stride(-1) == 1
-    row_max = source.maxima(list(range(start, stop))).amax(dim=1) if use_maxima else None  # [c]
+    known = getattr(owner, "top_bounds", None)  # (row maxima, ...) when the builder took them already
+    if not use_maxima:
+        row_max = None
+    elif known is not None:
+        row_max = known[0][start:stop]  # [c]
+    else:
+        row_max = source.maxima(list(range(start, stop))).amax(dim=1)  # [c]
     with callers_threads():  # the pass over whole rows, with the threads the reference has
         rows = owner.logits[start:stop].float()  # [c, V]
         if row_max is not None and rows.is_contiguous() and logsumexp_replica_holds():
