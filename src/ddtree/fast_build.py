@@ -375,6 +375,12 @@ READ_THROUGH_GUESS_LOG_PROB = -3.0
 # the others.
 READ_THROUGH_MIN_BUDGET = 16
 EVERY_ROW_GUESS_LOG_PROB = -6.0
+# ...and only when the greedy two-token estimate is below this: near-certain rows 0-1 went
+# on through every row on the families measured (estimates -0.6 to 0; one at -1.0 also
+# reached 13-15 rows), where computing the bounds alone cost 2-7 % (a logsumexp over every
+# row's block maxima). Trees 6-12 deep had estimates of -1.0 to -2.5; one family sharp at the
+# root and flat below (mixed-depths, -0.06) forgoes its 0.8-0.9x this way.
+CONFIDENT_ROOT_LOG_PROB = -0.75
 
 
 class DepthGuess(NamedTuple):
@@ -382,13 +388,18 @@ class DepthGuess(NamedTuple):
 
     may_be_deep: bool  # the greedy two-token path may beat DEEP_GUESS_LOG_PROB (an upper bound says so)
     likely_deep: bool  # ...and a best estimate says it does
-    reads_through: bool = False  # the estimate beats READ_THROUGH_GUESS_LOG_PROB
+    estimate: float = -math.inf  # that estimate (the path's log-prob; NaN for a NaN row)
+
+    @property
+    def reads_through(self) -> bool:
+        """The estimate beats READ_THROUGH_GUESS_LOG_PROB (see there)."""
+        return self.estimate >= READ_THROUGH_GUESS_LOG_PROB
 
 
 def _guess_depth(reader: _RowReader) -> DepthGuess:
     bounds, estimates = reader.source.top_log_prob_guesses([0, 1])
     # NaN (a NaN row) compares False: read as usual, the read reports it
-    return DepthGuess(sum(bounds) >= DEEP_GUESS_LOG_PROB, sum(estimates) >= DEEP_GUESS_LOG_PROB, sum(estimates) >= READ_THROUGH_GUESS_LOG_PROB)
+    return DepthGuess(sum(bounds) >= DEEP_GUESS_LOG_PROB, sum(estimates) >= DEEP_GUESS_LOG_PROB, sum(estimates))
 
 
 def _rows_the_chain_may_reach(chain: list[float], floor: float) -> int:
@@ -481,27 +492,29 @@ def _top_log_prob_bounds(reader: _RowReader) -> tuple[torch.Tensor, list[float]]
     return reader.top_bounds
 
 
-def _reads_through(reader: _RowReader, budget: int, likely_deep: bool, reads_through: bool) -> bool:
+def _reads_through(reader: _RowReader, budget: int, guess: DepthGuess) -> bool:
     """Whether rows are read once through the block maxima (`_read_through_maxima`): for a
-    tree guessed deep (or of middling depth, `reads_through`) from budget
-    BLOCK_FLOOR_MIN_BUDGET on; from READ_THROUGH_MIN_BUDGET on only when the greedy chain
-    through every row is bounded below EVERY_ROW_GUESS_LOG_PROB, i.e. when the tree likely
-    stops short of the last rows, which are then never normalised."""
-    if not (likely_deep or reads_through) or not isinstance(reader.source, BlockMaxima):
+    tree guessed deep (or of middling depth, `guess.reads_through`) from budget
+    BLOCK_FLOOR_MIN_BUDGET on; from READ_THROUGH_MIN_BUDGET on only when the root is not
+    near-certain (CONFIDENT_ROOT_LOG_PROB) and the greedy chain through every row is bounded
+    below EVERY_ROW_GUESS_LOG_PROB, i.e. when the tree likely stops short of the last rows,
+    which are then never normalised."""
+    if not (guess.likely_deep or guess.reads_through) or not isinstance(reader.source, BlockMaxima):
         return False
     if budget >= BLOCK_FLOOR_MIN_BUDGET:
         return True
-    if budget < READ_THROUGH_MIN_BUDGET:
+    if budget < READ_THROUGH_MIN_BUDGET or not guess.estimate < CONFIDENT_ROOT_LOG_PROB:
         return False
     return sum(min(bound, 0.0) for bound in _top_log_prob_bounds(reader)[1]) < EVERY_ROW_GUESS_LOG_PROB
 
 
-def _read_until_complete(reader: _RowReader, budget: int, likely_deep: bool, reads_through: bool = False) -> tuple[list[float], float]:
+def _read_until_complete(reader: _RowReader, budget: int, guess: DepthGuess) -> tuple[list[float], float]:
     """Read rows until every path scoring >= floor lies within the read ranks.
     Returns (greedy chain, floor); floor -inf means no bound was found (rows read whole)."""
     depth_limit = reader.depth_limit
+    likely_deep = guess.likely_deep
     first, deep = _first_reads(budget, reader.source.wide_reads_are_cheap)
-    if _reads_through(reader, budget, likely_deep, reads_through):
+    if _reads_through(reader, budget, guess):
         read = _read_through_maxima(reader, budget)
         if read is not None:
             return read
@@ -614,7 +627,7 @@ def _build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
             return build_heap_tree(logits, budget, lazy_rows=True)
     if guess.likely_deep and budget >= DEEP_BLOCK_MIN_BUDGET and vocab >= DEEP_BLOCK_MIN_VOCAB and not isinstance(reader.source, BlockMaxima):
         reader.source = BlockMaxima(logits)  # nothing is read yet; see DEEP_BLOCK_MIN_BUDGET
-    chain, floor = _read_until_complete(reader, budget, guess.likely_deep, guess.reads_through)
+    chain, floor = _read_until_complete(reader, budget, guess)
     if floor == _NEG_INF or budget <= HEAP_LOOP_MAX_BUDGET:
         # no bound (a small tree) or few pops: the reference loop over the read rows (rows it
         # needs further are read whole on first use)

@@ -251,21 +251,25 @@ def test_benchmark_row_families_match_the_heap_at_small_budgets(family):
         check_case(logits, budget, batched=False, score_ties=True)
 
 
-@pytest.mark.parametrize(("family", "read_once"), [("power-1.5", True), ("power-1.0-sharp", True), ("mixed-depths", True),
-                                                   ("peaked", False), ("power-2.5-sharp", False), ("flat", False)])
-def test_rows_are_read_once_below_budget_512_only_for_trees_that_stop_short(family, read_once, monkeypatch):
+@pytest.mark.parametrize(("family", "read_once", "bounded"), [
+    ("power-1.5", True, True), ("power-1.0-sharp", True, True), ("power-2.0", True, True),
+    ("mixed-depths", False, False), ("peaked", False, False), ("power-2.5-sharp", False, False), ("flat", False, False)])
+def test_rows_are_read_once_below_budget_512_only_for_trees_that_stop_short(family, read_once, bounded, monkeypatch):
     """Below budget 512 (from READ_THROUGH_MIN_BUDGET) the read through the block maxima is
-    taken when the greedy chain through every row is bounded below EVERY_ROW_GUESS_LOG_PROB
-    (power-law rows falling ~1 nat a row: trees 6-9 deep), not for rows whose trees reach all
-    15 rows (peaked, sharp power-law) nor for flat ones; the trees are the heap's either way."""
-    calls = []
-    read_through = fast_build._read_through_maxima
+    taken when the root is not near-certain and the greedy chain through every row is bounded
+    below EVERY_ROW_GUESS_LOG_PROB (power-law rows falling ~1 nat a row: trees 6-12 deep); rows
+    near-certain at the root (peaked, sharp power-law, mixed-depths) are probed without even
+    computing the bounds, flat rows are probed too; the trees are the heap's either way."""
+    calls, bound_calls = [], []
+    read_through, bounds = fast_build._read_through_maxima, fast_build._top_log_prob_bounds
     monkeypatch.setattr(fast_build, "_read_through_maxima", lambda *args: calls.append(args[1]) or read_through(*args))
+    monkeypatch.setattr(fast_build, "_top_log_prob_bounds", lambda reader: bound_calls.append(1) or bounds(reader))
     logits = family_logits(family, 0, 15, 151936)
     for budget in (16, 256):
         tree = build_ddtree_tree_from_logits(logits, budget)
         assert shape_of(tree) == shape_of(build_ddtree_tree_from_logits(logits, budget, method=BuildMethod.HEAP))
     assert calls == ([16, 256] if read_once else [])
+    assert bool(bound_calls) == bounded
     calls.clear()
     build_ddtree_tree_from_logits(logits, fast_build.READ_THROUGH_MIN_BUDGET - 1)
     assert calls == []
