@@ -452,13 +452,15 @@ def test_enumeration_path_on_small_shapes(probe, monkeypatch):
             assert_same(heap, fast)
 
 
+@pytest.mark.parametrize("budget", [64, 1024])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_a_bad_logit_in_a_row_the_tree_never_reaches_still_raises(bad):
-    """power-1.5 rows at budget 1024 make a tree 8 deep: FAST normalises rows 0-8 only and
-    checks the rest through their block maxima, which must still see a NaN / +inf there."""
+def test_a_bad_logit_in_a_row_the_tree_never_reaches_still_raises(bad, budget):
+    """power-1.5 rows make a tree 5 deep at budget 64 and 8 deep at 1024: FAST reads them once
+    through the block maxima, normalises rows 0-8 at most and checks the rest through their
+    block maxima, which must still see a NaN / +inf there."""
     logits = family_logits("power-1.5", 0, 15, 151936)
-    assert build_ddtree_tree_from_logits(logits, 1024).max_depth <= 9
+    assert build_ddtree_tree_from_logits(logits, budget).max_depth <= 9
     logits[14, 777] = bad
     for method in (BuildMethod.FAST, BuildMethod.AUTO):
         with pytest.raises(ValueError, match="row 14 .*(NaN|\\+inf) .*token 777"):
-            build_ddtree_tree_from_logits(logits, 1024, method=method)
+            build_ddtree_tree_from_logits(logits, budget, method=method)
