@@ -503,7 +503,7 @@ def _reads_through(reader: _RowReader, budget: int, guess: DepthGuess) -> bool:
         return False
     if budget >= BLOCK_FLOOR_MIN_BUDGET:
         return True
-    if budget < READ_THROUGH_MIN_BUDGET or not guess.estimate < CONFIDENT_ROOT_LOG_PROB:
+    if budget < READ_THROUGH_MIN_BUDGET or not guess.estimate < CONFIDENT_ROOT_LOG_PROB:  # a NaN estimate too
         return False
     return sum(min(bound, 0.0) for bound in _top_log_prob_bounds(reader)[1]) < EVERY_ROW_GUESS_LOG_PROB
 
