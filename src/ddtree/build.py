@@ -17,26 +17,27 @@ from ddtree.tree import DraftTree
 
 class BuildMethod(str, Enum):
     HEAP = "heap"  # the plain best-first heap: the reference semantics, the oracle for tests
-    FAST = "fast"  # rows read lazily to a floor; heap loop (budget <= 64) or enumeration
+    FAST = "fast"  # rows read lazily to a floor; heap loop or enumeration
     AUTO = "auto"  # the fastest exact path for the input: `choose_method`
 
 
 # Below these sizes the reference's full-row top-k is cheap and the fast path's extra reads
 # and floor cost more than they save (benchmarks/tree_build.py on a 2-core CPU; see
-# docs/dev/tree-builders.md). At small
-# budgets the heap also serves every vocabulary read by full-row top-k (below
-# `row_select.BLOCK_MIN_VOCAB`): there the fast path only wins on flat rows, and on
-# drafter-like rows it paid a depth guess on top of the heap's own work (~0.93x).
+# docs/dev/tree-builders.md). Below budget 1024 the lazy heap also serves every vocabulary
+# read by full-row top-k (below `row_select.BLOCK_MIN_VOCAB`): at V = 32000 and 50257, budgets
+# 128-512, the fast path's probes, floor and enumeration ran at 0.55-0.99x the heap's speed on
+# 16 of 18 row families, the lazy heap at 1.06-2.4x (benchmarks/RESULTS.md). From 1024 on the
+# fast path decides itself (`fast_build`: a likely deep tree switches to block maxima there).
 HEAP_MAX_VOCAB = 511
-HEAP_SMALL_BUDGET = 64
-HEAP_SMALL_BUDGET_MAX_VOCAB = BLOCK_MIN_VOCAB - 1
+HEAP_FULL_ROW_MAX_BUDGET = 1023
+HEAP_FULL_ROW_MAX_VOCAB = BLOCK_MIN_VOCAB - 1
 
 
 def choose_method(depth_limit: int, vocab: int, budget: int) -> BuildMethod:
     """The exact path AUTO takes for a [D, V] input: a few integer comparisons, no tensor work."""
     if depth_limit <= 1 and budget >= vocab:
         return BuildMethod.HEAP  # one row read whole either way
-    if vocab <= HEAP_MAX_VOCAB or (budget <= HEAP_SMALL_BUDGET and vocab <= HEAP_SMALL_BUDGET_MAX_VOCAB):
+    if vocab <= HEAP_MAX_VOCAB or (budget <= HEAP_FULL_ROW_MAX_BUDGET and vocab <= HEAP_FULL_ROW_MAX_VOCAB):
         return BuildMethod.HEAP
     return BuildMethod.FAST
 

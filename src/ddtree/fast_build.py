@@ -605,6 +605,13 @@ DEEP_BLOCK_MIN_VOCAB = 24576
 # Up to this budget the reference heap loop over the read rows costs less than the floor and
 # the enumeration (measured with benchmarks/tree_build.py; docs/dev/tree-builders.md).
 HEAP_LOOP_MAX_BUDGET = 64
+# Rows read by full-row top-k that may hold a deep tree go to the lazy heap at every budget
+# unless block maxima take over (DEEP_BLOCK_*): at budgets 1024-2048, V = 16384-50257, it took
+# 0.5-1.0x the time of the probes, floors and enumeration (most 0.7-0.8x) on trees of two to
+# fifteen levels (`build.choose_method` sends budgets below 1024 there directly). Flat rows
+# (no deep guess) keep the enumeration: depth-one trees cost it least. Tests switch this off
+# to reach the enumeration on small vocabularies.
+LAZY_HEAP_ON_FULL_ROWS = True
 
 
 def build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
@@ -620,13 +627,15 @@ def _build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
     depth_limit, vocab = logits.shape
     reader = _RowReader(logits, budget)
     guess = _guess_depth(reader) if depth_limit > 2 else DepthGuess(False, False)
-    if budget <= HEAP_LOOP_MAX_BUDGET and guess.may_be_deep and not reader.source.wide_reads_are_cheap:
-        # Rows past 1 will likely be read to K and popped by the heap loop: that is the
-        # reference's own work, so run it without the reader's bookkeeping.
+    full_rows = not reader.source.wide_reads_are_cheap
+    if full_rows and guess.likely_deep and budget >= DEEP_BLOCK_MIN_BUDGET and vocab >= DEEP_BLOCK_MIN_VOCAB:
+        reader.source = BlockMaxima(logits)  # nothing is read yet; see DEEP_BLOCK_MIN_BUDGET
+    elif full_rows and guess.may_be_deep and (budget <= HEAP_LOOP_MAX_BUDGET or LAZY_HEAP_ON_FULL_ROWS):
+        # Rows past 1 will likely be read wide and popped by the heap loop: that is the
+        # reference's own work, so run it without the reader's bookkeeping (see
+        # LAZY_HEAP_ON_FULL_ROWS).
         with callers_threads():
             return build_heap_tree(logits, budget, lazy_rows=True)
-    if guess.likely_deep and budget >= DEEP_BLOCK_MIN_BUDGET and vocab >= DEEP_BLOCK_MIN_VOCAB and not isinstance(reader.source, BlockMaxima):
-        reader.source = BlockMaxima(logits)  # nothing is read yet; see DEEP_BLOCK_MIN_BUDGET
     chain, floor = _read_until_complete(reader, budget, guess)
     if floor == _NEG_INF or budget <= HEAP_LOOP_MAX_BUDGET:
         # no bound (a small tree) or few pops: the reference loop over the read rows (rows it

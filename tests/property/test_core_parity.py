@@ -14,6 +14,7 @@ import random
 import sys
 import zlib
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -64,6 +65,11 @@ def check_case(logits: torch.Tensor, budget: int, batched: bool = True, score_ti
     validate_tree(candidates[1], budget=budget, logits=logits)
     if budget and logits.shape[0]:  # FAST picks the lazy heap for small budgets: test the frontier too
         candidates.append(build_frontier_tree(logits, budget))
+        validate_tree(candidates[-1], budget=budget, logits=logits)
+    if budget > fast_build.HEAP_LOOP_MAX_BUDGET and logits.shape[-1] < row_select.BLOCK_MIN_VOCAB:
+        # FAST sends rows read by full-row top-k to the lazy heap: its own reads too
+        with mock.patch.object(fast_build, "LAZY_HEAP_ON_FULL_ROWS", False):
+            candidates.append(fast_build.build_enumerated_tree(logits, budget))
         validate_tree(candidates[-1], budget=budget, logits=logits)
     for tree in candidates:
         if tied:
@@ -435,6 +441,7 @@ def test_enumeration_path_on_small_shapes(probe, monkeypatch):
     """FAST with the heap loop switched off: every finite-floor case goes through the Python
     enumeration and its re-reads (probe 1 and 3 make rows grow constantly)."""
     monkeypatch.setattr(fast_build, "HEAP_LOOP_MAX_BUDGET", 0)
+    monkeypatch.setattr(fast_build, "LAZY_HEAP_ON_FULL_ROWS", False)
     monkeypatch.setattr(fast_build, "PROBE_RANKS", probe)
     rng = random.Random(77 + probe)
     for _ in range(300):

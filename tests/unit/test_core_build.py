@@ -248,10 +248,12 @@ def test_batched_trees_from_precomputed_top_log_probs():
     [
         ((15, 96), 16, BuildMethod.HEAP),  # the decode loop's tiny vocabulary
         ((15, 96), 256, BuildMethod.HEAP),
-        ((15, 4096), 64, BuildMethod.HEAP),  # small budget, small vocabulary
-        ((15, 4096), 256, BuildMethod.FAST),
-        ((15, 32000), 16, BuildMethod.HEAP),  # full-row reads at a small budget
-        ((15, 32000), 65, BuildMethod.FAST),
+        ((15, 4096), 64, BuildMethod.HEAP),  # full-row reads below budget 1024
+        ((15, 4096), 256, BuildMethod.HEAP),
+        ((15, 32000), 16, BuildMethod.HEAP),
+        ((15, 32000), 1023, BuildMethod.HEAP),
+        ((15, 32000), 1024, BuildMethod.FAST),  # from 1024 the fast path decides (deep trees: block maxima)
+        ((15, 65535), 512, BuildMethod.HEAP),
         ((15, 65536), 16, BuildMethod.FAST),  # block-maxima reads
         ((15, 151936), 1024, BuildMethod.FAST),
         ((1, 600), 1024, BuildMethod.HEAP),  # one row read whole either way
@@ -441,3 +443,39 @@ def test_a_tree_of_middling_depth_at_a_large_budget_reads_rows_once(monkeypatch)
     heap = build_ddtree_tree_from_logits(logits, 1024, method=BuildMethod.HEAP)
     assert fast.parents == heap.parents and fast.node_token_ids_list == heap.node_token_ids_list
     assert fast.node_scores_list == heap.node_scores_list and max(heap.node_depths_list) >= 3
+
+
+@pytest.mark.parametrize(("rows", "taken"), [
+    ("few-peaks", "lazy heap"),  # may be deep, not likely deep: the reference's own work
+    ("flat", "enumeration"),  # a depth-one tree: the enumeration's cheapest case
+    ("peaked", "block maxima"),  # likely deep at 1024: block reads from V = 24576 on
+])
+def test_full_row_reads_at_budget_1024_take_the_path_their_depth_guess_gives(rows, taken, monkeypatch):
+    """From budget 1024 on, AUTO sends a vocabulary below 65536 to FAST, which picks by its
+    depth guess; whichever path it takes, the tree is the oracle's."""
+    from ddtree import fast_build
+
+    generator = torch.Generator().manual_seed(3)
+    if rows == "peaked":
+        logits = _drafter_rows(3, 32000)
+    else:
+        logits = torch.randn(15, 32000, generator=generator)
+    if rows == "few-peaks":  # the smoke's tree-bench rows: four tokens well above the rest
+        peaks = torch.randint(0, 32000, (15, 4), generator=generator)
+        logits.scatter_(1, peaks, torch.tensor([9.0, 7.5, 6.5, 6.0]).expand(15, 4))
+    paths = []
+    heap_tree = fast_build.build_heap_tree
+
+    class SpiedBlockMaxima(fast_build.BlockMaxima):
+        def __init__(self, *args):
+            paths.append("block maxima")
+            super().__init__(*args)
+
+    monkeypatch.setattr(fast_build, "build_heap_tree", lambda *a, **k: paths.append("lazy heap") or heap_tree(*a, **k))
+    monkeypatch.setattr(fast_build, "BlockMaxima", SpiedBlockMaxima)
+    tree = build_ddtree_tree_from_logits(logits, 1024)
+    assert paths == ([] if taken == "enumeration" else [taken])
+    monkeypatch.undo()
+    heap = build_ddtree_tree_from_logits(logits, 1024, method=BuildMethod.HEAP)
+    assert tree.parents == heap.parents and tree.node_token_ids.tolist() == heap.node_token_ids.tolist()
+    assert tree.node_scores.tolist() == heap.node_scores.tolist()
