@@ -24,7 +24,8 @@ glibc's malloc thresholds are fixed first (`steady_malloc`; `--default-malloc` l
 one call's freed memory cannot make the next call's temporaries page-fault. With CUDA present
 it also prints the device rows: a batch of 16 bf16 requests at budget 256, eager (CUDA
 events, sync-debug mode "error" around the builder) and as a CUDA graph replay
-(`GraphedTreeBuilder`), and the peak extra memory at batch 16, budget 1024.
+(`GraphedTreeBuilder`), the peak extra memory at batch 16, budget 1024, and one request at
+V = 32000 on the device, heap against the public builder (AUTO's full-row choices).
 """
 from __future__ import annotations
 
@@ -244,6 +245,25 @@ def cuda_rows(calls: int) -> None:
             build_ddtree_tree_from_logits(one, 256)
             samples.append((time.perf_counter() - start_time) * 1e3)
         print(f"| public builder, one [15, {vocab}] bf16 request on CUDA, budget 256 | {statistics.median(samples):.3f} | host tree out |")
+    full_row_rows_on_cuda(device, calls)
+
+
+def full_row_rows_on_cuda(device: torch.device, calls: int) -> None:
+    """One request at V = 32000 (rows read by full-row top-k): AUTO's pick (the lazy heap below
+    budget 1024, FAST's own pick from 1024) against the heap, interleaved, on the device. The
+    CPU crossovers were measured on the CPU only; these rows say whether they hold on CUDA."""
+    for family in ("peaked", "few-peaks", "power-2.0"):
+        one = family_logits(family, 0, DEPTH, 32000).to(device)
+        for budget in (128, 512, 1024):
+            def synced(method):
+                def call():
+                    build_ddtree_tree_from_logits(one, budget, method)
+                    torch.cuda.synchronize()
+                return call
+            samples = interleaved_samples({"heap": synced(BuildMethod.HEAP), "auto": synced(BuildMethod.AUTO)}, calls)
+            heap, auto = (statistics.median(samples[k]) * 1e3 for k in ("heap", "auto"))
+            print(f"| one [15, 32000] float32 {family} request on CUDA, budget {budget}: heap / public | "
+                  f"{heap:.3f} / {auto:.3f} | {heap / auto:.2f}x |")
 
 
 def main() -> None:

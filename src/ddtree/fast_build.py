@@ -40,7 +40,7 @@ from ddtree.heap_build import best_first, build_heap_tree
 from ddtree.host_tensors import double_tensor, long_tensor
 from ddtree.inputs import check_rows_finite, raise_bad_row
 from ddtree.op_threads import callers_threads, small_ops_on_one_thread
-from ddtree.rank_path_heap import best_first_by_rank_path
+from ddtree.rank_path_heap import best_first_by_rank_path, rows_share_log_probs
 from ddtree.row_select import BlockMaxima, Read, float_slack, logsumexp_given_max, normalise_rows, row_source
 from ddtree.tree import DraftTree, make_draft_tree, root_only_tree
 
@@ -652,7 +652,7 @@ def _build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
             # enumeration's time). Every row it can reach is read (plain lists: no
             # `_HeapView` call per pop)
             rows = [reader.lp[d] if d < min(reader.unreachable_from, reader.dead_from) else [] for d in range(depth_limit)]
-            loop = best_first_by_rank_path if _rows_share_log_probs(reader, depths) else best_first
+            loop = best_first_by_rank_path if rows_share_log_probs([reader.lp[d] for d in range(depths)]) else best_first
             tree = loop(rows, reader.ids, depth_limit, budget)
         if tree is None:
             threshold = floor - float_slack(floor)
@@ -665,20 +665,6 @@ def _build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
             tree = best_first(_HeapView(reader, floor), reader.ids, depth_limit, budget)
     reader.check_unread_rows()  # NaN / +inf anywhere is an error, as in the reference
     return tree
-
-
-# `_rows_share_log_probs` compares this many leading ranks of each row
-SHARED_RANKS = 8
-
-
-def _rows_share_log_probs(reader: _RowReader, depths: int) -> bool:
-    """Whether two of the first `depths` rows share two exactly equal log-probs among their
-    leading ranks (rows of one shape, e.g. one sampling distribution at every depth): paths
-    that take the two in swapped order then often tie exactly, and `best_first` sorts every
-    tie by rank path (3-4x its usual cost there), which `best_first_by_rank_path` does not.
-    (One shared value, e.g. a top log-prob of -6e-8 on every peaked row, makes no such pair.)"""
-    rows = [set(reader.lp[d][:SHARED_RANKS]) for d in range(depths)]
-    return any(len(a & b) >= 2 for i, a in enumerate(rows) for b in rows[i + 1 :])
 
 
 def _depth_one_tree(reader: _RowReader, budget: int) -> DraftTree | None:

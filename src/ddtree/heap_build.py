@@ -16,6 +16,7 @@ import math
 import torch
 
 from ddtree.inputs import raise_bad_row
+from ddtree.rank_path_heap import best_first_by_rank_path, rows_share_log_probs
 from ddtree.tree import DraftTree, make_draft_tree, root_only_tree
 
 
@@ -175,13 +176,17 @@ def build_heap_tree(logits: torch.Tensor, budget: int, lazy_rows: bool = False) 
         return log_probs[0].tolist(), ids[0].tolist()
 
     rows = HeapRows(*_top_of_normalised(x, FIRST_RANKS, log_z), reread)
+    # rows of one shape: their paths tie exactly and often, which the rank-path loop orders
+    # without a sort per tie (power-law rows at V = 32000: 0.64-0.71x the time at budget 1024,
+    # 0.90-0.94x at 256; mixed-depths 0.81x at 1024)
+    loop = best_first_by_rank_path if rows_share_log_probs(rows.log_probs) else best_first
     try:
-        return _heap_tree(logits, rows, budget)
+        return _heap_tree(logits, rows, budget, loop)
     except TieOrderChanged:
         return build_heap_tree(logits, budget)
 
 
-def _heap_tree(logits: torch.Tensor, rows: HeapRows, budget: int) -> DraftTree:
+def _heap_tree(logits: torch.Tensor, rows: HeapRows, budget: int, loop=best_first) -> DraftTree:
     for row in rows.suspect_rows:  # one cheap check instead of a pass: NaN / +inf raise here
         raise_bad_row(row, logits[row])
-    return best_first(rows.log_probs, rows.token_ids, logits.shape[0], budget, rows.more)
+    return loop(rows.log_probs, rows.token_ids, logits.shape[0], budget, rows.more)

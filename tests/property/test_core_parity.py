@@ -327,15 +327,29 @@ def test_dflash_family_is_a_repeatable_drafted_block():
 @given(
     rows=st.lists(st.lists(st.sampled_from([0.0, -0.5, -1.0, -1.5, -2.0, -3.25]), max_size=8), min_size=1, max_size=5),
     budget=st.integers(0, 60),
+    first_read=st.none() | st.integers(1, 8),
 )
-def test_rank_path_heap_pops_what_best_first_pops(rows, budget):
+def test_rank_path_heap_pops_what_best_first_pops(rows, budget, first_read):
     """The loop keyed by rank path against the oracle's loop on rows drawn from a few grid
     values, so that many paths tie exactly: the same nodes in the same pop order, the same
-    float64 scores."""
+    float64 scores. With `first_read`, it starts from each row's first ranks only and asks
+    `more` for the rest, as the lazy heap does."""
     rows = [sorted(row, reverse=True) for row in rows]
     ids = [[1000 * d + r for r in range(len(row))] for d, row in enumerate(rows)]
     expected = heap_build.best_first(rows, ids, len(rows), budget)
-    actual = best_first_by_rank_path(rows, ids, len(rows), budget)
+    if first_read is None:
+        actual = best_first_by_rank_path(rows, ids, len(rows), budget)
+    else:
+        read = [row[:first_read] for row in rows]
+        read_ids = [row[:first_read] for row in ids]
+
+        def more(d: int) -> bool:
+            done = len(read[d])
+            read[d].extend(rows[d][done:])
+            read_ids[d].extend(ids[d][done:])
+            return len(read[d]) > done
+
+        actual = best_first_by_rank_path(read, read_ids, len(rows), budget, more)
     assert actual.parents == expected.parents
     assert actual.node_token_ids_list == expected.node_token_ids_list
     assert actual.node_depths_list == expected.node_depths_list
@@ -356,6 +370,25 @@ def test_rows_of_one_shape_are_built_by_the_rank_path_loop(monkeypatch):
     tree = build_ddtree_tree_from_logits(logits, 1024)
     assert calls == [1024]
     assert_same(build_ddtree_tree_from_logits(logits, 1024, method=BuildMethod.HEAP), tree)
+
+
+def test_the_lazy_heap_takes_the_rank_path_loop_for_rows_of_one_shape(monkeypatch):
+    """AUTO's lazy heap (a vocabulary read by full-row top-k, budget below 1024) on power-law
+    rows of one exponent: the rank-path loop, rows re-read as it pops past them, the oracle's
+    tree bit for bit; peaked rows keep the plain loop."""
+    calls = []
+
+    def spy(*args):
+        calls.append(args[3])
+        return best_first_by_rank_path(*args)
+
+    monkeypatch.setattr(heap_build, "best_first_by_rank_path", spy)
+    for family, rank_path_loop in (("power-2.0", True), ("peaked", False)):
+        calls.clear()
+        logits = family_logits(family, 0, 15, 32000)
+        tree = build_ddtree_tree_from_logits(logits, 512)
+        assert calls == ([512] if rank_path_loop else [])
+        assert_same(build_ddtree_tree_from_logits(logits, 512, method=BuildMethod.HEAP), tree)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
