@@ -26,6 +26,10 @@ still lift the best prefix of its depth (the greedy chain) to `floor`.
    sibling or parent placed before) proves the sorted order is the heap's pop order.
 Anything unexpected (no finite floor, a path that runs past the read ranks, a failed check,
 a floor so loose that the candidates explode) hands the rows as read to the heap loop.
+
+Trees that likely reach every row (block reads) skip the floor up front: every row is read 16
+ranks deep and the heap loop runs over them, working out the floor and reading down to it
+only if it pops past a row's 16th rank (`_lazy_heap_through_blocks`).
 """
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ from typing import NamedTuple
 
 import torch
 
-from ddtree.heap_build import best_first, build_heap_tree
+from ddtree.heap_build import TieOrderChanged, best_first, build_heap_tree
 from ddtree.host_tensors import double_tensor, long_tensor
 from ddtree.inputs import check_rows_finite, raise_bad_row
 from ddtree.op_threads import callers_threads, small_ops_on_one_thread
@@ -375,12 +379,6 @@ READ_THROUGH_GUESS_LOG_PROB = -3.0
 # the others.
 READ_THROUGH_MIN_BUDGET = 16
 EVERY_ROW_GUESS_LOG_PROB = -6.0
-# ...and only when the greedy two-token estimate is below this: near-certain rows 0-1 went
-# on through every row on the families measured (estimates -0.6 to 0; one at -1.0 also
-# reached 13-15 rows), where computing the bounds alone cost 2-7 % (a logsumexp over every
-# row's block maxima). Trees 6-12 deep had estimates of -1.0 to -2.5; one family sharp at the
-# root and flat below (mixed-depths, -0.06) forgoes its 0.8-0.9x this way.
-CONFIDENT_ROOT_LOG_PROB = -0.75
 
 
 class DepthGuess(NamedTuple):
@@ -495,17 +493,109 @@ def _top_log_prob_bounds(reader: _RowReader) -> tuple[torch.Tensor, list[float]]
 def _reads_through(reader: _RowReader, budget: int, guess: DepthGuess) -> bool:
     """Whether rows are read once through the block maxima (`_read_through_maxima`): for a
     tree guessed deep (or of middling depth, `guess.reads_through`) from budget
-    BLOCK_FLOOR_MIN_BUDGET on; from READ_THROUGH_MIN_BUDGET on only when the root is not
-    near-certain (CONFIDENT_ROOT_LOG_PROB) and the greedy chain through every row is bounded
-    below EVERY_ROW_GUESS_LOG_PROB, i.e. when the tree likely stops short of the last rows,
-    which are then never normalised."""
+    BLOCK_FLOOR_MIN_BUDGET on; from READ_THROUGH_MIN_BUDGET on only when the greedy chain
+    through every row is bounded below EVERY_ROW_GUESS_LOG_PROB, i.e. when the tree likely
+    stops short of the last rows, which are then never normalised."""
     if not (guess.likely_deep or guess.reads_through) or not isinstance(reader.source, BlockMaxima):
         return False
     if budget >= BLOCK_FLOOR_MIN_BUDGET:
         return True
-    if budget < READ_THROUGH_MIN_BUDGET or not guess.estimate < CONFIDENT_ROOT_LOG_PROB:  # a NaN estimate too
+    if budget < READ_THROUGH_MIN_BUDGET:
         return False
     return sum(min(bound, 0.0) for bound in _top_log_prob_bounds(reader)[1]) < EVERY_ROW_GUESS_LOG_PROB
+
+
+# Rows through block maxima whose tree likely reaches every row (see `_reaches_every_row`) go
+# to the reference's heap loop over rows read `LAZY_FIRST_RANKS` deep
+# (`_lazy_heap_through_blocks`): such trees use few ranks of most rows (2-16 on the benchmark's
+# trees 15 deep at budget 1024, a hundred or two on two or three rows of `peaked`), so one
+# batched read of 16 ranks, and a floor only when the loop pops past one, cost less than the
+# floors and reads down to them up front.
+LAZY_FIRST_RANKS = 16
+LAZY_READ_GROWTH = 16
+# ...when the greedy chain through every row is bounded at this or above: -6.7 to 0 on the
+# benchmark's families whose trees are 14-15 deep at budget 1024. Power-2.0 (-7.5, 13-14 deep)
+# gained nothing from it (1.0-1.15x the time at 16-1024: its trees at small budgets stop short
+# of the last rows, which the lazy heap normalises all the same), the others sit at -13.7 and
+# below.
+LAZY_HEAP_CHAIN_LOG_PROB = -7.0
+
+
+def _reaches_every_row(reader: _RowReader, budget: int, guess: DepthGuess) -> bool:
+    """Block reads, from READ_THROUGH_MIN_BUDGET on, of a tree guessed likely deep whose greedy
+    chain through every row is bounded at LAZY_HEAP_CHAIN_LOG_PROB or above."""
+    if not (guess.likely_deep and isinstance(reader.source, BlockMaxima)) or budget < READ_THROUGH_MIN_BUDGET:
+        return False
+    return sum(min(bound, 0.0) for bound in _top_log_prob_bounds(reader)[1]) >= LAZY_HEAP_CHAIN_LOG_PROB
+
+
+def _lazy_heap_through_blocks(reader: _RowReader, budget: int) -> DraftTree | None:
+    """The reference's heap loop over every row normalised at once and read LAZY_FIRST_RANKS
+    deep through the block maxima; None if a wider read ordered exactly tied logits
+    differently from the narrower one (the caller then builds the tree another way).
+
+    The first time the loop pops past a row's read ranks, the block-maxima floor is worked out
+    from the exact greedy chain and every row read down to it in one batched read, as
+    `_read_through_maxima` does: then the rows hold every rank the tree can use. (Re-reading
+    only the row popped past, a few times wider, cost ~0.3 ms a row: more than the floor.)
+    Without a floor the row is read LAZY_READ_GROWTH x wider, up to its cap."""
+    depth_limit = reader.depth_limit
+    reader.read(list(range(depth_limit)), LAZY_FIRST_RANKS)  # raises for NaN / +inf rows
+    alive = min(depth_limit, reader.dead_from)
+    rows = [reader.lp[d] if d < alive else [] for d in range(depth_limit)]
+    ids = [reader.ids[d] if d < alive else [] for d in range(depth_limit)]
+    complete = [d >= alive or reader.full[d] for d in range(depth_limit)]
+    floor_tried = False
+
+    def extend(d: int) -> None:
+        """Row d as the reader now holds it, appended in place (the loop holds the lists)."""
+        done = len(rows[d])
+        if reader.ids[d][:done] != ids[d][:done]:
+            raise TieOrderChanged(d)
+        rows[d].extend(reader.lp[d][done:])
+        ids[d].extend(reader.ids[d][done:])
+
+    def read_to_floor() -> bool:
+        chain = [0.0]
+        for d in range(alive):
+            chain.append(chain[-1] + rows[d][0])
+        floor = _block_maxima_floor(reader, chain, budget)
+        if floor == _NEG_INF:
+            return False
+        grow, needs = [], []
+        for d in range(alive):
+            need = floor - chain[d] - float_slack(floor, chain[d])
+            if not complete[d] and chain[d + 1] >= floor - float_slack(floor, chain[d + 1]) and reader.known_above[d] >= need:
+                grow.append(d)
+                needs.append(need)
+        if grow:
+            reader.read_down_to(grow, needs, tight=True)
+            for d in grow:
+                extend(d)
+        complete[:] = [True] * depth_limit  # no path through an unread rank reaches the floor
+        return True
+
+    def more(d: int) -> bool:
+        """Extend row d in place; whether it gained ranks."""
+        nonlocal floor_tried
+        if complete[d]:
+            return False
+        done = len(rows[d])
+        if not floor_tried:
+            floor_tried = True
+            if read_to_floor():
+                return len(rows[d]) > done
+        want = min(reader.cap[d], done * LAZY_READ_GROWTH)
+        reader.read([d], want)
+        extend(d)
+        complete[d] = reader.full[d]
+        return len(rows[d]) > done
+
+    loop = best_first_by_rank_path if rows_share_log_probs(rows) else best_first
+    try:
+        return loop(rows, ids, depth_limit, budget, more)
+    except TieOrderChanged:
+        return None
 
 
 def _read_until_complete(reader: _RowReader, budget: int, guess: DepthGuess) -> tuple[list[float], float]:
@@ -636,6 +726,11 @@ def _build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
         # LAZY_HEAP_ON_FULL_ROWS).
         with callers_threads():
             return build_heap_tree(logits, budget, lazy_rows=True)
+    if _reaches_every_row(reader, budget, guess):
+        tree = _lazy_heap_through_blocks(reader, budget)
+        if tree is not None:
+            return tree
+        reader = _RowReader(logits, budget)  # a wider read reordered tied logits: start again
     chain, floor = _read_until_complete(reader, budget, guess)
     if floor == _NEG_INF or budget <= HEAP_LOOP_MAX_BUDGET:
         # no bound (a small tree) or few pops: the reference loop over the read rows (rows it

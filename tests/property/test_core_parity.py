@@ -10,6 +10,7 @@ orders equal scores differently, so there the sorted scores must agree.
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import sys
 import zlib
@@ -145,6 +146,10 @@ def test_seeded_sweep_small_shapes_through_block_maxima(block_size, monkeypatch)
     monkeypatch.setattr(fast_build, "BLOCK_FLOOR_MIN_BUDGET", [1, 2, 30][block_size % 3])
     monkeypatch.setattr(fast_build, "BLOCK_FLOOR_STEPS", [512, 7, 64][block_size % 3])
     monkeypatch.setattr(fast_build, "BLOCK_FLOOR_SPAN", [24.0, 2.0, 0.25][block_size % 3])
+    # the lazy heap for every likely deep tree, for none, or as shipped; rows re-read often
+    monkeypatch.setattr(fast_build, "LAZY_HEAP_CHAIN_LOG_PROB", [-1e9, math.inf, -10.0][block_size % 3])
+    monkeypatch.setattr(fast_build, "LAZY_FIRST_RANKS", [1, 16, 2][block_size % 3])
+    monkeypatch.setattr(fast_build, "LAZY_READ_GROWTH", [2, 16, 3][block_size % 3])
     rng = random.Random(500 + block_size)
     for _ in range(400):
         depth = rng.choice([1, 2, 3, 6, 15])
@@ -264,28 +269,62 @@ def test_benchmark_row_families_match_the_heap_at_small_budgets(family):
             assert_same(heap, public)
 
 
-@pytest.mark.parametrize(("family", "read_once", "bounded"), [
-    ("power-1.5", True, True), ("power-1.0-sharp", True, True), ("power-2.0", True, True),
-    ("mixed-depths", False, False), ("peaked", False, False), ("power-2.5-sharp", False, False), ("flat", False, False)])
-def test_rows_are_read_once_below_budget_512_only_for_trees_that_stop_short(family, read_once, bounded, monkeypatch):
-    """Below budget 512 (from READ_THROUGH_MIN_BUDGET) the read through the block maxima is
-    taken when the root is not near-certain and the greedy chain through every row is bounded
-    below EVERY_ROW_GUESS_LOG_PROB (power-law rows falling ~1 nat a row: trees 6-12 deep); rows
-    near-certain at the root (peaked, sharp power-law, mixed-depths) are probed without even
-    computing the bounds, flat rows are probed too; the trees are the heap's either way."""
+@pytest.mark.parametrize(("family", "path", "bounded"), [
+    ("power-1.5", "read once", True), ("power-1.0-sharp", "read once", True),
+    ("power-2.0", "read once", True), ("peaked", "lazy heap", True), ("power-2.5-sharp", "lazy heap", True),
+    ("mixed-depths", "read once", True), ("flat", "probes", False), ("few-peaks", "probes", False)])
+def test_the_path_below_budget_512_follows_how_deep_the_tree_likely_goes(family, path, bounded, monkeypatch):
+    """From READ_THROUGH_MIN_BUDGET to 511, a tree guessed likely deep has its greedy chain
+    through every row bounded from the block maxima: bounded at LAZY_HEAP_CHAIN_LOG_PROB or
+    above (trees 13-15 deep), the lazy heap over rows read 16 ranks deep; below
+    EVERY_ROW_GUESS_LOG_PROB (power-law rows falling ~1 nat a row, trees 6-12 deep; mixed-depths,
+    sharp at the root and flat below), one read through the block maxima. Rows not guessed
+    deep (flat, few-peaks: one or two levels) are probed, and their bounds never computed. The
+    trees are the heap's either way."""
     calls, bound_calls = [], []
-    read_through, bounds = fast_build._read_through_maxima, fast_build._top_log_prob_bounds
-    monkeypatch.setattr(fast_build, "_read_through_maxima", lambda *args: calls.append(args[1]) or read_through(*args))
+    read_through, lazy, bounds = fast_build._read_through_maxima, fast_build._lazy_heap_through_blocks, fast_build._top_log_prob_bounds
+    monkeypatch.setattr(fast_build, "_read_through_maxima", lambda *args: calls.append(("read once", args[1])) or read_through(*args))
+    monkeypatch.setattr(fast_build, "_lazy_heap_through_blocks", lambda *args: calls.append(("lazy heap", args[1])) or lazy(*args))
     monkeypatch.setattr(fast_build, "_top_log_prob_bounds", lambda reader: bound_calls.append(1) or bounds(reader))
     logits = family_logits(family, 0, 15, 151936)
     for budget in (16, 256):
         tree = build_ddtree_tree_from_logits(logits, budget)
         assert shape_of(tree) == shape_of(build_ddtree_tree_from_logits(logits, budget, method=BuildMethod.HEAP))
-    assert calls == ([16, 256] if read_once else [])
+    assert calls == ([] if path == "probes" else [(path, 16), (path, 256)])
     assert bool(bound_calls) == bounded
     calls.clear()
     build_ddtree_tree_from_logits(logits, fast_build.READ_THROUGH_MIN_BUDGET - 1)
     assert calls == []
+
+
+@pytest.mark.parametrize(("family", "floors"), [("power-2.5-sharp", 0), ("peaked", 1)])
+def test_the_lazy_heap_through_blocks_works_out_a_floor_only_when_it_pops_past_a_row(family, floors, monkeypatch):
+    """Trees 15 deep at budget 1024: sharp power-law rows need at most 9 ranks of a row, so the
+    16 read first suffice and no floor is worked out; peaked rows need a hundred or two of two
+    or three rows, so the first pop past a row's read ranks works out one floor and reads every
+    row down to it. Either way the tree is the heap's, bit for bit."""
+    calls = []
+    floor = fast_build._block_maxima_floor
+    monkeypatch.setattr(fast_build, "_block_maxima_floor", lambda *args: calls.append(args[2]) or floor(*args))
+    logits = family_logits(family, 0, 15, 151936)
+    tree = build_ddtree_tree_from_logits(logits, 1024)
+    assert calls == [1024] * floors
+    monkeypatch.undo()
+    assert_same(build_ddtree_tree_from_logits(logits, 1024, method=BuildMethod.HEAP), tree)
+
+
+def test_the_lazy_heap_through_blocks_reads_a_row_wider_where_no_floor_is_found(monkeypatch):
+    """Without a floor, the row popped past is read LAZY_READ_GROWTH x wider, up to its cap,
+    as often as the loop needs: the heap's tree all the same."""
+    widths = []
+    read = fast_build._RowReader.read
+    monkeypatch.setattr(fast_build, "_block_maxima_floor", lambda *args: -math.inf)
+    monkeypatch.setattr(fast_build._RowReader, "read", lambda self, rows, k, *a: widths.append(k) or read(self, rows, k, *a))
+    logits = family_logits("peaked", 0, 15, 151936)
+    tree = build_ddtree_tree_from_logits(logits, 1024)
+    assert widths[0] == fast_build.LAZY_FIRST_RANKS and 256 in widths[1:]  # 16, then 16x wider
+    monkeypatch.undo()
+    assert_same(build_ddtree_tree_from_logits(logits, 1024, method=BuildMethod.HEAP), tree)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
