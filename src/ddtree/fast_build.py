@@ -502,7 +502,12 @@ def _reads_through(reader: _RowReader, budget: int, guess: DepthGuess) -> bool:
         return True
     if budget < READ_THROUGH_MIN_BUDGET:
         return False
-    return sum(min(bound, 0.0) for bound in _top_log_prob_bounds(reader)[1]) < EVERY_ROW_GUESS_LOG_PROB
+    return _chain_bound_through_every_row(reader) < EVERY_ROW_GUESS_LOG_PROB
+
+
+def _chain_bound_through_every_row(reader: _RowReader) -> float:
+    """An upper bound on the greedy chain's score through every row (rows without a bound add 0)."""
+    return sum(min(bound, 0.0) for bound in _top_log_prob_bounds(reader)[1])
 
 
 # Rows through block maxima whose tree likely reaches every row (see `_reaches_every_row`) go
@@ -526,7 +531,7 @@ def _reaches_every_row(reader: _RowReader, budget: int, guess: DepthGuess) -> bo
     chain through every row is bounded at LAZY_HEAP_CHAIN_LOG_PROB or above."""
     if not (guess.likely_deep and isinstance(reader.source, BlockMaxima)) or budget < READ_THROUGH_MIN_BUDGET:
         return False
-    return sum(min(bound, 0.0) for bound in _top_log_prob_bounds(reader)[1]) >= LAZY_HEAP_CHAIN_LOG_PROB
+    return _chain_bound_through_every_row(reader) >= LAZY_HEAP_CHAIN_LOG_PROB
 
 
 def _lazy_heap_through_blocks(reader: _RowReader, budget: int) -> DraftTree | None:
