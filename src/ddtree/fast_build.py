@@ -561,14 +561,14 @@ def _lazy_heap_through_blocks(reader: _RowReader, budget: int) -> DraftTree | No
         ids[d].extend(reader.ids[d][done:])
 
     def read_to_floor() -> bool:
-        chain = [0.0]
-        for d in range(alive):
-            chain.append(chain[-1] + rows[d][0])
+        # over the rows read so far (none re-read yet), up to the first empty one: a row
+        # whose cap is 0 (d >= budget) ends every path
+        chain = _greedy_chain(reader)
         floor = _block_maxima_floor(reader, chain, budget)
         if floor == _NEG_INF:
             return False
         grow, needs = [], []
-        for d in range(alive):
+        for d in range(len(chain) - 1):
             need = floor - chain[d] - float_slack(floor, chain[d])
             if not complete[d] and chain[d + 1] >= floor - float_slack(floor, chain[d + 1]) and reader.known_above[d] >= need:
                 grow.append(d)

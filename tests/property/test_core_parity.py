@@ -313,6 +313,17 @@ def test_the_lazy_heap_through_blocks_works_out_a_floor_only_when_it_pops_past_a
     assert_same(build_ddtree_tree_from_logits(logits, 1024, method=BuildMethod.HEAP), tree)
 
 
+@pytest.mark.parametrize(("family", "depth", "budget"), [("peaked", 31, 20), ("power-2.5", 20, 17)])
+def test_the_lazy_heap_through_blocks_on_more_rows_than_the_budget(family, depth, budget, monkeypatch):
+    """A drafter block deeper than the budget (block size 32 at budget 20): rows from `budget`
+    on have no usable rank and end every path. Read one rank deep, the loop pops past rows at
+    once, so the floor is worked out over the rows that can hold nodes only."""
+    monkeypatch.setattr(fast_build, "LAZY_FIRST_RANKS", 1)
+    logits = family_logits(family, 0, depth, 151936)
+    assert_same(build_ddtree_tree_from_logits(logits, budget, method=BuildMethod.HEAP),
+                build_ddtree_tree_from_logits(logits, budget))
+
+
 def test_the_lazy_heap_through_blocks_reads_a_row_wider_where_no_floor_is_found(monkeypatch):
     """Without a floor, the row popped past is read LAZY_READ_GROWTH x wider, up to its cap,
     as often as the loop needs: the heap's tree all the same."""
