@@ -10,7 +10,7 @@ Where the busy loops run matters on Linux, whose scheduler (with autogroups, the
 desktop and most server kernels) shares the CPUs between sessions first: `--loops one-session`
 (default) starts them in one session of their own, like four loops started from one other
 shell; `--loops own-sessions` gives each its own, like four unrelated jobs, and leaves the
-smoke a smaller share (2 of 5 CPU-shares on 2 cores for single-threaded work).
+smoke a smaller share (2 CPUs shared by 5 sessions: two fifths of one CPU).
 
 A "quiet" run is only as quiet as the host: how many CPUs were busy in the second before it
 is printed beside it (from /proc/stat; Linux only). If that is high, the ratio says little and
