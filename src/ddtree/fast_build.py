@@ -40,11 +40,10 @@ from typing import NamedTuple
 
 import torch
 
-from ddtree.heap_build import TieOrderChanged, best_first, build_heap_tree
+from ddtree.heap_build import TieOrderChanged, best_first, build_heap_tree, heap_loop_for
 from ddtree.host_tensors import double_tensor, long_tensor
 from ddtree.inputs import check_rows_finite, raise_bad_row
 from ddtree.op_threads import callers_threads, small_ops_on_one_thread
-from ddtree.rank_path_heap import best_first_by_rank_path, rows_share_log_probs
 from ddtree.row_select import BlockMaxima, Read, float_slack, logsumexp_given_max, normalise_rows, row_source
 from ddtree.tree import DraftTree, make_draft_tree, root_only_tree
 
@@ -596,9 +595,8 @@ def _lazy_heap_through_blocks(reader: _RowReader, budget: int) -> DraftTree | No
         complete[d] = reader.full[d]
         return len(rows[d]) > done
 
-    loop = best_first_by_rank_path if rows_share_log_probs(rows) else best_first
     try:
-        return loop(rows, ids, depth_limit, budget, more)
+        return heap_loop_for(rows)(rows, ids, depth_limit, budget, more)
     except TieOrderChanged:
         return None
 
@@ -752,8 +750,7 @@ def _build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
             # enumeration's time). Every row it can reach is read (plain lists: no
             # `_HeapView` call per pop)
             rows = [reader.lp[d] if d < min(reader.unreachable_from, reader.dead_from) else [] for d in range(depth_limit)]
-            loop = best_first_by_rank_path if rows_share_log_probs([reader.lp[d] for d in range(depths)]) else best_first
-            tree = loop(rows, reader.ids, depth_limit, budget)
+            tree = heap_loop_for([reader.lp[d] for d in range(depths)])(rows, reader.ids, depth_limit, budget)
         if tree is None:
             threshold = floor - float_slack(floor)
             estimate = _estimated_last_score(reader, depths, budget, threshold)

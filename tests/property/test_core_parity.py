@@ -415,7 +415,7 @@ def test_rows_of_one_shape_are_built_by_the_rank_path_loop(monkeypatch):
         calls.append(args[3])
         return best_first_by_rank_path(*args)
 
-    monkeypatch.setattr(fast_build, "best_first_by_rank_path", spy)
+    monkeypatch.setattr(heap_build, "best_first_by_rank_path", spy)  # `heap_loop_for` picks the loop
     logits = family_logits("power-2.0", 0, 15, 151936)
     tree = build_ddtree_tree_from_logits(logits, 1024)
     assert calls == [1024]
