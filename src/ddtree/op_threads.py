@@ -11,7 +11,9 @@ thread than the wake-up cost (`row_select.BlockMaxima.maxima`).
 
 Every op here gives the same bits on one thread as on several (element-wise arithmetic,
 comparisons, maxima, integer counts, sorts); the full-row reductions whose float sums could
-depend on the split run with the caller's threads, exactly as before (`callers_threads`).
+depend on the split run with the caller's threads, exactly as before (`callers_threads`),
+except the logsumexp of a caller with two threads, which `row_logsumexp` splits by rows
+between this thread and a worker thread, one intra-op thread each (`build_callers_threads`).
 
 Under OpenMP (torch's CPU build) the count is per calling thread: other threads keep theirs
 while a build runs, except a thread whose very first torch op falls inside the build, which
@@ -62,3 +64,9 @@ def callers_threads() -> Iterator[None]:
     finally:
         torch.set_num_threads(1)
         _callers.reset(token)
+
+
+def build_callers_threads() -> int | None:
+    """Inside `small_ops_on_one_thread` and outside its full-row passes: the caller's thread
+    count (the build's share of the CPU). Elsewhere None."""
+    return _callers.get() or None

@@ -25,12 +25,22 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
 
 from ddtree.inputs import raise_bad_row
-from ddtree.op_threads import callers_threads
+from ddtree.op_threads import build_callers_threads, callers_threads
+from ddtree.row_logsumexp import (
+    MIN_SPLIT_ROWS,
+    PendingRows,
+    logsumexp_given_max,
+    logsumexp_replica_holds,
+    rows_log_z,
+    split_replica_holds,
+    start_rows,
+)
 
 # Tokens per block: measured fastest for 32k-152k vocabularies on a 2-core CPU (strided blocks,
 # Intel); with blocks of neighbours on an AMD EPYC, 64 and 128 were 5-13 % faster on deep rows
@@ -47,6 +57,9 @@ TOP_BLOCKS_MAX_K = 64
 # `_sorted_per_row` sorts on one int64 key (row, logit, token) while rows x vocabulary stay
 # below this (the key then stays below 2^62), else on two keys
 ONE_SORT_KEY_MAX = 1 << 29
+# With work of its own beside a split logsumexp (a read's block gathering, ~0.5 ms), the
+# building thread leaves the worker this share of the rows (`row_logsumexp`).
+WORKER_SHARE_BESIDE_WORK = 0.6
 _NEG_INF = float("-inf")
 
 
@@ -111,6 +124,12 @@ def _top_of(x: torch.Tensor, ks: list[int], log_z: torch.Tensor) -> Read:
     if width == 0:
         return Read([[] for _ in ks], [[] for _ in ks])
     values, ids = torch.topk(x, width, dim=-1)
+    return _read_of_top(values, ids, ks, log_z)
+
+
+def read_of_top_logits(values: torch.Tensor, ids: torch.Tensor, ks: list[int], log_z: torch.Tensor) -> Read:
+    """`BlockMaxima.top_logits`' result for rows whose logsumexp is `log_z` ([c] float32 host)
+    -> the read `top` gives (each row's first ks[i] finite log-probs)."""
     return _read_of_top(values, ids, ks, log_z)
 
 
@@ -219,17 +238,27 @@ class BlockMaxima:
         counts = [len(lp) for lp in read.log_probs]
         return Read([lp[:n] for lp, n in zip(read.log_probs, limits)], [i[:n] for i, n in zip(read.ids, limits)]), counts
 
+    def top_logits(self, rows: list[int], ks: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The work of `top(rows, ks, log_z)` that needs no logsumexp, for reads `top` makes
+        from each row's best blocks (every k small, no short tail block): ([c, max k] logits
+        sorted descending, their ids), which `read_of_top_logits` turns into the read. None
+        for other reads."""
+        if max(ks) > TOP_BLOCKS_MAX_K or max(ks) >= self.block_count or self.whole != self.block_count:
+            return None
+        return self._top_logits_in_top_blocks(rows, max(ks))
+
     def _top_in_top_blocks(self, rows: list[int], ks: list[int], log_z: torch.Tensor) -> Read:
         """`top` for small k, in a handful of ops: a row's k largest logits all lie in its k
         blocks with the largest maxima (a logit outside them has k block maxima, k other
         logits, at or above it), so the top k of those k blocks are the row's top k."""
-        width = max(ks)
+        return _read_of_top(*self._top_logits_in_top_blocks(rows, max(ks)), ks, log_z)
+
+    def _top_logits_in_top_blocks(self, rows: list[int], width: int) -> tuple[torch.Tensor, torch.Tensor]:
         blocks = torch.topk(self.maxima(rows), width, dim=-1).indices  # [c, width]
         source_rows = torch.tensor(rows, device=blocks.device).unsqueeze(1)  # [c, 1]
         candidates = self._blocks[source_rows, :, blocks].float().reshape(len(rows), width * BLOCK)  # [c, width, BLOCK] flat
         values, where = torch.topk(candidates, width, dim=-1)  # [c, width] sorted descending
-        ids = blocks.gather(1, where // BLOCK) * BLOCK + where % BLOCK
-        return _read_of_top(values, ids, ks, log_z)
+        return values, blocks.gather(1, where // BLOCK) * BLOCK + where % BLOCK
 
     def _kth_largest_block_max(self, rows: list[int], ks: list[int]) -> torch.Tensor:
         """[c] float32: per row, a cut under which that row's top ks[i] logits all lie: the
@@ -323,16 +352,22 @@ def float_slack(*values: float) -> float:
     return 1e-5 * (1.0 + sum(abs(v) for v in values if math.isfinite(v)))
 
 
-def normalise_rows(owner: Any, missing: list[int]) -> None:
+def normalise_rows(owner: Any, missing: list[int], meanwhile: Callable[[], Any] | None = None) -> Any:
     """Fill `owner.log_z` for the rows `missing` (ascending, not yet normalised) with one
     logsumexp over the span they cover, widened to >= 2 rows so the float32 sums are bit-equal
     to the reference's full [D, V] call: torch reduces a lone row with a thread-split sum but
     each row of a multi-row call serially, as the reference does. Raises on NaN / +inf rows;
-    lowers `owner.dead_from` at a row with no finite logit. `owner`: the builders' row readers
-    (`logits`, `depth_limit`, `log_z: dict[int, float]`, `dead_from`; optionally `source` and
-    `top_bounds`, whose first item holds the row maxima)."""
+    lowers `owner.dead_from` at a row with no finite logit. `owner`: the fast builder's row
+    reader (`logits`, `depth_limit`, `log_z: dict[int, float]`, `dead_from`, `pending_rows`:
+    rows the worker thread is normalising already, `start_rows_early`; optionally `source` and
+    `top_bounds`, whose first item holds the row maxima).
+
+    Inside a build with two threads the pass is split with the worker thread
+    (`row_logsumexp`) and `meanwhile`, the caller's own work, runs beside it (elsewhere after
+    it); its result is returned."""
+    run = meanwhile or _nothing
     if not missing:
-        return
+        return run()
     start, stop = missing[0], missing[-1] + 1
     if owner.logits.stride(-1) != 1:
         # rows not laid out token after token (a transposed view): torch then reduces across
@@ -352,42 +387,79 @@ def normalise_rows(owner: Any, missing: list[int]) -> None:
         row_max = known[0][start:stop]  # [c]
     else:
         row_max = source.maxima(list(range(start, stop))).amax(dim=1)  # [c]
-    with callers_threads():  # the pass over whole rows, with the threads the reference has
-        rows = owner.logits[start:stop].float()  # [c, V]
-        if row_max is not None and rows.is_contiguous() and logsumexp_replica_holds():
-            log_z = logsumexp_given_max(rows, row_max)
-        else:
-            log_z = torch.logsumexp(rows, dim=-1)  # [c] float32
-    for offset, value in enumerate(log_z.tolist()):
-        row = start + offset
+    if row_max is not None and not (owner.logits[start:stop].is_contiguous() and logsumexp_replica_holds()):
+        row_max = None  # torch.logsumexp itself
+    pending = owner.pending_rows
+    if pending is None and row_max is not None and _splits(owner.logits, stop - start):
+        split = start + _worker_rows(stop - start, meanwhile)
+        pending = start_rows(owner.logits, start, split, row_max[: split - start])
+    if pending is not None and pending.start <= start:
+        owner.pending_rows = None
+        log_z, result = _beside(owner.logits, pending, start, stop, row_max, run)
+    else:
+        with callers_threads():  # the pass over whole rows, with the threads the reference has
+            log_z = dict(enumerate(rows_log_z(owner.logits[start:stop], row_max).tolist(), start))
+        result = run()
+    for row in sorted(log_z):
+        value = log_z[row]
         if math.isnan(value) or value == math.inf:
             raise_bad_row(row, owner.logits[row])
         if value == _NEG_INF:
             owner.dead_from = min(owner.dead_from, row)
         owner.log_z.setdefault(row, value)
+    return result
 
 
-def logsumexp_given_max(x: torch.Tensor, row_max: torch.Tensor) -> torch.Tensor:
-    """`torch.logsumexp(x, dim=-1)` for x [c, V] float32 whose row maxima are already known
-    (row_max [c], equal to `x.amax(dim=-1)`), without its own pass for them: the same ops on
-    the same shapes as torch's CPU implementation (max, shift, exp, sum, log, add back; an
-    infinite max shifts by 0), so the same bits, checked once per process
-    (`logsumexp_replica_holds`)."""
-    shift = row_max.unsqueeze(1).clone()  # [c, 1]
-    shift.masked_fill_(shift.abs() == math.inf, 0)
-    return (x - shift).exp_().sum(dim=-1).log_().add_(shift.squeeze(1))
+def _beside(logits: torch.Tensor, pending: PendingRows, start: int, stop: int, row_max: torch.Tensor | None, run: Callable[[], Any]) -> tuple[dict[int, float], Any]:
+    """Rows [start, stop) normalised while the worker has `pending` (which starts at or before
+    `start`) under way: `run()` first, then the rows past the worker's on this thread. Returns
+    ({row: log_z} for both shares, run's result)."""
+    own = max(start, pending.stop)
+    if stop - own == 1 and own > 0:
+        own -= 1  # >= 2 rows: the same bits on any thread count
+    try:
+        result = run()
+        mine = rows_log_z(logits[own:stop], None if row_max is None else row_max[own - start :]).tolist() if own < stop else []
+    finally:
+        theirs = pending.result()  # waited for even on an error: the worker reads the logits
+    log_z = dict(enumerate(theirs, pending.start))
+    log_z.update(enumerate(mine, own))
+    return log_z, result
 
 
-@functools.cache
-def logsumexp_replica_holds() -> bool:
-    """Whether `logsumexp_given_max` gives `torch.logsumexp`'s bits in this torch build, on
-    contiguous rows shaped as the builders' (two sizes, -inf logits and a row of them). A torch that computes logsumexp otherwise fails this (a different
-    summation order changes the low bits of nearly every row) and keeps its own call."""
-    generator = torch.Generator().manual_seed(20260)
-    for rows, vocab in ((2, 70001), (4, 151936)):  # ~1 M logits: tens of ms, once
-        x = torch.randn(rows, vocab, generator=generator) * 4.0  # [rows, V] float32
-        x[0, ::7] = _NEG_INF
-        x[-1] = _NEG_INF  # a row with no finite logit
-        if not torch.equal(torch.logsumexp(x, dim=-1), logsumexp_given_max(x, x.amax(dim=-1))):
-            return False
-    return True
+def start_rows_early(owner: Any, rows: int) -> None:
+    """Start the worker thread on the logsumexp of rows [0, rows) of `owner.logits` (a
+    builder's row reader, as `normalise_rows` takes it) where the pass would be split anyway:
+    `normalise_rows` picks the result up, `settle_rows` waits for it if nothing did."""
+    logits = owner.logits
+    if owner.pending_rows is None and MIN_SPLIT_ROWS <= rows <= logits.shape[0] and _splits(logits, rows):
+        owner.pending_rows = start_rows(logits, 0, rows)
+
+
+def settle_rows(owner: Any) -> None:
+    """Wait for rows the worker was given and nothing picked up (a build waits for its jobs)."""
+    pending, owner.pending_rows = owner.pending_rows, None
+    if pending is not None:
+        pending.log_z.exception()  # waits; the build already has its outcome
+
+
+def _nothing() -> None:
+    return None
+
+
+def _splits(logits: torch.Tensor, rows: int) -> bool:
+    """Whether a build's pass over `rows` rows of host `logits` is split with the worker thread
+    (`row_logsumexp`): enough contiguous rows, a caller with exactly two intra-op threads
+    (the case measured; one thread is the caller's choice, more run the plain pass as before),
+    and a torch whose split gives the plain pass's bits."""
+    if rows < MIN_SPLIT_ROWS or build_callers_threads() != 2 or logits.device.type != "cpu" or not logits.is_contiguous():
+        return False
+    with callers_threads():  # the check compares with the pass on the caller's threads
+        return split_replica_holds()
+
+
+def _worker_rows(rows: int, meanwhile: Callable[[], Any] | None) -> int:
+    """The worker's share of a split pass: half the rows, or WORKER_SHARE_BESIDE_WORK of them
+    when this thread has work of its own to do meanwhile."""
+    share = 0.5 if meanwhile is None else WORKER_SHARE_BESIDE_WORK
+    return min(rows - 1, max(1, round(rows * share)))

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ddtree import BuildMethod, build_ddtree_tree_from_logits
-from ddtree import row_select
+from ddtree import row_logsumexp, row_select
 from ddtree.row_select import BlockMaxima, FullRows, row_source
 
 
@@ -181,7 +181,7 @@ def test_depth_guesses_bound_the_top_log_prob(source):
 def test_logsumexp_from_known_row_maxima_is_torchs_to_the_bit(threads):
     """Block reads normalise rows with the row maxima the block maxima already hold; the
     result must be torch.logsumexp's own bits (the heap's), on every kind of row."""
-    assert row_select.logsumexp_replica_holds()
+    assert row_logsumexp.logsumexp_replica_holds()
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -191,10 +191,10 @@ def test_logsumexp_from_known_row_maxima_is_torchs_to_the_bit(threads):
             x[0, : vocab // 2] = float("-inf")
             x[1] = x[1].bfloat16().float()  # coarse values: many exact ties
             expected = torch.logsumexp(x, dim=-1)
-            got = row_select.logsumexp_given_max(x, x.amax(dim=-1))
+            got = row_logsumexp.logsumexp_given_max(x, x.amax(dim=-1))
             assert torch.equal(got.view(torch.int32), expected.view(torch.int32))
         dead = torch.full((2, 70000), float("-inf"))
-        assert torch.equal(row_select.logsumexp_given_max(dead, dead.amax(dim=-1)), torch.logsumexp(dead, dim=-1))
+        assert torch.equal(row_logsumexp.logsumexp_given_max(dead, dead.amax(dim=-1)), torch.logsumexp(dead, dim=-1))
     finally:
         torch.set_num_threads(before)
 
@@ -218,7 +218,7 @@ def test_only_host_rows_are_normalised_through_the_maxima(monkeypatch):
     from ddtree import fast_build
 
     calls = []
-    monkeypatch.setattr(row_select, "logsumexp_given_max", lambda *a: calls.append(a) or torch.logsumexp(a[0], -1))
+    monkeypatch.setattr(row_logsumexp, "logsumexp_given_max", lambda *a: calls.append(a) or torch.logsumexp(a[0], -1))
     host = fast_build._RowReader(torch.randn(3, 70000), 1024)
     host._normalise([0, 1])
     assert len(calls) == 1

@@ -1,0 +1,172 @@
+"""The row logsumexp split between the building thread and the worker thread: the heap's bits
+on every split, one intra-op thread in the worker, no job outliving its build, errors named."""
+import multiprocessing
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddtree import build_ddtree_tree_from_logits, fast_build, row_logsumexp, row_select
+from ddtree.op_threads import build_callers_threads, callers_threads, small_ops_on_one_thread
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from row_families import family_logits  # noqa: E402  (the benchmark's seeded row families)
+
+VOCAB = 151936  # block reads, as the benchmark's rows
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # the split runs only for a caller with exactly two
+    yield
+    torch.set_num_threads(before)
+
+
+def _same_tree(a, b) -> bool:
+    return a.parents == b.parents and a.node_token_ids_list == b.node_token_ids_list and a.node_scores_list == b.node_scores_list
+
+
+def test_the_split_gives_torchs_bits_on_every_split_and_both_recipes(two_threads):
+    assert row_logsumexp.split_replica_holds()
+    generator = torch.Generator().manual_seed(11)
+    x = torch.randn(7, 70001, generator=generator) * 3.0
+    x[1, ::3] = float("-inf")
+    x[4] = x[4].bfloat16().float()  # coarse values: many exact ties
+    x[6] = float("-inf")  # a row with no finite logit
+    expected = torch.logsumexp(x, dim=-1).tolist()  # the reference's call, on two threads
+    for split in range(1, 7):
+        for row_max in (None, x.amax(dim=-1)):
+            head = row_logsumexp.start_rows(x, 0, split, None if row_max is None else row_max[:split])
+            with small_ops_on_one_thread(x):  # this side as inside a build: one thread
+                tail = row_logsumexp.rows_log_z(x[split:], None if row_max is None else row_max[split:]).tolist()
+            assert head.result() + tail == expected, (split, row_max is None)
+
+
+def test_the_worker_runs_on_one_thread_and_leaves_every_other_threads_count(two_threads):
+    assert row_logsumexp._the_worker().submit(torch.get_num_threads).result() == 1
+    logits = family_logits("peaked", 0, 15, VOCAB)
+    build_ddtree_tree_from_logits(logits, 256)
+    assert torch.get_num_threads() == 2
+    seen = []
+    later = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+    later.start()
+    later.join()
+    assert seen == [2]  # a thread started after a build is seeded with the caller's count
+
+
+@pytest.mark.parametrize("family", ["peaked", "power-1.5-sharp", "power-2.0", "mixed-depths", "peaked@T0.5"])
+@pytest.mark.parametrize("budget", [16, 256, 1024])
+def test_split_builds_are_the_heaps_tree(two_threads, monkeypatch, family, budget):
+    """Trees likely deep start the worker early; every build that splits gives the heap's tree."""
+    started = []
+    real_start = row_logsumexp.start_rows
+    monkeypatch.setattr(row_select, "start_rows", lambda *a, **k: started.append(a[1:3]) or real_start(*a, **k))
+    for seed in range(2):
+        logits = family_logits(family, seed, 15, VOCAB)
+        tree = build_ddtree_tree_from_logits(logits, budget)
+        assert _same_tree(tree, build_ddtree_tree_from_logits(logits, budget, method="heap")), (family, seed)
+    assert started  # the split ran
+
+
+def test_bfloat16_rows_split_to_the_heaps_tree(two_threads):
+    logits = family_logits("power-1.5-sharp", 3, 15, VOCAB).bfloat16()
+    assert _same_tree(build_ddtree_tree_from_logits(logits, 1024), build_ddtree_tree_from_logits(logits, 1024, method="heap"))
+
+
+def test_a_build_returns_only_after_the_workers_rows_are_done(two_threads, monkeypatch):
+    finished = []
+    real = row_logsumexp.rows_log_z
+
+    def slow_rows_log_z(rows, row_max):
+        result = real(rows, row_max)
+        if threading.current_thread().name == "ddtree-logsumexp":
+            time.sleep(0.05)  # a worker far slower than this thread
+            finished.append(time.perf_counter())
+        return result
+
+    monkeypatch.setattr(row_logsumexp, "rows_log_z", slow_rows_log_z)
+    logits = family_logits("power-1.5-sharp", 0, 15, VOCAB)
+    tree = build_ddtree_tree_from_logits(logits, 1024)
+    returned = time.perf_counter()
+    assert finished and max(finished) <= returned
+    assert _same_tree(tree, build_ddtree_tree_from_logits(logits, 1024, method="heap"))
+
+
+def test_rows_started_early_and_never_read_are_waited_for(two_threads):
+    logits = family_logits("peaked", 0, 15, VOCAB)
+    reader = fast_build._RowReader(logits, 1024)
+    with small_ops_on_one_thread(logits):
+        row_select.start_rows_early(reader, 9)
+        pending = reader.pending_rows
+        assert pending is not None and (pending.start, pending.stop) == (0, 9)
+        row_select.settle_rows(reader)
+    assert reader.pending_rows is None and pending.log_z.done()
+    assert reader.log_z == {}  # settling normalises nothing
+
+
+def test_rows_started_early_are_picked_up_by_the_first_normalisation(two_threads):
+    logits = family_logits("peaked", 1, 15, VOCAB)
+    reader = fast_build._RowReader(logits, 1024)
+    with small_ops_on_one_thread(logits):
+        row_select.start_rows_early(reader, 9)
+        reader._normalise(list(range(15)))
+    assert reader.pending_rows is None
+    assert [reader.log_z[d] for d in range(15)] == torch.logsumexp(logits, dim=-1).tolist()
+
+
+@pytest.mark.parametrize("bad_row", [2, 13])  # in the worker's share, in this thread's
+def test_a_nan_row_is_named_whichever_thread_summed_it(two_threads, bad_row):
+    logits = family_logits("peaked", 0, 15, VOCAB)
+    logits[bad_row, 777] = float("nan")
+    with pytest.raises(ValueError, match=f"logits row {bad_row} .*NaN .*token 777"):
+        build_ddtree_tree_from_logits(logits, 1024)
+
+
+def test_one_thread_or_more_than_two_keep_the_plain_pass(monkeypatch):
+    monkeypatch.setattr(row_select, "start_rows", lambda *a, **k: pytest.fail("split"))
+    logits = family_logits("peaked", 0, 15, VOCAB)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 3):
+            torch.set_num_threads(threads)
+            tree = build_ddtree_tree_from_logits(logits, 1024)
+            assert _same_tree(tree, build_ddtree_tree_from_logits(logits, 1024, method="heap"))
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_callers_count_is_known_only_between_a_builds_passes(two_threads):
+    host = torch.zeros(2, 3)
+    assert build_callers_threads() is None
+    with small_ops_on_one_thread(host):
+        assert build_callers_threads() == 2
+        with callers_threads():
+            assert build_callers_threads() is None  # inside a full-row pass: no split
+    assert build_callers_threads() is None
+
+
+def _child_builds(logits, queue) -> None:
+    torch.set_num_threads(2)
+    tree = build_ddtree_tree_from_logits(logits, 256)
+    queue.put((tree.parents, tree.node_scores_list))
+
+
+@pytest.mark.slow
+def test_a_forked_child_builds_with_its_own_worker(two_threads):
+    logits = family_logits("power-1.5-sharp", 0, 15, VOCAB)
+    parent = build_ddtree_tree_from_logits(logits, 256)  # the parent's worker exists now
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_child_builds, args=(logits, queue))
+    child.start()
+    try:
+        parents, scores = queue.get(timeout=60)  # a child waiting on the parent's worker never answers
+        child.join(timeout=60)
+    finally:
+        child.kill()
+    assert child.exitcode == 0
+    assert (parents, scores) == (parent.parents, parent.node_scores_list)
