@@ -20,6 +20,7 @@ outlives the build.
 """
 from __future__ import annotations
 
+import atexit
 import functools
 import math
 import os
@@ -85,7 +86,19 @@ def _forget_worker() -> None:
     _worker = None  # its thread does not exist in a forked child
 
 
+def _finish_jobs() -> None:
+    """At exit, let a job under way finish (a build interrupted while it waited, e.g. by
+    Ctrl-C): a daemon thread stopped inside a torch op aborts the process."""
+    if _worker is not None:
+        _worker.submit(_nothing).result()
+
+
+def _nothing() -> None:
+    return None
+
+
 os.register_at_fork(after_in_child=_forget_worker)
+atexit.register(_finish_jobs)
 
 
 def logsumexp_given_max(x: torch.Tensor, row_max: torch.Tensor) -> torch.Tensor:

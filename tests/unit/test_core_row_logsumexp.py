@@ -1,6 +1,7 @@
 """The row logsumexp split between the building thread and the worker thread: the heap's bits
 on every split, one intra-op thread in the worker, no job outliving its build, errors named."""
 import multiprocessing
+import subprocess
 import sys
 import threading
 import time
@@ -170,3 +171,18 @@ def test_a_forked_child_builds_with_its_own_worker(two_threads):
         child.kill()
     assert child.exitcode == 0
     assert (parents, scores) == (parent.parents, parent.node_scores_list)
+
+
+@pytest.mark.slow
+def test_a_process_that_exits_with_a_job_under_way_exits_cleanly():
+    """A build interrupted while it waited (Ctrl-C) leaves the worker inside a torch op; the
+    interpreter must let it finish rather than abort ("terminate called", exit 134)."""
+    script = (
+        "import torch\n"
+        "from ddtree import row_logsumexp\n"
+        "rows = torch.randn(64, 151936)\n"
+        "row_logsumexp.start_rows(rows, 0, 64)\n"  # never waited for
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "terminate" not in done.stderr
