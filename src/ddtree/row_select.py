@@ -357,10 +357,10 @@ def normalise_rows(owner: Any, missing: list[int], meanwhile: Callable[[], Any] 
     logsumexp over the span they cover, widened to >= 2 rows so the float32 sums are bit-equal
     to the reference's full [D, V] call: torch reduces a lone row with a thread-split sum but
     each row of a multi-row call serially, as the reference does. Raises on NaN / +inf rows;
-    lowers `owner.dead_from` at a row with no finite logit. `owner`: the fast builder's row
-    reader (`logits`, `depth_limit`, `log_z: dict[int, float]`, `dead_from`, `pending_rows`:
-    rows the worker thread is normalising already, `start_rows_early`; optionally `source` and
-    `top_bounds`, whose first item holds the row maxima).
+    lowers `owner.dead_from` at a row with no finite logit. `owner`: the builders' row readers
+    (`logits`, `depth_limit`, `log_z: dict[int, float]`, `dead_from`; optionally `source`,
+    `top_bounds`, whose first item holds the row maxima, and `pending_rows`, rows the worker
+    thread is normalising already, `start_rows_early`).
 
     Inside a build with two threads the pass is split with the worker thread
     (`row_logsumexp`) and `meanwhile`, the caller's own work, runs beside it (elsewhere after
@@ -389,12 +389,14 @@ def normalise_rows(owner: Any, missing: list[int], meanwhile: Callable[[], Any] 
         row_max = source.maxima(list(range(start, stop))).amax(dim=1)  # [c]
     if row_max is not None and not (owner.logits[start:stop].is_contiguous() and logsumexp_replica_holds()):
         row_max = None  # torch.logsumexp itself
-    pending = owner.pending_rows
+    early = getattr(owner, "pending_rows", None)
+    pending = early
     if pending is None and row_max is not None and _splits(owner.logits, stop - start):
         split = start + _worker_rows(stop - start, meanwhile)
         pending = start_rows(owner.logits, start, split, row_max[: split - start])
     if pending is not None and pending.start <= start:
-        owner.pending_rows = None
+        if early is not None:
+            owner.pending_rows = None
         log_z, result = _beside(owner.logits, pending, start, stop, row_max, run)
     else:
         with callers_threads():  # the pass over whole rows, with the threads the reference has
