@@ -5,6 +5,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -186,3 +187,19 @@ def test_a_process_that_exits_with_a_job_under_way_exits_cleanly():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "terminate" not in done.stderr
+
+
+def test_an_owner_without_early_rows_is_normalised_split_all_the_same(two_threads):
+    """`pending_rows` is optional on a normalisation's owner (the frontier oracle's rows have
+    none): inside a build a pass over block-read rows still splits and gives torch's bits."""
+    logits = family_logits("power-1.5-sharp", 2, 15, VOCAB)
+    owner = types.SimpleNamespace(logits=logits, depth_limit=15, log_z={}, dead_from=15, source=row_select.BlockMaxima(logits))
+    started = []
+    real_start = row_logsumexp.start_rows
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(row_select, "start_rows", lambda *a, **k: started.append(a[1:3]) or real_start(*a, **k))
+        with small_ops_on_one_thread(logits):
+            row_select.normalise_rows(owner, list(range(15)))
+    assert started == [(0, 8)]  # half the rows to the worker
+    assert [owner.log_z[d] for d in range(15)] == torch.logsumexp(logits, dim=-1).tolist()
+    assert not hasattr(owner, "pending_rows")
