@@ -90,11 +90,7 @@ def _finish_jobs() -> None:
     """At exit, let a job under way finish (a build interrupted while it waited, e.g. by
     Ctrl-C): a daemon thread stopped inside a torch op aborts the process."""
     if _worker is not None:
-        _worker.submit(_nothing).result()
-
-
-def _nothing() -> None:
-    return None
+        _worker.submit(lambda: None).result()
 
 
 os.register_at_fork(after_in_child=_forget_worker)

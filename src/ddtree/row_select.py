@@ -365,7 +365,7 @@ def normalise_rows(owner: Any, missing: list[int], meanwhile: Callable[[], Any] 
     Inside a build with two threads the pass is split with the worker thread
     (`row_logsumexp`) and `meanwhile`, the caller's own work, runs beside it (elsewhere after
     it); its result is returned."""
-    run = meanwhile or _nothing
+    run = meanwhile or (lambda: None)
     if not missing:
         return run()
     start, stop = missing[0], missing[-1] + 1
@@ -443,10 +443,6 @@ def settle_rows(owner: Any) -> None:
     pending, owner.pending_rows = owner.pending_rows, None
     if pending is not None:
         pending.log_z.exception()  # waits; the build already has its outcome
-
-
-def _nothing() -> None:
-    return None
 
 
 def _splits(logits: torch.Tensor, rows: int) -> bool:
