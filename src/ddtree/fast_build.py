@@ -40,7 +40,8 @@ from typing import NamedTuple
 
 import torch
 
-from ddtree.heap_build import TieOrderChanged, best_first, build_heap_tree, heap_loop_for
+from ddtree.bounded_heap import bounded_best_first
+from ddtree.heap_build import TieOrderChanged, build_heap_tree, heap_loop_for
 from ddtree.host_tensors import double_tensor, long_tensor
 from ddtree.inputs import check_rows_finite, raise_bad_row
 from ddtree.op_threads import callers_threads, small_ops_on_one_thread
@@ -573,6 +574,7 @@ def _lazy_heap_through_blocks(reader: _RowReader, budget: int) -> DraftTree | No
     ids = [reader.ids[d] if d < alive else [] for d in range(depth_limit)]
     complete = [d >= alive or reader.full[d] for d in range(depth_limit)]
     floor_tried = False
+    pop_floor = _NEG_INF  # the loop's `floor`, once `read_to_floor` has one
 
     def extend(d: int) -> None:
         """Row d as the reader now holds it, appended in place (the loop holds the lists)."""
@@ -585,10 +587,12 @@ def _lazy_heap_through_blocks(reader: _RowReader, budget: int) -> DraftTree | No
     def read_to_floor() -> bool:
         # over the rows read so far (none re-read yet), up to the first empty one: a row
         # whose cap is 0 (d >= budget) ends every path
+        nonlocal pop_floor
         chain = _greedy_chain(reader)
         floor = _block_maxima_floor(reader, chain, budget)
         if floor == _NEG_INF:
             return False
+        pop_floor = _pop_floor(floor)
         grow, needs = [], []
         for d in range(len(chain) - 1):
             need = floor - chain[d] - float_slack(floor, chain[d])
@@ -619,7 +623,7 @@ def _lazy_heap_through_blocks(reader: _RowReader, budget: int) -> DraftTree | No
         return len(rows[d]) > done
 
     try:
-        return heap_loop_for(rows)(rows, ids, depth_limit, budget, more)
+        return heap_loop_for(rows)(rows, ids, depth_limit, budget, more, lambda: pop_floor)
     except TieOrderChanged:
         return None
 
@@ -780,7 +784,7 @@ def _build_from(reader: _RowReader, budget: int) -> DraftTree:
     if floor == _NEG_INF or budget <= HEAP_LOOP_MAX_BUDGET:
         # no bound (a small tree) or few pops: the reference loop over the read rows (rows it
         # needs further are read whole on first use)
-        tree = best_first(_HeapView(reader, floor), reader.ids, depth_limit, budget)
+        tree = bounded_best_first(_HeapView(reader, floor), reader.ids, depth_limit, budget, floor=_pop_floor(floor))
     else:
         tree = _depth_one_tree(reader, budget)
         depths = len(chain) - 1
@@ -792,18 +796,24 @@ def _build_from(reader: _RowReader, budget: int) -> DraftTree:
             # enumeration's time). Every row it can reach is read (plain lists: no
             # `_HeapView` call per pop)
             rows = [reader.lp[d] if d < min(reader.unreachable_from, reader.dead_from) else [] for d in range(depth_limit)]
-            tree = heap_loop_for([reader.lp[d] for d in range(depths)])(rows, reader.ids, depth_limit, budget)
+            tree = heap_loop_for([reader.lp[d] for d in range(depths)])(rows, reader.ids, depth_limit, budget, floor=_pop_floor(floor))
         if tree is None:
-            threshold = floor - float_slack(floor)
+            threshold = _pop_floor(floor)
             estimate = _estimated_last_score(reader, depths, budget, threshold)
             if estimate > threshold:  # enumerate above the estimate; if it was too high, above the floor
                 tree = _enumerate(reader, depths, budget, estimate - float_slack(estimate), at_least_budget=True)
             if tree is None:
                 tree = _enumerate(reader, depths, budget, threshold)
         if tree is None:  # the reference loop over the rows as read: exact, only slower
-            tree = best_first(_HeapView(reader, floor), reader.ids, depth_limit, budget)
+            tree = bounded_best_first(_HeapView(reader, floor), reader.ids, depth_limit, budget, floor=_pop_floor(floor))
     reader.check_unread_rows()  # NaN / +inf anywhere is an error, as in the reference
     return tree
+
+
+def _pop_floor(floor: float) -> float:
+    """A floor of this module (a bound on the budget-th best score, float slack taken off
+    once) as the heap loop's `floor`: less that slack again, as `_enumerate`'s threshold."""
+    return floor - float_slack(floor)
 
 
 def _depth_one_tree(reader: _RowReader, budget: int) -> DraftTree | None:

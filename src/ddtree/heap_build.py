@@ -15,6 +15,7 @@ import math
 
 import torch
 
+from ddtree.bounded_heap import bounded_best_first
 from ddtree.inputs import raise_bad_row
 from ddtree.rank_path_heap import best_first_by_rank_path, rows_share_log_probs
 from ddtree.tree import DraftTree, make_draft_tree, root_only_tree
@@ -156,10 +157,11 @@ def best_first(log_probs, token_ids, depth_limit: int, budget: int, more=None) -
 
 
 def heap_loop_for(log_probs: list[list[float]]):
-    """The heap loop for these rows: `best_first`, or for rows of one shape, whose paths tie
-    exactly and often, the rank-path loop, which orders ties without a sort per tie
-    (`rank_path_heap.rows_share_log_probs`). Both pop the same nodes in the same order."""
-    return best_first_by_rank_path if rows_share_log_probs(log_probs) else best_first
+    """The fast builders' heap loop for these rows: `bounded_heap.bounded_best_first`, or for
+    rows of one shape, whose paths tie exactly and often, the rank-path loop, which orders ties
+    without a sort per tie (`rank_path_heap.rows_share_log_probs`). Both pop what `best_first`
+    pops, in its order, and take a `floor`."""
+    return best_first_by_rank_path if rows_share_log_probs(log_probs) else bounded_best_first
 
 
 def build_heap_tree(logits: torch.Tensor, budget: int, lazy_rows: bool = False) -> DraftTree:

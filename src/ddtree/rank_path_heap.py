@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import heapq
 
+from ddtree.bounded_heap import PopFloor
 from ddtree.tree import DraftTree, make_draft_tree
+
+_NEG_INF = float("-inf")
 
 
 # `rows_share_log_probs` compares this many leading ranks of each row
@@ -28,10 +31,11 @@ def rows_share_log_probs(log_probs: list[list[float]]) -> bool:
     return any(len(a & b) >= 2 for i, a in enumerate(rows) for b in rows[i + 1 :])
 
 
-def best_first_by_rank_path(log_probs, token_ids, depth_limit: int, budget: int, more=None) -> DraftTree:
+def best_first_by_rank_path(log_probs, token_ids, depth_limit: int, budget: int, more=None, floor: PopFloor = _NEG_INF) -> DraftTree:
     """As `heap_build.best_first` (`log_probs[d]`: row d's usable ranks, sorted descending, as
     a list; `token_ids[d]` their ids; `more(d)`, when given, extends row d in place when its
-    last rank is popped and says whether it added any)."""
+    last rank is popped); entries below `floor` are never pushed and a pop's child is pushed
+    by the next pop, as in `bounded_heap.bounded_best_first`."""
     parents = [-1]
     tokens: list[int] = []
     depths: list[int] = []
@@ -40,12 +44,18 @@ def best_first_by_rank_path(log_probs, token_ids, depth_limit: int, budget: int,
     # never reaches the fields after them
     heap: list[tuple[float, tuple[int, ...], int, int]] = []
     first_row = log_probs[0]
-    if first_row:
-        heap.append((-first_row[0], (0,), 0, 1))
-    pop, push = heapq.heappop, heapq.heappush
+    child_entry = (-first_row[0], (0,), 0, 1) if first_row else None  # pushed by the next pop, as in `best_first`
+    floor_now = floor if callable(floor) else None
+    ceiling = -(floor_now() if floor_now else floor)  # entries are negated scores
+    pop, push, pushpop = heapq.heappop, heapq.heappush, heapq.heappushpop
     placed = 0
-    while heap and placed < budget:
-        neg_logw, path, parent, depth = pop(heap)
+    while placed < budget:
+        if child_entry is not None:
+            neg_logw, path, parent, depth = pushpop(heap, child_entry)
+        elif heap:
+            neg_logw, path, parent, depth = pop(heap)
+        else:
+            break
         rank = path[-1]
         logw = -neg_logw  # exact: negation only flips the sign
         row = log_probs[depth - 1]
@@ -55,10 +65,19 @@ def best_first_by_rank_path(log_probs, token_ids, depth_limit: int, budget: int,
         scores.append(logw)
         placed += 1
         # the next sibling: the same float ops as `best_first`'s
-        if rank + 1 < len(row) or (more is not None and more(depth - 1)):
-            push(heap, (row[rank] - logw - row[rank + 1], path[:-1] + (rank + 1,), parent, depth))
+        if rank + 1 == len(row) and more is not None:
+            more(depth - 1)  # extends the row in place, if it has more
+            if floor_now:
+                ceiling = -floor_now()  # `more` may have worked a floor out
+        if rank + 1 < len(row):
+            sibling = row[rank] - logw - row[rank + 1]
+            if sibling <= ceiling:
+                push(heap, (sibling, path[:-1] + (rank + 1,), parent, depth))
+        child_entry = None
         if depth < depth_limit:
             next_row = log_probs[depth]
             if next_row:
-                push(heap, (-(logw + next_row[0]), path + (0,), placed, depth + 1))
+                child = -(logw + next_row[0])
+                if child <= ceiling:
+                    child_entry = (child, path + (0,), placed, depth + 1)
     return make_draft_tree(parents, tokens, depths, scores)

@@ -27,6 +27,7 @@ from ddtree import fast_build, heap_build, row_select
 from oracles import frontier_build
 from oracles.frontier_build import build_frontier_tree
 from ddtree.heap_build import top_log_probs
+from ddtree.bounded_heap import bounded_best_first
 from ddtree.rank_path_heap import best_first_by_rank_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -373,33 +374,44 @@ def test_dflash_family_is_a_repeatable_drafted_block():
     assert family_logits("dflash-tiny", 5, 0, 300).shape == (0, 300)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(
     rows=st.lists(st.lists(st.sampled_from([0.0, -0.5, -1.0, -1.5, -2.0, -3.25]), max_size=8), min_size=1, max_size=5),
     budget=st.integers(0, 60),
     first_read=st.none() | st.integers(1, 8),
+    loop=st.sampled_from([bounded_best_first, best_first_by_rank_path]),
+    floor_kind=st.sampled_from(["none", "last pop", "below it", "after the first more"]),
+    below=st.floats(0.0, 4.0),
 )
-def test_rank_path_heap_pops_what_best_first_pops(rows, budget, first_read):
-    """The loop keyed by rank path against the oracle's loop on rows drawn from a few grid
-    values, so that many paths tie exactly: the same nodes in the same pop order, the same
-    float64 scores. With `first_read`, it starts from each row's first ranks only and asks
-    `more` for the rest, as the lazy heap does."""
+def test_fast_heap_loops_pop_what_best_first_pops(rows, budget, first_read, loop, floor_kind, below):
+    """The fast builders' loops (bounded, and keyed by rank path) against the oracle's loop on
+    rows drawn from a few grid values, so that many paths tie exactly: the same nodes in the
+    same pop order, the same float64 scores. With a floor: the lowest score the oracle pops
+    (the tightest valid one) or below it, given up front or only once `more` is first asked.
+    With `first_read`, each row starts from its first ranks only and `more` adds the rest, as
+    the lazy heap does."""
     rows = [sorted(row, reverse=True) for row in rows]
     ids = [[1000 * d + r for r in range(len(row))] for d, row in enumerate(rows)]
     expected = heap_build.best_first(rows, ids, len(rows), budget)
+    lowest = min(expected.node_scores_list, default=0.0) - below
+    floor = {"none": -math.inf, "last pop": lowest, "below it": lowest - 1.0}.get(floor_kind, lowest)
+    asked = []
+    if floor_kind == "after the first more":
+        floor = lambda: lowest if asked else -math.inf  # noqa: E731
     if first_read is None:
-        actual = best_first_by_rank_path(rows, ids, len(rows), budget)
+        actual = loop(rows, ids, len(rows), budget, floor=floor)
     else:
         read = [row[:first_read] for row in rows]
         read_ids = [row[:first_read] for row in ids]
 
         def more(d: int) -> bool:
+            asked.append(d)
             done = len(read[d])
             read[d].extend(rows[d][done:])
             read_ids[d].extend(ids[d][done:])
             return len(read[d]) > done
 
-        actual = best_first_by_rank_path(read, read_ids, len(rows), budget, more)
+        actual = loop(read, read_ids, len(rows), budget, more, floor)
     assert actual.parents == expected.parents
     assert actual.node_token_ids_list == expected.node_token_ids_list
     assert actual.node_depths_list == expected.node_depths_list
@@ -411,9 +423,9 @@ def test_rows_of_one_shape_are_built_by_the_rank_path_loop(monkeypatch):
     budget 1024 go through the loop keyed by rank path, and give the heap's tree bit for bit."""
     calls = []
 
-    def spy(*args):
+    def spy(*args, **kwargs):
         calls.append(args[3])
-        return best_first_by_rank_path(*args)
+        return best_first_by_rank_path(*args, **kwargs)
 
     monkeypatch.setattr(heap_build, "best_first_by_rank_path", spy)  # `heap_loop_for` picks the loop
     logits = family_logits("power-2.0", 0, 15, 151936)
@@ -428,9 +440,9 @@ def test_the_lazy_heap_takes_the_rank_path_loop_for_rows_of_one_shape(monkeypatc
     tree bit for bit; peaked rows keep the plain loop."""
     calls = []
 
-    def spy(*args):
+    def spy(*args, **kwargs):
         calls.append(args[3])
-        return best_first_by_rank_path(*args)
+        return best_first_by_rank_path(*args, **kwargs)
 
     monkeypatch.setattr(heap_build, "best_first_by_rank_path", spy)
     for family, rank_path_loop in (("power-2.0", True), ("peaked", False)):
