@@ -30,6 +30,11 @@ from typing import Any, NamedTuple
 
 import torch
 
+try:
+    import numpy
+except ImportError:  # a host Python without numpy: the torch paths serve
+    numpy = None
+
 from ddtree.inputs import raise_bad_row
 from ddtree.op_threads import build_callers_threads, callers_threads
 from ddtree.row_logsumexp import (
@@ -323,7 +328,11 @@ def _sorted_per_row(count: int, row_of: torch.Tensor, values: torch.Tensor, toke
     """Flat (row, logit, token) triples -> per-row log-probs sorted descending, and their ids;
     exactly equal logits by token id. One integer sort where the key fits 63 bits: the row,
     then the float32 logit's order-preserving integer image (negated, for descending), then
-    the token."""
+    the token. Host triples are sorted in numpy (`_sorted_on_host`); a device's there."""
+    if values.device.type == "cpu":
+        host = _numpy_views(row_of, values, token, log_z)
+        if host is not None:
+            return _sorted_on_host(count, *host, vocab)
     bits = values.view(torch.int32).long()  # [M]
     ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # same order as the floats
     by_value = row_of * (1 << 33) - ordered  # >= -2^31 + 1 and < count * 2^33
@@ -334,8 +343,39 @@ def _sorted_per_row(count: int, row_of: torch.Tensor, values: torch.Tensor, toke
         order = by_token[torch.sort(by_value[by_token], stable=True).indices]
     row_of, token = row_of[order].cpu(), token[order].cpu()
     log_probs = (values[order].cpu() - log_z[row_of]).tolist()  # the reference's own subtraction
-    sizes = torch.bincount(row_of, minlength=count).tolist()
-    ids = token.tolist()
+    return _split_rows(log_probs, token.tolist(), torch.bincount(row_of, minlength=count).tolist())
+
+
+def _sorted_on_host(count: int, row_of, values, token, log_z, vocab: int) -> Read:
+    """`_sorted_per_row` on numpy views of host tensors: the same keys, the same float32
+    subtraction, so the same read. A few hundred triples take a dozen ops, each a fraction of
+    a torch op's dispatch (builds that read down to a floor at budget 1024: 0.96-0.98x the
+    time, benchmarks/RESULTS.md)."""
+    bits = values.view(numpy.int32).astype(numpy.int64)  # [M]
+    ordered = numpy.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # same order as the floats
+    by_value = row_of * (1 << 33) - ordered
+    if count * vocab < ONE_SORT_KEY_MAX:
+        order = numpy.argsort((by_value + (1 << 31)) * vocab + token)  # distinct keys: no ties
+    else:
+        by_token = numpy.argsort(token, kind="stable")
+        order = by_token[numpy.argsort(by_value[by_token], kind="stable")]
+    row_of = row_of[order]
+    log_probs = (values[order] - log_z[row_of]).tolist()  # float32 minus float32, as in torch
+    return _split_rows(log_probs, token[order].tolist(), numpy.bincount(row_of, minlength=count).tolist())
+
+
+def _numpy_views(*tensors: torch.Tensor) -> tuple | None:
+    """numpy views of host tensors (no copies), or None where torch runs without numpy."""
+    if numpy is None:
+        return None
+    try:
+        return tuple(tensor.numpy() for tensor in tensors)
+    except RuntimeError:  # torch built or run without its numpy bridge
+        return None
+
+
+def _split_rows(log_probs: list[float], ids: list[int], sizes: list[int]) -> Read:
+    """Flat lists in row order -> one list per row (`sizes[i]` entries for row i)."""
     lp_rows, id_rows, start = [], [], 0
     for size in sizes:
         lp_rows.append(log_probs[start : start + size])
