@@ -10,8 +10,8 @@ heap work on the way:
 - A pop's child is pushed by the next pop (`heappushpop`): one sift instead of two, and none
   when the child outscores the whole heap, as a greedy step on a confident row does.
 Measured on the rows of drafter-like trees at budget 1024 (benchmarks/RESULTS.md): the loop
-takes 0.75-0.85x the oracle's time with a floor within 0.1 nats of the last pop, and about half
-on trees of near-certain greedy steps.
+takes 0.73-0.83x the oracle's time with a floor at the last pop (the block-maxima floor sits
+0.04-0.1 nats under it on peaked rows), and half on trees of near-certain greedy steps.
 """
 from __future__ import annotations
 
