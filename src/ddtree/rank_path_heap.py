@@ -44,7 +44,8 @@ def best_first_by_rank_path(log_probs, token_ids, depth_limit: int, budget: int,
     # never reaches the fields after them
     heap: list[tuple[float, tuple[int, ...], int, int]] = []
     first_row = log_probs[0]
-    child_entry = (-first_row[0], (0,), 0, 1) if first_row else None  # pushed by the next pop, as in `best_first`
+    # the last pop's child, pushed by the next pop (as in `bounded_heap`)
+    child_entry = (-first_row[0], (0,), 0, 1) if first_row else None
     floor_now = floor if callable(floor) else None
     ceiling = -(floor_now() if floor_now else floor)  # entries are negated scores
     pop, push, pushpop = heapq.heappop, heapq.heappush, heapq.heappushpop
