@@ -164,6 +164,7 @@ class BlockMaxima:
         self.block_count = self.whole + (1 if vocab % BLOCK else 0)  # the tail: one more, shorter block
         self._maxima = torch.empty(depth_limit, self.block_count, device=logits.device)  # [D, NB] float32
         self._blocks = _block_view(logits)  # [D, BLOCK, NB'] a view: block j is [:, :, j]
+        self._host_blocks = _host_block_view(logits)  # numpy [D, NB, BLOCK], where `_select_on_host` serves
         self._ready = [False] * depth_limit  # rows whose maxima are taken (rows the tree reaches)
 
     def maxima(self, rows: list[int]) -> torch.Tensor:
@@ -294,6 +295,8 @@ class BlockMaxima:
                 keep = (x >= cut) & (x > _NEG_INF) if unbounded else x >= cut
                 row_of, token = keep.nonzero(as_tuple=True)
                 return _sorted_per_row(len(rows), row_of, x[keep], token, log_z, self.vocab)
+        if self._host_blocks is not None and not unbounded:
+            return self._select_on_host(rows, cuts, log_z, hit)
         row_of, block = hit.nonzero(as_tuple=True)  # [P] each
         if rows and rows[-1] - rows[0] + 1 == len(rows):  # a contiguous run (ascending rows)
             source_row = row_of + rows[0] if rows[0] else row_of  # [P] rows of the logits
@@ -315,6 +318,32 @@ class BlockMaxima:
         block = block[hit_index]
         token = block * BLOCK + offset  # the tail block too: it is the row's last, shorter run
         return _sorted_per_row(len(rows), row_of[hit_index], values[hit_index, offset], token, log_z, self.vocab)
+
+    def _select_on_host(self, rows: list[int], cuts: torch.Tensor, log_z: torch.Tensor, hit: torch.Tensor) -> Read:
+        """`_select`'s gather in numpy, for float32 host rows of whole blocks and finite cuts:
+        the same blocks, the same logits, sorted by `_sorted_on_host`. A few hundred blocks
+        take a handful of ops, each a fraction of a torch op's dispatch (builds that read down
+        to a floor: 0.93-0.99x the time, flat rows at 512 0.86x; benchmarks/RESULTS.md)."""
+        row_of, block = numpy.nonzero(hit.numpy())  # [P] each, row-major: tokens ascend per row
+        if rows[-1] - rows[0] + 1 == len(rows):  # a contiguous run (ascending rows)
+            source_row = row_of + rows[0]
+        else:
+            source_row = numpy.asarray(rows)[row_of]
+        values = self._host_blocks[source_row, block]  # [P, BLOCK]
+        hit_index, offset = numpy.nonzero(values >= cuts.numpy()[row_of, None])
+        token = block[hit_index] * BLOCK + offset
+        return _sorted_on_host(len(rows), row_of[hit_index], values[hit_index, offset], token, log_z.numpy(), self.vocab)
+
+
+def _host_block_view(logits: torch.Tensor):
+    """numpy [D, NB, BLOCK] view of contiguous float32 host logits whose vocabulary is whole
+    blocks (no copy), or None: other dtypes, devices or layouts, a short tail block, no numpy."""
+    if numpy is None or logits.device.type != "cpu" or logits.dtype != torch.float32 or logits.shape[1] % BLOCK or not logits.is_contiguous():
+        return None
+    try:
+        return logits.numpy().reshape(logits.shape[0], logits.shape[1] // BLOCK, BLOCK)  # contiguous: a view
+    except RuntimeError:  # no numpy bridge, or a tensor that requires grad
+        return None
 
 
 def _block_view(rows: torch.Tensor) -> torch.Tensor:
