@@ -325,10 +325,10 @@ class BlockMaxima:
         take a handful of ops, each a fraction of a torch op's dispatch (builds that read down
         to a floor: 0.93-0.99x the time, flat rows at 512 0.86x; benchmarks/RESULTS.md)."""
         row_of, block = numpy.nonzero(hit.numpy())  # [P] each, row-major: tokens ascend per row
-        if rows[-1] - rows[0] + 1 == len(rows):  # a contiguous run (ascending rows)
+        if rows and rows[-1] - rows[0] + 1 == len(rows):  # a contiguous run (ascending rows)
             source_row = row_of + rows[0]
         else:
-            source_row = numpy.asarray(rows)[row_of]
+            source_row = numpy.asarray(rows, dtype=numpy.int64)[row_of]
         values = self._host_blocks[source_row, block]  # [P, BLOCK]
         hit_index, offset = numpy.nonzero(values >= cuts.numpy()[row_of, None])
         token = block[hit_index] * BLOCK + offset
