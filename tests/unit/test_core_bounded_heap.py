@@ -87,27 +87,55 @@ def test_a_greedy_step_that_outscores_the_heap_never_goes_through_it(monkeypatch
     assert tree.node_scores_list == heap_build.best_first(rows, ids, 8, 8).node_scores_list
 
 
-def test_the_lazy_heap_through_blocks_hands_the_loop_its_floor(monkeypatch):
-    """Peaked rows at budget 1024 pop past their 16-rank reads; from then on the loop is bounded
-    by the block-maxima floor: finite, and at or below every score it placed."""
-    floors = []
-    real = fast_build.heap_loop_for
+def _spy_on_floors(monkeypatch) -> dict[str, list[float]]:
+    """The floors `fast_build` hands the enumeration and the heap loops that run to the end."""
+    floors: dict[str, list[float]] = {"enumeration": [], "loop": []}
+    real_loop, real_enumerate = fast_build.heap_loop_for, fast_build.enumerate_tree
 
-    def spy(rows):
-        loop = real(rows)
+    def loop_spy(rows):
+        loop = real_loop(rows)
 
-        def run(*args):
-            tree = loop(*args)
-            floors.append(args[5]())
+        def run(*args, **kwargs):
+            tree = loop(*args, **kwargs)  # raises where the lazy heap stops it
+            floor = kwargs.get("floor", args[5] if len(args) > 5 else float("-inf"))
+            floors["loop"].append(floor() if callable(floor) else floor)
             return tree
 
         return run
 
-    monkeypatch.setattr(fast_build, "heap_loop_for", spy)
+    def enumerate_spy(rows, depths, budget, threshold, *args):
+        floors["enumeration"].append(threshold)
+        return real_enumerate(rows, depths, budget, threshold, *args)
+
+    monkeypatch.setattr(fast_build, "heap_loop_for", loop_spy)
+    monkeypatch.setattr(fast_build, "enumerate_tree", enumerate_spy)
+    return floors
+
+
+def test_the_lazy_heap_through_blocks_enumerates_above_its_floor(monkeypatch):
+    """Peaked rows at budget 1024 pop past their 16-rank reads: the rows are then read down to
+    the block-maxima floor and the tree enumerated above it (the loop never finishes), the
+    floor finite, at or below every score placed and tight on these rows."""
+    floors = _spy_on_floors(monkeypatch)
     logits = family_logits("peaked", 0, 15, 151936)
     tree = build_ddtree_tree_from_logits(logits, 1024)
-    assert len(floors) == 1 and math.isfinite(floors[0])
-    assert floors[0] <= min(tree.node_scores_list)
-    assert min(tree.node_scores_list) - floors[0] < 1.0  # the maxima floor is tight on these rows
+    assert floors["loop"] == [] and len(floors["enumeration"]) == 1
+    floor = floors["enumeration"][0]
+    assert math.isfinite(floor) and floor <= min(tree.node_scores_list)
+    assert min(tree.node_scores_list) - floor < 1.0  # the maxima floor is tight on these rows
+    oracle = heap_build.build_heap_tree(logits, 1024)
+    assert tree.parents == oracle.parents and tree.node_scores_list == oracle.node_scores_list
+
+
+def test_greedy_steps_of_log_prob_zero_keep_the_loop_with_its_floor(monkeypatch):
+    """At T = 0.5 some peaked rows' best token has log-prob exactly 0.0, so nodes tie with their
+    greedy children: the loop goes on over the complete rows, bounded by the same floor."""
+    floors = _spy_on_floors(monkeypatch)
+    logits = family_logits("peaked@T0.5", 0, 15, 151936)
+    tops = logits.max(dim=-1).values - torch.logsumexp(logits, dim=-1)
+    assert (tops == 0.0).any()  # the case this test is about
+    tree = build_ddtree_tree_from_logits(logits, 1024)
+    assert floors["enumeration"] == [] and len(floors["loop"]) == 1
+    assert math.isfinite(floors["loop"][0]) and floors["loop"][0] <= min(tree.node_scores_list)
     oracle = heap_build.build_heap_tree(logits, 1024)
     assert tree.parents == oracle.parents and tree.node_scores_list == oracle.node_scores_list
