@@ -170,3 +170,9 @@ def split_replica_holds() -> bool:
     finally:
         torch.set_num_threads(threads)
     return True
+
+
+def run_on_the_worker(function: Callable, *args) -> Future:
+    """`function(*args)` on the worker thread (one intra-op thread), after the jobs handed to it
+    before; the build waits for it as for its rows."""
+    return _the_worker().submit(function, *args)

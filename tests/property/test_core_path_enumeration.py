@@ -105,14 +105,16 @@ def test_too_many_paths_or_too_few_give_none():
 
 
 @pytest.mark.parametrize("finish", ["numpy", "python"])
-def test_a_node_that_outscores_its_generator_hands_back_to_the_heap(finish):
-    """Were float rounding to let a sibling outscore the sibling before it (the heap could not
-    pop it first), the enumeration gives None; in order, the same paths give the tree."""
-    finishing = {"numpy": path_enumeration._finish_in_numpy, "python": path_enumeration._finish_in_python}[finish]
-    if finish == "numpy" and NUMPY is None:
-        pytest.skip("numpy is not installed")
-    paths = path_enumeration._Paths(parent=[-1, -1], rank=[0, 1], depth=[1, 1], score=[-1.0, -0.5], token=[7, 8])
-    assert finishing(paths, 1, 2) is None
-    paths = path_enumeration._Paths(parent=[-1, -1], rank=[0, 1], depth=[1, 1], score=[-0.5, -1.0], token=[7, 8])
-    tree = finishing(paths, 1, 2)
-    assert tree.parents == [-1, 0, 0] and tree.node_token_ids_list == [7, 8]
+@pytest.mark.parametrize("rows", [[[-1.0, -0.5, -2.0]], [[-0.5, -1.0], [0.25, -1.0]]], ids=["sibling", "child"])
+def test_a_path_that_outscores_its_generator_hands_back_to_the_heap(finish, rows, monkeypatch):
+    """Where a path would outscore the one that generates it (float rounding can make a sibling
+    outscore the one before it; here a row out of order, or a log-prob above 0), the heap could
+    not pop it first: the enumeration gives None and the caller lets the heap decide. The same
+    rows in order give the oracle's tree."""
+    if finish == "python":
+        monkeypatch.setattr(path_enumeration, "numpy", None)
+    ids = [[10 * d + r for r in range(len(row))] for d, row in enumerate(rows)]
+    assert enumerate_tree(read_rows(rows, ids), len(rows), 3, -5.0, limit=100) is None
+    ordered = [sorted(min(value, 0.0) for value in row)[::-1] for row in rows]
+    expected = heap_build.best_first(ordered, ids, len(rows), 3)
+    assert_same_tree(enumerate_tree(read_rows(ordered, ids), len(rows), 3, -5.0, limit=100), expected)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import heapq
 import math
 import sys
+import threading
 from pathlib import Path
 
+import pytest
 import torch
 
 from ddtree import build_ddtree_tree_from_logits, fast_build, heap_build
@@ -137,5 +139,43 @@ def test_greedy_steps_of_log_prob_zero_keep_the_loop_with_its_floor(monkeypatch)
     tree = build_ddtree_tree_from_logits(logits, 1024)
     assert floors["enumeration"] == [] and len(floors["loop"]) == 1
     assert math.isfinite(floors["loop"][0]) and floors["loop"][0] <= min(tree.node_scores_list)
+    oracle = heap_build.build_heap_tree(logits, 1024)
+    assert tree.parents == oracle.parents and tree.node_scores_list == oracle.node_scores_list
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("family", ["peaked", "power-2.5-sharp"])
+def test_the_lazy_heaps_histogram_is_taken_on_the_worker_and_waited_for(threads, family, monkeypatch):
+    """With two intra-op threads the worker takes the block maxima's histogram behind its rows,
+    and the build waits for it whether a floor used it (peaked rows pop past their first reads
+    at 1024) or not (the sharp power law's tree fits in them); with one thread nothing goes to
+    the worker. The tree is the oracle's either way."""
+    jobs = []
+    real = fast_build.run_on_the_worker
+
+    def spy(function, *args):
+        jobs.append(real(function, *args))
+        return jobs[-1]
+
+    histograms_by = []  # the thread that took each histogram
+    real_histogram = fast_build._maxima_histogram
+
+    def histogram_spy(*args):
+        histograms_by.append(threading.current_thread() is threading.main_thread())
+        return real_histogram(*args)
+
+    monkeypatch.setattr(fast_build, "run_on_the_worker", spy)
+    monkeypatch.setattr(fast_build, "_maxima_histogram", histogram_spy)
+    logits = family_logits(family, 0, 15, 151936)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        tree = build_ddtree_tree_from_logits(logits, 1024)
+    finally:
+        torch.set_num_threads(saved)
+    assert len(jobs) == (1 if threads == 2 else 0)
+    assert all(job.done() for job in jobs)
+    if family == "peaked":  # its floor's one histogram: the worker's where there is one
+        assert histograms_by == [threads == 1]
     oracle = heap_build.build_heap_tree(logits, 1024)
     assert tree.parents == oracle.parents and tree.node_scores_list == oracle.node_scores_list
