@@ -131,15 +131,22 @@ class _RowReader:
         with callers_threads():
             check_rows_finite(self.logits[unread[0] : unread[-1] + 1], first_row=unread[0])
 
-    def read(self, rows: list[int], k: int, first_row_k: int | None = None) -> None:
+    def read(self, rows: list[int], k: int, first_row_k: int | None = None, on_gathered=None) -> None:
         """Read the top min(k, cap) ranks of each of `rows` (ascending); row 0, if among them,
-        `first_row_k` ranks when given."""
+        `first_row_k` ranks when given. `on_gathered(values)`: called with the [c, k] logits a
+        block read gathers before the rows' logsumexp (not called where none is gathered)."""
         wanted = [min(first_row_k if d == 0 and first_row_k else k, self.cap[d]) for d in rows]
         asked, asked_ks = [d for d, w in zip(rows, wanted) if w], [w for w in wanted if w]
         gather = None
         if asked and isinstance(self.source, BlockMaxima):
             # the blocks' logits need no logsumexp: gathered beside the pass where it is split
-            gather = lambda: self.source.top_logits(asked, asked_ks)  # noqa: E731
+
+            def gather():
+                gathered = self.source.top_logits(asked, asked_ks)
+                if gathered is not None and on_gathered is not None:
+                    on_gathered(gathered[0])
+                return gathered
+
         gathered = self._normalise(rows, meanwhile=gather)
         for d in [d for d, w in zip(rows, wanted) if w == 0 and d < self.dead_from]:
             self.lp[d], self.ids[d], self.full[d], self.known_above[d] = [], [], True, _NEG_INF
@@ -595,8 +602,16 @@ def _lazy_heap_through_blocks(reader: _RowReader, budget: int) -> DraftTree | No
     meets, goes on over the complete rows instead. Without a floor the row is read
     LAZY_READ_GROWTH x wider, up to its cap."""
     depth_limit = reader.depth_limit
-    grid = _histogram_on_the_worker(reader) if budget >= BLOCK_FLOOR_MIN_BUDGET else None
-    reader.read(list(range(depth_limit)), LAZY_FIRST_RANKS)  # raises for NaN / +inf rows
+    grid = None  # the grid of a histogram the worker takes (`_histogram_on_the_worker`)
+    worker_has_rows = reader.pending_rows is not None  # the read below picks them up
+
+    def histogram_if_flat(values: torch.Tensor) -> None:
+        # after the first reads' gathering, before this thread's own rows' logsumexp
+        nonlocal grid
+        if worker_has_rows and budget >= BLOCK_FLOOR_MIN_BUDGET and _has_a_flat_tail(values):
+            grid = _histogram_on_the_worker(reader)
+
+    reader.read(list(range(depth_limit)), LAZY_FIRST_RANKS, on_gathered=histogram_if_flat)  # raises for NaN / +inf rows
     alive = min(depth_limit, reader.dead_from)
     rows = [reader.lp[d] if d < alive else [] for d in range(depth_limit)]
     ids = [reader.ids[d] if d < alive else [] for d in range(depth_limit)]
@@ -666,18 +681,32 @@ def _lazy_heap_through_blocks(reader: _RowReader, budget: int) -> DraftTree | No
     return tree
 
 
+# The lazy heap queues the histogram on the worker only where some row's 2nd and 16th read
+# logits lie within this many nats: siblings that fall that slowly make the loop pop past the
+# first reads (peaked rows: ~1 nat, at T = 0.5 ~2). Queued for every tree, it cost the sharp
+# power laws, whose trees fit in the first reads (2.14 x their exponent, >= 3.2 nats), 1.05-1.08x
+# the time: the worker's pass then ran beside this thread's tail for nothing.
+FLAT_TAIL_NATS = 2.5
+
+
+def _has_a_flat_tail(values: torch.Tensor) -> bool:
+    """Whether some row of [c, k] read logits (sorted descending) has its 2nd and last within
+    FLAT_TAIL_NATS."""
+    if values.shape[1] < 2:
+        return False
+    return bool(((values[:, 1] - values[:, -1]) < FLAT_TAIL_NATS).any())
+
+
 def _histogram_on_the_worker(reader: _RowReader) -> tuple[int, float] | None:
     """Queue the block maxima's histogram (`_block_maxima_floor`'s) on the worker thread, behind
-    the rows it is normalising, on the grid the bounds give; that grid, or None where no
-    worker has rows of this build (one thread, a device, a torch whose split fails its check).
+    the rows it is normalising, on the grid the bounds give (None: no grid, nothing queued).
 
-    Why: at a large budget the loop pops past a row's first reads and the floor is worked out
-    as soon as every row is normalised, on this thread, which has its own rows' logsumexp
-    before it while the worker finishes first (peaked rows at 1024: the histogram ~0.55 ms of
-    a ~0.8 ms floor; the build 0.95x the time, trees that need no floor 1.00-1.03x)."""
+    Why: the floor is worked out once every row is normalised, on this thread, which has its
+    own rows' logsumexp to finish while the worker is done first (peaked rows at 1024: the
+    histogram ~0.55 ms of a ~0.8 ms floor; builds 0.95-0.98x the time)."""
     guess = _chain_of_bounds(reader)
     grid = _grid_of_bounds(guess)
-    if reader.pending_rows is None or grid is None:
+    if grid is None:
         return None
     maxima = reader.source.maxima(list(range(len(guess) - 1)))  # taken already, for the bounds
     reader.maxima_histogram = (grid, run_on_the_worker(_maxima_histogram, maxima, *grid))

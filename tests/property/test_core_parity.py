@@ -331,7 +331,7 @@ def test_the_lazy_heap_through_blocks_reads_a_row_wider_where_no_floor_is_found(
     widths = []
     read = fast_build._RowReader.read
     monkeypatch.setattr(fast_build, "_block_maxima_floor", lambda *args: -math.inf)
-    monkeypatch.setattr(fast_build._RowReader, "read", lambda self, rows, k, *a: widths.append(k) or read(self, rows, k, *a))
+    monkeypatch.setattr(fast_build._RowReader, "read", lambda self, rows, k, *a, **kw: widths.append(k) or read(self, rows, k, *a, **kw))
     logits = family_logits("peaked", 0, 15, 151936)
     tree = build_ddtree_tree_from_logits(logits, 1024)
     assert widths[0] == fast_build.LAZY_FIRST_RANKS and 256 in widths[1:]  # 16, then 16x wider
