@@ -382,14 +382,16 @@ def test_dflash_family_is_a_repeatable_drafted_block():
     loop=st.sampled_from([bounded_best_first, best_first_by_rank_path]),
     floor_kind=st.sampled_from(["none", "last pop", "below it", "after the first more"]),
     below=st.floats(0.0, 4.0),
+    grow_all=st.booleans(),
 )
-def test_fast_heap_loops_pop_what_best_first_pops(rows, budget, first_read, loop, floor_kind, below):
+def test_fast_heap_loops_pop_what_best_first_pops(rows, budget, first_read, loop, floor_kind, below, grow_all):
     """The fast builders' loops (bounded, and keyed by rank path) against the oracle's loop on
     rows drawn from a few grid values, so that many paths tie exactly: the same nodes in the
     same pop order, the same float64 scores. With a floor: the lowest score the oracle pops
     (the tightest valid one) or below it, given up front or only once `more` is first asked.
     With `first_read`, each row starts from its first ranks only and `more` adds the rest, as
-    the lazy heap does."""
+    the lazy heap does: to the row asked for, or (`grow_all`) to every row at once, as a floor
+    read does."""
     rows = [sorted(row, reverse=True) for row in rows]
     ids = [[1000 * d + r for r in range(len(row))] for d, row in enumerate(rows)]
     expected = heap_build.best_first(rows, ids, len(rows), budget)
@@ -407,8 +409,9 @@ def test_fast_heap_loops_pop_what_best_first_pops(rows, budget, first_read, loop
         def more(d: int) -> bool:
             asked.append(d)
             done = len(read[d])
-            read[d].extend(rows[d][done:])
-            read_ids[d].extend(ids[d][done:])
+            for grown in range(len(rows)) if grow_all else [d]:
+                read[grown].extend(rows[grown][len(read[grown]) :])
+                read_ids[grown].extend(ids[grown][len(read_ids[grown]) :])
             return len(read[d]) > done
 
         actual = loop(read, read_ids, len(rows), budget, more, floor)
