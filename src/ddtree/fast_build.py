@@ -844,6 +844,24 @@ def build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
 # 8 to 11 of 15 rows, interleaved on four deep families at budgets 64 and 1024: none was
 # faster than another beyond the VM's +-10 % noise.
 EARLY_ROWS_SHARE = 0.6
+# ...unless the depth guess's estimate is below FAR_READ_ESTIMATE: such trees are read through
+# the block maxima (`_read_through_maxima`) rather than by the lazy heap, and this thread has
+# less work of its own before its rows (no first reads to gather), so the worker starts on
+# FAR_EARLY_ROWS_SHARE of them (FAR_EARLY_ROWS_SHARE_AT_FLOORS from BLOCK_FLOOR_MIN_BUDGET on,
+# where this thread works out a floor first). Interleaved on the benchmark's families guessed
+# below it (power-1.0-sharp, power-1.5, power-1.5-sharp@T2, dflash-tiny): 0.82-0.93x the time at
+# budgets 64-256, 0.94-0.98x at 1024. The lazy heap's trees (estimates -0.6 to 0: peaked,
+# the sharp power laws, dflash-tiny@T0.5 at -1.0) took 1.10-1.13x the time with the smaller share.
+FAR_READ_ESTIMATE = -1.02
+FAR_EARLY_ROWS_SHARE = 0.47
+FAR_EARLY_ROWS_SHARE_AT_FLOORS = 0.53
+
+
+def _early_rows_share(guess: DepthGuess, budget: int) -> float:
+    """The share of rows the worker starts on right after the depth guess (see above)."""
+    if guess.estimate >= FAR_READ_ESTIMATE:
+        return EARLY_ROWS_SHARE
+    return FAR_EARLY_ROWS_SHARE_AT_FLOORS if budget >= BLOCK_FLOOR_MIN_BUDGET else FAR_EARLY_ROWS_SHARE
 
 
 def _build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
@@ -863,7 +881,7 @@ def _build_from(reader: _RowReader, budget: int) -> DraftTree:
     guess = _guess_depth(reader) if depth_limit > 2 else DepthGuess(False, False)
     full_rows = not reader.source.wide_reads_are_cheap
     if guess.likely_deep and not full_rows:
-        start_rows_early(reader, round(depth_limit * EARLY_ROWS_SHARE))
+        start_rows_early(reader, round(depth_limit * _early_rows_share(guess, budget)))
     if full_rows and guess.likely_deep and budget >= DEEP_BLOCK_MIN_BUDGET and vocab >= DEEP_BLOCK_MIN_VOCAB:
         reader.source = BlockMaxima(logits)  # nothing is read yet; see DEEP_BLOCK_MIN_BUDGET
     elif full_rows and guess.may_be_deep and (budget <= HEAP_LOOP_MAX_BUDGET or LAZY_HEAP_ON_FULL_ROWS):

@@ -180,3 +180,27 @@ def test_the_lazy_heaps_histogram_is_taken_on_the_worker_and_waited_for(threads,
         assert histograms_by == [threads == 1]
     oracle = heap_build.build_heap_tree(logits, 1024)
     assert tree.parents == oracle.parents and tree.node_scores_list == oracle.node_scores_list
+
+
+@pytest.mark.parametrize(
+    ("family", "budget", "rows"),
+    [("peaked", 1024, 9), ("peaked", 64, 9), ("dflash-tiny", 1024, 8), ("dflash-tiny", 64, 7)],
+)
+def test_the_worker_starts_on_fewer_rows_of_trees_read_through_the_maxima(family, budget, rows, monkeypatch):
+    """Right after the depth guess the worker starts on 9 of 15 rows of a tree the lazy heap
+    will build (peaked: estimate ~ -0.3), on 8 (7 below the floors' budgets) of one guessed
+    below FAR_READ_ESTIMATE (dflash-tiny seed 0: ~ -1.7), which is read through the maxima and
+    leaves this thread less work of its own. The tree is the oracle's."""
+    started = []
+    real = fast_build.start_rows_early
+    monkeypatch.setattr(fast_build, "start_rows_early", lambda reader, count: started.append(count) or real(reader, count))
+    logits = family_logits(family, 0, 15, 151936)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        tree = build_ddtree_tree_from_logits(logits, budget)
+    finally:
+        torch.set_num_threads(saved)
+    assert started == [rows]
+    oracle = heap_build.build_heap_tree(logits, budget)
+    assert tree.parents == oracle.parents and tree.node_scores_list == oracle.node_scores_list
