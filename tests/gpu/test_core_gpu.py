@@ -1,6 +1,9 @@
 """The core on CUDA: the batched builder without host syncs, and parity with the heap oracle."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -12,6 +15,9 @@ from ddtree import (
     build_verify_inputs,
     validate_tree,
 )
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from row_families import family_logits  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -105,3 +111,17 @@ def test_graph_replays_equal_eager_builds_without_a_host_sync():
         eager = build_ddtree_trees(logits, 256)
         for field in ("token_ids", "depths", "parents", "num_nodes", "scores", "visibility"):
             assert torch.equal(getattr(replayed, field), getattr(eager, field)), (seed, field)
+
+
+@pytest.mark.parametrize("family", ["peaked", "peaked@T0.5"])
+def test_cuda_lazy_heap_enumeration_matches_the_heap(family):
+    """Peaked CUDA rows at budget 1024 take the lazy heap through block maxima: the rows read
+    down to the floor, then the tree enumerated on the host (peaked), or the loop kept where a
+    greedy log-prob is exactly 0.0 (T = 0.5). The heap's tree, its scores as close as the other
+    CUDA parity tests hold them (row sums on the device)."""
+    logits = family_logits(family, 0, 15, 151936).to("cuda")
+    heap = build_ddtree_tree_from_logits(logits, 1024, method=BuildMethod.HEAP)
+    tree = build_ddtree_tree_from_logits(logits, 1024)
+    assert tree.parents == heap.parents
+    assert tree.node_token_ids.tolist() == heap.node_token_ids.tolist()
+    assert torch.allclose(tree.node_scores, heap.node_scores, rtol=1e-5, atol=1e-5)
