@@ -4,9 +4,9 @@ reference's pop order: the fast builders' alternative to the best-first loop.
 The scores are the reference's own float64 chains (a child is its parent's score plus the
 row's best log-prob, each sibling the previous one's less that rank's log-prob plus the
 next). Sorting them (exact ties by rank path, as the heap pops them) gives the heap's pop
-order, checked: where a node's generator (its elder sibling, or its parent for a first
-child) would not pop first, float rounding let it outscore the generator, and the caller
-lets the heap decide.
+order as long as every node's generator (its elder sibling, or its parent for a first child)
+pops first: where float rounding let a node outscore its generator, the enumeration gives
+None and the caller lets the heap decide.
 
 The paths are generated in Python (most parents on drafter-like rows have one child above a
 tight threshold: a few float operations each, where a numpy call costs ~1.5 us); the sort,
@@ -25,8 +25,9 @@ from ddtree.tree import DraftTree, make_draft_tree
 
 try:
     import numpy
-except ImportError:  # the caller keeps its Python enumeration
+except ImportError:  # a host Python without numpy: Python finishes the enumeration
     numpy = None
+
 
 class RowsRead(Protocol):
     """The read rows, as `fast_build._RowReader` holds them, by depth index."""
