@@ -184,12 +184,12 @@ def test_the_lazy_heaps_histogram_is_taken_on_the_worker_and_waited_for(threads,
 
 @pytest.mark.parametrize(
     ("family", "budget", "rows"),
-    [("peaked", 1024, 9), ("peaked", 64, 9), ("dflash-tiny", 1024, 8), ("dflash-tiny", 64, 7)],
+    [("peaked", 1024, 9), ("peaked", 64, 9), ("power-1.5", 1024, 8), ("power-1.5", 64, 7)],
 )
 def test_the_worker_starts_on_fewer_rows_of_trees_read_through_the_maxima(family, budget, rows, monkeypatch):
     """Right after the depth guess the worker starts on 9 of 15 rows of a tree the lazy heap
     will build (peaked: estimate ~ -0.3), on 8 (7 below the floors' budgets) of one guessed
-    below FAR_READ_ESTIMATE (dflash-tiny seed 0: ~ -1.7), which is read through the maxima and
+    below FAR_READ_ESTIMATE (power-1.5: ~ -1.9), which is read through the maxima and
     leaves this thread less work of its own. The tree is the oracle's."""
     started = []
     real = fast_build.start_rows_early
