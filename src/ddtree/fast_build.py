@@ -335,9 +335,8 @@ def _block_maxima_floor(reader: _RowReader, chain: list[float], budget: int, gri
         steps, step = grid
     lowest = top - steps * step
     kept = reader.maxima_histogram
-    if grid is not None and kept is not None and kept[0] == grid and _histogram_of(kept).shape[0] >= depths:
-        below = _histogram_of(kept)
-    else:
+    below = _histogram_of(kept) if grid is not None and kept is not None and kept[0] == grid else None
+    if below is None or below.shape[0] < depths:
         below = _maxima_histogram(reader.source.maxima(list(range(depths))), steps, step)
         if grid is not None:
             reader.maxima_histogram = (grid, below)
