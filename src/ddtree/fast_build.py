@@ -122,6 +122,14 @@ class _RowReader:
         unread = [d for d in range(self.depth_limit) if d not in self.log_z]
         if not unread:
             return
+        if self.top_bounds is not None:
+            # a row's largest block maximum is NaN or +inf iff the row holds one (amax
+            # propagates NaN): read from the maxima the bounds took, not from them again
+            tops = self.top_bounds[0].tolist()  # [D]
+            for d in unread:
+                if tops[d] != tops[d] or tops[d] == math.inf:
+                    raise_bad_row(d, self.logits[d])
+            return
         if isinstance(self.source, BlockMaxima) and self.source.has_maxima(unread):
             # a block's maximum is NaN or +inf iff the block holds one (amax propagates NaN)
             maxima = self.source.maxima(unread)  # [u, NB]

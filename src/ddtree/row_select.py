@@ -59,6 +59,11 @@ MAX_GATHERED_SHARE = 0.25
 # Up to this k a top-k read gathers each row's k best blocks whole (few ops, k * BLOCK logits a
 # row); wider reads select the blocks above a cut instead.
 TOP_BLOCKS_MAX_K = 64
+# From this many logits a top-k read takes (rows x k) on, `_top_logits_on_host` finds them:
+# it costs ~0.05 ms more to start than the torch top-k over every block maximum, and less per
+# logit (alone, on a 2-core AMD EPYC: 15 rows x 16 ranks 0.41-0.45 against 0.51-0.54 ms,
+# 15 x 64 0.76-0.94 against 1.49-1.52; 2 x 16 0.32 against 0.19).
+HOST_TOP_MIN_LOGITS = 240
 # `_sorted_per_row` sorts on one int64 key (row, logit, token) while rows x vocabulary stay
 # below this (the key then stays below 2^62), else on two keys
 ONE_SORT_KEY_MAX = 1 << 29
@@ -227,8 +232,13 @@ class BlockMaxima:
         holds its top `limits[i]` and keeps the read the size of what it returns (or, when it
         wants as many ranks as there are blocks, by a full-row top-k)."""
         cuts = cuts.to(self.logits.device, torch.float32).clone()
-        hit = self.maxima(rows) >= cuts.unsqueeze(1)  # [c, NB] blocks that may hold a logit >= the cut
-        cleared = hit.sum(dim=1).tolist()
+        hit = None
+        hits = self._hits_on_host(rows, cuts)
+        if hits is not None:
+            cleared = numpy.bincount(hits[0], minlength=len(rows)).tolist()
+        else:
+            hit = self.maxima(rows) >= cuts.unsqueeze(1)  # [c, NB] blocks that may hold a logit >= the cut
+            cleared = hit.sum(dim=1).tolist()
         # each cleared block holds at least one logit >= the cut: a row is "wide" when it
         # clears more blocks than the ranks it may keep. Only then can the limit-th largest
         # block maximum lie above the cut (otherwise raising the cut to it changes nothing)
@@ -239,8 +249,8 @@ class BlockMaxima:
         if wide:
             raised = self._kth_largest_block_max([rows[i] for i in wide], [limits[i] for i in wide])
             cuts[wide] = torch.maximum(cuts[wide], raised)
-            hit, cleared = None, None  # the raised cuts clear fewer blocks
-        read = self._select(rows, cuts, log_z, hit, cleared)
+            hit, cleared, hits = None, None, None  # the raised cuts clear fewer blocks
+        read = self._select(rows, cuts, log_z, hit, cleared, hits)
         counts = [len(lp) for lp in read.log_probs]
         return Read([lp[:n] for lp, n in zip(read.log_probs, limits)], [i[:n] for i, n in zip(read.ids, limits)]), counts
 
@@ -260,11 +270,41 @@ class BlockMaxima:
         return _read_of_top(*self._top_logits_in_top_blocks(rows, max(ks)), ks, log_z)
 
     def _top_logits_in_top_blocks(self, rows: list[int], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        on_host = self._top_logits_on_host(rows, width)
+        if on_host is not None:
+            return on_host
         blocks = torch.topk(self.maxima(rows), width, dim=-1).indices  # [c, width]
         source_rows = torch.tensor(rows, device=blocks.device).unsqueeze(1)  # [c, 1]
         candidates = self._blocks[source_rows, :, blocks].float().reshape(len(rows), width * BLOCK)  # [c, width, BLOCK] flat
         values, where = torch.topk(candidates, width, dim=-1)  # [c, width] sorted descending
         return values, blocks.gather(1, where // BLOCK) * BLOCK + where % BLOCK
+
+    def _top_logits_on_host(self, rows: list[int], width: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`_top_logits_in_top_blocks` in numpy, through groups of `BLOCK` blocks, for host rows
+        of whole blocks; None where a row's cut is not finite (the torch path serves).
+
+        Each of a row's `width` best groups of `BLOCK` blocks holds a block, and that block a
+        logit, equal to the group's maximum, so the width-th largest group maximum is a cut with at least `width`
+        logits at or above it: every logit a top-`width` read returns. The blocks above it are
+        found and sorted as `_select_on_host` does, ties by token. (A top-k over the [15, 4748]
+        maxima took 0.22 ms alone here; over the [15, 149] groups 0.02.)"""
+        if self._host_blocks is None or len(rows) * width < HOST_TOP_MIN_LOGITS or self.block_count // BLOCK < width:
+            return None
+        # the groups leave a shorter tail group out: its blocks are still compared with the cut
+        cut = torch.topk(_group_maxima(self.maxima(rows)), width, dim=-1).values[:, -1]  # [c]
+        cut_values = cut.numpy()
+        if not numpy.isfinite(cut_values).all():  # -inf: rows with few finite logits; NaN rows
+            return None
+        row_of, block = self._hits_on_host(rows, cut)
+        values = self._host_blocks[_host_source_rows(rows, row_of), block]  # [P, BLOCK]
+        hit_index, offset = numpy.divmod(numpy.flatnonzero(values >= cut_values[row_of, None]), BLOCK)
+        row_of, values, token = row_of[hit_index], values[hit_index, offset], block[hit_index] * BLOCK + offset
+        counts = numpy.bincount(row_of, minlength=len(rows))
+        if counts.min() < width:  # a NaN block maximum left a row short of its cut
+            return None
+        starts = numpy.cumsum(counts) - counts
+        picked = _row_value_order(len(rows), row_of, values, token, self.vocab)[starts[:, None] + numpy.arange(width)]  # [c, width]
+        return torch.from_numpy(values[picked]), torch.from_numpy(token[picked])
 
     def _kth_largest_block_max(self, rows: list[int], ks: list[int]) -> torch.Tensor:
         """[c] float32: per row, a cut under which that row's top ks[i] logits all lie: the
@@ -278,9 +318,16 @@ class BlockMaxima:
         return torch.kthvalue(maxima, self.block_count - width + 1, dim=-1).values
 
     def _select(self, rows: list[int], cuts: torch.Tensor, log_z: torch.Tensor,
-                hit: torch.Tensor | None = None, cleared: list[int] | None = None) -> Read:
+                hit: torch.Tensor | None = None, cleared: list[int] | None = None, hits=None) -> Read:
         """Every finite logit >= cuts[i] of each row rows[i] (ascending), as sorted log-probs.
-        `hit` / `cleared`: `maxima >= cuts` and its row sums, when the caller has them."""
+        `hit` / `cleared`: `maxima >= cuts` and its row sums, or `hits` (`_hits_on_host`), when
+        the caller has them."""
+        if hits is None and hit is None:
+            hits = self._hits_on_host(rows, cuts)
+        if hits is not None:
+            if len(hits[0]) * BLOCK > MAX_GATHERED_SHARE * len(rows) * self.vocab:
+                return self._whole_rows(rows, cuts, log_z, unbounded=False)
+            return self._select_on_host(rows, cuts, log_z, *hits)
         cut = cuts.unsqueeze(1)  # [c, 1]
         unbounded = bool(cuts.isneginf().any())  # only then can -inf blocks and logits clear a cut
         if hit is None:
@@ -290,13 +337,7 @@ class BlockMaxima:
             hit = hit & (self.maxima(rows) > _NEG_INF)
         hit_count = sum(cleared) if cleared is not None and not unbounded else int(hit.sum())
         if hit_count * BLOCK > MAX_GATHERED_SHARE * len(rows) * self.vocab:
-            with callers_threads():  # whole rows: cheaper than gathering most of them
-                x = self.logits[rows].float()  # [c, V]
-                keep = (x >= cut) & (x > _NEG_INF) if unbounded else x >= cut
-                row_of, token = keep.nonzero(as_tuple=True)
-                return _sorted_per_row(len(rows), row_of, x[keep], token, log_z, self.vocab)
-        if self._host_blocks is not None and not unbounded:
-            return self._select_on_host(rows, cuts, log_z, hit)
+            return self._whole_rows(rows, cuts, log_z, unbounded)
         row_of, block = hit.nonzero(as_tuple=True)  # [P] each
         if rows and rows[-1] - rows[0] + 1 == len(rows):  # a contiguous run (ascending rows)
             source_row = row_of + rows[0] if rows[0] else row_of  # [P] rows of the logits
@@ -319,18 +360,37 @@ class BlockMaxima:
         token = block * BLOCK + offset  # the tail block too: it is the row's last, shorter run
         return _sorted_per_row(len(rows), row_of[hit_index], values[hit_index, offset], token, log_z, self.vocab)
 
-    def _select_on_host(self, rows: list[int], cuts: torch.Tensor, log_z: torch.Tensor, hit: torch.Tensor) -> Read:
-        """`_select`'s gather in numpy, for float32 host rows of whole blocks and finite cuts:
-        the same blocks, the same logits, sorted by `_sorted_on_host`. A few hundred blocks
-        take a handful of ops, each a fraction of a torch op's dispatch (builds that read down
-        to a floor: 0.93-0.99x the time, flat rows at 512 0.86x; benchmarks/RESULTS.md)."""
-        row_of, block = numpy.nonzero(hit.numpy())  # [P] each, row-major: tokens ascend per row
-        if rows and rows[-1] - rows[0] + 1 == len(rows):  # a contiguous run (ascending rows)
-            source_row = row_of + rows[0]
-        else:
-            source_row = numpy.asarray(rows, dtype=numpy.int64)[row_of]
-        values = self._host_blocks[source_row, block]  # [P, BLOCK]
-        hit_index, offset = numpy.nonzero(values >= cuts.numpy()[row_of, None])
+    def _whole_rows(self, rows: list[int], cuts: torch.Tensor, log_z: torch.Tensor, unbounded: bool) -> Read:
+        """`_select` by comparing whole rows: cheaper than gathering most of their blocks."""
+        cut = cuts.unsqueeze(1)  # [c, 1]
+        with callers_threads():
+            x = self.logits[rows].float()  # [c, V]
+            keep = (x >= cut) & (x > _NEG_INF) if unbounded else x >= cut
+            row_of, token = keep.nonzero(as_tuple=True)
+            return _sorted_per_row(len(rows), row_of, x[keep], token, log_z, self.vocab)
+
+    def _hits_on_host(self, rows: list[int], cuts: torch.Tensor):
+        """(row_of, block): numpy [P] each, row-major (blocks ascend per row), the blocks whose
+        maximum is >= their row's cut, for host rows of whole blocks and cuts with no -inf;
+        None elsewhere (the torch path serves). On [15, 4748] maxima numpy's compare and flat
+        nonzero took 0.04 ms against torch's 0.15 (its broadcast compare alone 0.07), and a
+        2-D `numpy.nonzero` 0.28."""
+        if self._host_blocks is None:
+            return None
+        cut = cuts.numpy()  # [c] float32
+        if (cut == _NEG_INF).any():
+            return None
+        maxima = self.maxima(rows).numpy()  # [c, NB]
+        return numpy.divmod(numpy.flatnonzero(maxima >= cut[:, None]), maxima.shape[1])
+
+    def _select_on_host(self, rows: list[int], cuts: torch.Tensor, log_z: torch.Tensor, row_of, block) -> Read:
+        """`_select`'s gather in numpy, for float32 host rows of whole blocks and finite cuts,
+        over the blocks `_hits_on_host` found: the same blocks, the same logits, sorted by
+        `_sorted_on_host`. A few hundred blocks take a handful of ops, each a fraction of a
+        torch op's dispatch (builds that read down to a floor: 0.93-0.99x the time, flat rows
+        at 512 0.86x; benchmarks/RESULTS.md)."""
+        values = self._host_blocks[_host_source_rows(rows, row_of), block]  # [P, BLOCK]
+        hit_index, offset = numpy.divmod(numpy.flatnonzero(values >= cuts.numpy()[row_of, None]), BLOCK)
         token = block[hit_index] * BLOCK + offset
         return _sorted_on_host(len(rows), row_of[hit_index], values[hit_index, offset], token, log_z.numpy(), self.vocab)
 
@@ -380,17 +440,36 @@ def _sorted_on_host(count: int, row_of, values, token, log_z, vocab: int) -> Rea
     subtraction, so the same read. A few hundred triples take a dozen ops, each a fraction of
     a torch op's dispatch (builds that read down to a floor at budget 1024: 0.96-0.98x the
     time, benchmarks/RESULTS.md)."""
+    order = _row_value_order(count, row_of, values, token, vocab)
+    row_of = row_of[order]
+    log_probs = (values[order] - log_z[row_of]).tolist()  # float32 minus float32, as in torch
+    return _split_rows(log_probs, token[order].tolist(), numpy.bincount(row_of, minlength=count).tolist())
+
+
+def _row_value_order(count: int, row_of, values, token, vocab: int):
+    """numpy: the order of (row ascending, logit descending, token ascending) over [M] host
+    triples, as `_sorted_per_row` sorts them."""
     bits = values.view(numpy.int32).astype(numpy.int64)  # [M]
     ordered = numpy.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # same order as the floats
     by_value = row_of * (1 << 33) - ordered
     if count * vocab < ONE_SORT_KEY_MAX:
-        order = numpy.argsort((by_value + (1 << 31)) * vocab + token)  # distinct keys: no ties
-    else:
-        by_token = numpy.argsort(token, kind="stable")
-        order = by_token[numpy.argsort(by_value[by_token], kind="stable")]
-    row_of = row_of[order]
-    log_probs = (values[order] - log_z[row_of]).tolist()  # float32 minus float32, as in torch
-    return _split_rows(log_probs, token[order].tolist(), numpy.bincount(row_of, minlength=count).tolist())
+        return numpy.argsort((by_value + (1 << 31)) * vocab + token)  # distinct keys: no ties
+    by_token = numpy.argsort(token, kind="stable")
+    return by_token[numpy.argsort(by_value[by_token], kind="stable")]
+
+
+def _group_maxima(maxima: torch.Tensor) -> torch.Tensor:
+    """[c, NB // BLOCK]: the maxima of [c, NB] block maxima taken `BLOCK` blocks at a time (a
+    shorter tail group left out)."""
+    whole = maxima.shape[1] // BLOCK
+    return maxima[:, : whole * BLOCK].unflatten(1, (whole, BLOCK)).amax(dim=-1)
+
+
+def _host_source_rows(rows: list[int], row_of):
+    """numpy [P]: the logits' row of each entry of `row_of` (indices into ascending `rows`)."""
+    if rows[-1] - rows[0] + 1 == len(rows):  # a contiguous run: no lookup
+        return row_of + rows[0]
+    return numpy.asarray(rows, dtype=numpy.int64)[row_of]
 
 
 def _numpy_views(*tensors: torch.Tensor) -> tuple | None:

@@ -36,6 +36,29 @@ def test_nan_in_a_row_the_tree_never_reaches_is_still_reported(method):
         build_ddtree_tree_from_logits(logits, 2, method=method)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_bad_logit_in_a_row_read_through_block_maxima_but_never_normalised_is_reported(bad, monkeypatch):
+    """Block reads of a tree that stops short of the last rows: those rows get no logsumexp,
+    and their NaN / +inf is found from the row maxima the bounds took."""
+    from ddtree import fast_build
+
+    generator = torch.Generator().manual_seed(7)
+    logits = torch.randn(15, 65536, generator=generator)
+    logits[:4, 11] = 30.0  # a sure greedy start, then flat rows: the tree stays shallow
+    logits[14, 5] = bad
+    checked = []
+    check = fast_build._RowReader.check_unread_rows
+
+    def spy(reader):
+        checked.append((reader.top_bounds is not None, [d for d in range(15) if d not in reader.log_z]))
+        check(reader)
+
+    monkeypatch.setattr(fast_build._RowReader, "check_unread_rows", spy)
+    with pytest.raises(ValueError, match=r"row 14 \(depth 15\) contains (NaN|\+inf) \(first at token 5\)"):
+        build_ddtree_tree_from_logits(logits, 256, method=BuildMethod.FAST)
+    assert checked and checked[-1][0] and 14 in checked[-1][1]  # found there, not by a logsumexp
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_positive_infinity_is_rejected(method):
     logits = torch.randn(3, 10)

@@ -169,6 +169,47 @@ def test_small_k_reads_from_the_best_blocks_match_full_rows_even_with_ties(k):
         assert expected == lp
 
 
+@pytest.mark.parametrize("k", [16, 32, row_select.TOP_BLOCKS_MAX_K])
+@pytest.mark.parametrize("picked", [[0, 2, 4, 5, 8, 9, 12, 14], list(range(15))])
+def test_wide_small_k_reads_cut_at_a_group_maximum_match_full_rows(k, picked, monkeypatch):
+    """Many rows at once go through groups of `BLOCK` blocks (`_top_logits_on_host`): the same
+    values as a full-row top-k, on a coarse grid (ties at the cut, inside blocks), ties by
+    token, a row whose best token sits in the short tail group the cut leaves out; a row with
+    finite logits only there (row 3: no finite group cut) sends the read to the torch path."""
+    generator = torch.Generator().manual_seed(k + len(picked))
+    logits = torch.round(torch.randn(15, 151936, generator=generator) * 4) / 2  # steps of 0.5
+    logits[3, :151900] = float("-inf")  # 36 finite logits, all in the tail group
+    logits[5, -1] = 40.0
+    log_z = torch.logsumexp(logits, dim=-1)
+    monkeypatch.setattr(row_select, "HOST_TOP_MIN_LOGITS", 1)  # a speed threshold: every read here
+    served = []
+    on_host = BlockMaxima._top_logits_on_host
+    monkeypatch.setattr(BlockMaxima, "_top_logits_on_host", lambda *args: served.append(on_host(*args)) or served[-1])
+    ks = [k] * len(picked)
+    ours = BlockMaxima(logits).top(picked, ks, log_z[picked])
+    reference = FullRows(logits).top(picked, ks, log_z[picked])
+    assert ours.log_probs == reference.log_probs  # bit-equal values, in order
+    assert (served[-1] is None) == (3 in picked)
+    for row, lp, ids in zip(picked, ours.log_probs, ours.ids):
+        assert len(set(ids)) == len(ids)
+        assert (logits[row, ids] - log_z[row]).tolist() == lp
+        if served[-1] is not None:
+            assert all(lp[i - 1] > lp[i] or ids[i - 1] < ids[i] for i in range(1, len(lp)))  # ties by token
+    assert ours.ids[picked.index(5)][0] == 151935
+
+
+def test_host_block_hits_are_the_blocks_a_full_comparison_clears():
+    logits = rows(6, 151936, seed=3, kind="masked")
+    blocks = BlockMaxima(logits)
+    picked = [0, 2, 3, 5]
+    cuts = logits[picked].max(dim=-1).values - torch.tensor([0.5, 2.0, 4.0, 100.0])
+    row_of, block = blocks._hits_on_host(picked, cuts)
+    expected = (blocks.maxima(picked) >= cuts.unsqueeze(1)).nonzero()
+    assert row_of.tolist() == expected[:, 0].tolist() and block.tolist() == expected[:, 1].tolist()
+    cuts[1] = float("-inf")
+    assert blocks._hits_on_host(picked, cuts) is None  # -inf blocks: the torch path
+
+
 @pytest.mark.parametrize("source", [FullRows, BlockMaxima])
 def test_depth_guesses_bound_the_top_log_prob(source):
     """The guess that steers the reads: an upper bound on each row's top log-prob; a row with
