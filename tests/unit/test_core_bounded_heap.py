@@ -167,6 +167,38 @@ def test_the_lazy_heaps_histogram_is_taken_on_the_worker_and_waited_for(threads,
 
     monkeypatch.setattr(fast_build, "run_on_the_worker", spy)
     monkeypatch.setattr(fast_build, "_maxima_histogram", histogram_spy)
+    _oracles_tree_on_threads(family, threads)
+    assert len(jobs) == (1 if threads == 2 and family == "peaked" else 0)
+    assert all(job.done() for job in jobs)
+    if family == "peaked":  # its floor's one histogram: the worker's where there is one
+        assert histograms_by == [threads == 1]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("family", ["peaked", "power-2.5-sharp"])
+def test_flat_tails_take_the_floor_before_the_loop_pops(threads, family, monkeypatch):
+    """Where the worker takes the histogram (flat tails, two threads) the floor comes before any
+    pop: the loop never starts and the tree is enumerated. Without the worker, peaked rows pop
+    until they pass their first reads; the sharp power law's loop runs to the end."""
+    started = []
+    real_loop_for = fast_build.heap_loop_for
+
+    def loop_spy(rows):
+        loop = real_loop_for(rows)
+
+        def run(*args, **kwargs):
+            started.append(kwargs.get("floor", args[5] if len(args) > 5 else None))
+            return loop(*args, **kwargs)
+
+        return run
+
+    monkeypatch.setattr(fast_build, "heap_loop_for", loop_spy)
+    _oracles_tree_on_threads(family, threads)
+    assert len(started) == (0 if family == "peaked" and threads == 2 else 1)
+
+
+def _oracles_tree_on_threads(family: str, threads: int) -> None:
+    """Build `family`'s rows at budget 1024 with `threads` intra-op threads: the oracle's tree."""
     logits = family_logits(family, 0, 15, 151936)
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -174,10 +206,6 @@ def test_the_lazy_heaps_histogram_is_taken_on_the_worker_and_waited_for(threads,
         tree = build_ddtree_tree_from_logits(logits, 1024)
     finally:
         torch.set_num_threads(saved)
-    assert len(jobs) == (1 if threads == 2 and family == "peaked" else 0)
-    assert all(job.done() for job in jobs)
-    if family == "peaked":  # its floor's one histogram: the worker's where there is one
-        assert histograms_by == [threads == 1]
     oracle = heap_build.build_heap_tree(logits, 1024)
     assert tree.parents == oracle.parents and tree.node_scores_list == oracle.node_scores_list
 
