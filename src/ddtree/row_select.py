@@ -380,7 +380,10 @@ class BlockMaxima:
         cut = cuts.numpy()  # [c] float32
         if (cut == _NEG_INF).any():
             return None
-        maxima = self.maxima(rows).numpy()  # [c, NB]
+        if not self.has_maxima(rows):
+            self.maxima(rows)
+        table = self._maxima.numpy()  # [D, NB] a view; rows apart gathered by numpy, not torch (~0.05 ms less)
+        maxima = table[rows[0] : rows[-1] + 1] if rows[-1] - rows[0] + 1 == len(rows) else table[rows]  # [c, NB]
         return numpy.divmod(numpy.flatnonzero(maxima >= cut[:, None]), maxima.shape[1])
 
     def _select_on_host(self, rows: list[int], cuts: torch.Tensor, log_z: torch.Tensor, row_of, block) -> Read:
