@@ -125,3 +125,15 @@ def test_cuda_lazy_heap_enumeration_matches_the_heap(family):
     assert tree.parents == heap.parents
     assert tree.node_token_ids.tolist() == heap.node_token_ids.tolist()
     assert torch.allclose(tree.node_scores, heap.node_scores, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_cuda_bad_logit_in_a_row_never_normalised_is_reported(bad):
+    """CUDA rows read through block maxima whose tree stops short of the last row: that row's
+    NaN / +inf is found from the row maxima the bounds took (a device tensor read back)."""
+    generator = torch.Generator().manual_seed(7)
+    logits = torch.randn(15, 65536, generator=generator)
+    logits[:4, 11] = 30.0  # a sure greedy start, then flat rows: the tree stays shallow
+    logits[14, 5] = bad
+    with pytest.raises(ValueError, match=r"row 14 \(depth 15\) contains (NaN|\+inf) \(first at token 5\)"):
+        build_ddtree_tree_from_logits(logits.to("cuda"), 256, method=BuildMethod.FAST)
