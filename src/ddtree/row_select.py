@@ -284,10 +284,11 @@ class BlockMaxima:
         of whole blocks; None where a row's cut is not finite (the torch path serves).
 
         Each of a row's `width` best groups of `BLOCK` blocks holds a block, and that block a
-        logit, equal to the group's maximum, so the width-th largest group maximum is a cut with at least `width`
-        logits at or above it: every logit a top-`width` read returns. The blocks above it are
-        found and sorted as `_select_on_host` does, ties by token. (A top-k over the [15, 4748]
-        maxima took 0.22 ms alone here; over the [15, 149] groups 0.02.)"""
+        logit, equal to the group's maximum, so the width-th largest group maximum is a cut
+        with at least `width` logits at or above it: every logit a top-`width` read returns.
+        The blocks above it are found and sorted as `_select_on_host` does, ties by token. (A
+        top-k over the [15, 4748] maxima took 0.22 ms alone here; over the [15, 148] groups
+        0.02.)"""
         if self._host_blocks is None or len(rows) * width < HOST_TOP_MIN_LOGITS or self.block_count // BLOCK < width:
             return None
         # the groups leave a shorter tail group out: its blocks are still compared with the cut
@@ -375,7 +376,7 @@ class BlockMaxima:
         None elsewhere (the torch path serves). On [15, 4748] maxima numpy's compare and flat
         nonzero took 0.04 ms against torch's 0.15 (its broadcast compare alone 0.07), and a
         2-D `numpy.nonzero` 0.28."""
-        if self._host_blocks is None:
+        if self._host_blocks is None or not rows:
             return None
         cut = cuts.numpy()  # [c] float32
         if (cut == _NEG_INF).any():
