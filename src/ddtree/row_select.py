@@ -296,10 +296,7 @@ class BlockMaxima:
         cut_values = cut.numpy()
         if not numpy.isfinite(cut_values).all():  # -inf: rows with few finite logits; NaN rows
             return None
-        row_of, block = self._hits_on_host(rows, cut)
-        values = self._host_blocks[_host_source_rows(rows, row_of), block]  # [P, BLOCK]
-        hit_index, offset = numpy.divmod(numpy.flatnonzero(values >= cut_values[row_of, None]), BLOCK)
-        row_of, values, token = row_of[hit_index], values[hit_index, offset], block[hit_index] * BLOCK + offset
+        row_of, values, token = self._logits_at_least_on_host(rows, cut_values, *self._hits_on_host(rows, cut))
         counts = numpy.bincount(row_of, minlength=len(rows))
         if counts.min() < width:  # a NaN block maximum left a row short of its cut
             return None
@@ -393,10 +390,14 @@ class BlockMaxima:
         `_sorted_on_host`. A few hundred blocks take a handful of ops, each a fraction of a
         torch op's dispatch (builds that read down to a floor: 0.93-0.99x the time, flat rows
         at 512 0.86x; benchmarks/RESULTS.md)."""
+        return _sorted_on_host(len(rows), *self._logits_at_least_on_host(rows, cuts.numpy(), row_of, block), log_z.numpy(), self.vocab)
+
+    def _logits_at_least_on_host(self, rows: list[int], cut, row_of, block):
+        """numpy (row_of, logit, token) [M] each: the logits >= their row's `cut` ([c] float32)
+        in the hit blocks (`_hits_on_host`), row-major, tokens ascending per row."""
         values = self._host_blocks[_host_source_rows(rows, row_of), block]  # [P, BLOCK]
-        hit_index, offset = numpy.divmod(numpy.flatnonzero(values >= cuts.numpy()[row_of, None]), BLOCK)
-        token = block[hit_index] * BLOCK + offset
-        return _sorted_on_host(len(rows), row_of[hit_index], values[hit_index, offset], token, log_z.numpy(), self.vocab)
+        hit_index, offset = numpy.divmod(numpy.flatnonzero(values >= cut[row_of, None]), BLOCK)
+        return row_of[hit_index], values[hit_index, offset], block[hit_index] * BLOCK + offset
 
 
 def _host_block_view(logits: torch.Tensor):
