@@ -36,7 +36,6 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_right
-from concurrent.futures import Future
 from typing import NamedTuple
 
 import torch
@@ -47,7 +46,7 @@ from ddtree.host_tensors import double_tensor, long_tensor
 from ddtree.inputs import check_rows_finite, raise_bad_row
 from ddtree.op_threads import callers_threads, small_ops_on_one_thread
 from ddtree.path_enumeration import enumerate_tree
-from ddtree.row_logsumexp import PendingRows, logsumexp_given_max, run_on_the_worker
+from ddtree.row_logsumexp import PendingRows, logsumexp_given_max
 from ddtree.row_select import (
     BlockMaxima,
     Read,
@@ -56,6 +55,7 @@ from ddtree.row_select import (
     read_of_top_logits,
     row_source,
     settle_rows,
+    start_head_rows,
     start_rows_early,
 )
 from ddtree.tree import DraftTree, make_draft_tree, root_only_tree
@@ -108,8 +108,8 @@ class _RowReader:
         self.unreachable_from = depth_limit
         self.read_once = False  # rows read by `_read_through_maxima`
         self.family_best = _NEG_INF  # `_family_floor`'s last budget-th best score (no margin)
-        # `_block_maxima_floor`'s, or the worker's under way (`_histogram_on_the_worker`)
-        self.maxima_histogram: tuple[tuple[int, float], torch.Tensor | Future] | None = None
+        # `_block_maxima_floor`'s, or one taken in advance (`_histogram_in_advance`)
+        self.maxima_histogram: tuple[tuple[int, float], torch.Tensor] | None = None
         self.top_bounds: tuple[torch.Tensor, list[float]] | None = None  # `_top_log_prob_bounds`'s
         self.pending_rows: PendingRows | None = None  # rows the worker thread is normalising (`normalise_rows`)
 
@@ -343,7 +343,7 @@ def _block_maxima_floor(reader: _RowReader, chain: list[float], budget: int, gri
         steps, step = grid
     lowest = top - steps * step
     kept = reader.maxima_histogram
-    below = _histogram_of(kept) if grid is not None and kept is not None and kept[0] == grid else None
+    below = kept[1] if grid is not None and kept is not None and kept[0] == grid else None
     if below is None or below.shape[0] < depths:
         below = _maxima_histogram(reader.source.maxima(list(range(depths))), steps, step)
         if grid is not None:
@@ -376,12 +376,6 @@ def _block_maxima_floor(reader: _RowReader, chain: list[float], budget: int, gri
             lo = mid + 1
     floor = top - lo * step
     return floor - float_slack(floor)
-
-
-def _histogram_of(kept) -> torch.Tensor:
-    """A kept histogram, waited for if the worker thread is still taking it."""
-    below = kept[1]
-    return below.result() if isinstance(below, Future) else below
 
 
 def _host_rows(table: torch.Tensor):
@@ -610,14 +604,13 @@ def _lazy_heap_through_blocks(reader: _RowReader, budget: int) -> DraftTree | No
     meets, goes on over the complete rows instead. Without a floor the row is read
     LAZY_READ_GROWTH x wider, up to its cap."""
     depth_limit = reader.depth_limit
-    grid = None  # the grid of a histogram the worker takes (`_histogram_on_the_worker`)
-    worker_has_rows = reader.pending_rows is not None  # the read below picks them up
+    grid = None  # the grid of a histogram taken in advance (`_histogram_in_advance`)
 
     def histogram_if_flat(values: torch.Tensor) -> None:
         # after the first reads' gathering, before this thread's own rows' logsumexp
         nonlocal grid
-        if worker_has_rows and budget >= BLOCK_FLOOR_MIN_BUDGET and _has_a_flat_tail(values):
-            grid = _histogram_on_the_worker(reader)
+        if budget >= BLOCK_FLOOR_MIN_BUDGET and _has_a_flat_tail(values):
+            grid = _histogram_in_advance(reader)
 
     reader.read(list(range(depth_limit)), LAZY_FIRST_RANKS, on_gathered=histogram_if_flat)  # raises for NaN / +inf rows
     alive = min(depth_limit, reader.dead_from)
@@ -677,9 +670,9 @@ def _lazy_heap_through_blocks(reader: _RowReader, budget: int) -> DraftTree | No
 
     try:
         if grid is not None:
-            # flat tails (the worker took the histogram): the loop would soon pop past a row's
-            # first reads and drop its pops (peaked rows at 512-1024: ~0.3 ms of them), so
-            # the floor comes first (builds 0.95-0.98x the time)
+            # flat tails (the histogram is taken): the loop would soon pop past a row's first
+            # reads and drop its pops (peaked rows at 512-1024: ~0.3 ms of them), so the floor
+            # comes first (builds 0.95-0.98x the time on two threads, 0.97-0.99x on one)
             floor_tried = True
             if read_to_floor():
                 raise _RowsComplete
@@ -696,12 +689,12 @@ def _lazy_heap_through_blocks(reader: _RowReader, budget: int) -> DraftTree | No
     return tree
 
 
-# The lazy heap queues the histogram on the worker only where some row's 2nd and 16th read
-# logits lie within this many nats: siblings that fall that slowly make the loop pop past the
-# first reads (peaked rows: ~1 nat, at T = 0.5 ~2). Queued for every tree, it cost the sharp
-# power laws, whose trees fit in the first reads (2.14 x their exponent, >= 3.2 nats), 1.05-1.08x
-# the time: the worker's pass then ran beside this thread's tail for nothing. Such trees also
-# take their floor before any pop (the sharp power laws, floor first: 1.19-1.63x the time).
+# The lazy heap takes the histogram in advance only where some row's 2nd and 16th read logits
+# lie within this many nats: siblings that fall that slowly make the loop pop past the first
+# reads (peaked rows: ~1 nat, at T = 0.5 ~2). Taken for every tree, it cost the sharp power
+# laws, whose trees fit in the first reads (2.14 x their exponent, >= 3.2 nats), 1.05-1.08x the
+# time. Such trees also take their floor before any pop (the sharp power laws, floor first:
+# 1.19-1.63x the time).
 FLAT_TAIL_NATS = 2.5
 
 
@@ -713,19 +706,21 @@ def _has_a_flat_tail(values: torch.Tensor) -> bool:
     return bool(((values[:, 1] - values[:, -1]) < FLAT_TAIL_NATS).any())
 
 
-def _histogram_on_the_worker(reader: _RowReader) -> tuple[int, float] | None:
-    """Queue the block maxima's histogram (`_block_maxima_floor`'s) on the worker thread, behind
-    the rows it is normalising, on the grid the bounds give (None: no grid, nothing queued).
+def _histogram_in_advance(reader: _RowReader) -> tuple[int, float] | None:
+    """Take the block maxima's histogram (`_block_maxima_floor`'s) now, on the grid the bounds
+    give, and keep it on the reader for the floor; its grid (None: no grid, nothing taken).
 
-    Why: the floor is worked out once every row is normalised, on this thread, which has its
-    own rows' logsumexp to finish while the worker is done first (peaked rows at 1024: the
-    histogram ~0.55 ms of a ~0.8 ms floor; builds 0.95-0.98x the time)."""
+    Why now: the first reads' gathering is done and this thread's own rows' logsumexp comes
+    next, while the worker, given 10 of 15 rows, finishes its share last; queued behind that
+    share on the worker instead (peaked rows at 512-1024), the histogram delayed the floor:
+    builds took 1.03-1.04x the time (OMP_WAIT_POLICY=PASSIVE; with 9 worker rows and
+    spinning OpenMP threads the worker had been 0.94x the time)."""
     guess = _chain_of_bounds(reader)
     grid = _grid_of_bounds(guess)
     if grid is None:
         return None
     maxima = reader.source.maxima(list(range(len(guess) - 1)))  # taken already, for the bounds
-    reader.maxima_histogram = (grid, run_on_the_worker(_maxima_histogram, maxima, *grid))
+    reader.maxima_histogram = (grid, _maxima_histogram(maxima, *grid))
     return grid
 
 
@@ -854,12 +849,14 @@ def build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
 
 
 # A tree guessed likely deep through block maxima normalises most rows, whichever way it is
-# then read: the worker thread starts on this share of them (from row 0, with their own max
-# pass) right after the guess, while this thread takes the other rows' block maxima, the
-# bounds, the first reads' gathering and then the other rows' logsumexp (`row_logsumexp`).
-# 8 to 11 of 15 rows, interleaved on four deep families at budgets 64 and 1024: none was
-# faster than another beyond the VM's +-10 % noise.
-EARLY_ROWS_SHARE = 0.6
+# then read: the worker thread, which has rows 0-1 under way already (`start_head_rows`), is
+# given the rows up to this share of them (with their own max pass) right after the guess,
+# while this thread takes the other rows' block maxima, the bounds, the first reads'
+# gathering and then the other rows' logsumexp (`row_logsumexp`). With the head start, 10 of
+# 15 rows took 0.94-0.97x the time of 9 on the sharp power laws and dflash-tiny@T0.5 at
+# budgets 128 and 1024, peaked 0.96-1.0x, peaked@T0.5 0.95-1.01x; 11 took 1.01-1.06x the
+# time of 10 (interleaved, OMP_WAIT_POLICY=PASSIVE).
+EARLY_ROWS_SHARE = 2 / 3
 # ...unless the depth guess's estimate is below FAR_READ_ESTIMATE: such trees are read through
 # the block maxima (`_read_through_maxima`) rather than by the lazy heap, and this thread has
 # less work of its own before its rows (no first reads to gather), so the worker starts on
@@ -886,16 +883,15 @@ def _build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
         return _build_from(reader, budget)
     finally:
         settle_rows(reader)  # the worker's rows, if no read picked them up
-        kept = reader.maxima_histogram
-        if kept is not None and isinstance(kept[1], Future):
-            kept[1].exception()  # waits for a histogram no floor used; the build has its outcome
 
 
 def _build_from(reader: _RowReader, budget: int) -> DraftTree:
     logits = reader.logits
     depth_limit, vocab = logits.shape
-    guess = _guess_depth(reader) if depth_limit > 2 else DepthGuess(False, False)
     full_rows = not reader.source.wide_reads_are_cheap
+    if not full_rows:
+        start_head_rows(reader)  # rows 0-1: every route through block maxima normalises them
+    guess = _guess_depth(reader) if depth_limit > 2 else DepthGuess(False, False)
     if guess.likely_deep and not full_rows:
         start_rows_early(reader, round(depth_limit * _early_rows_share(guess, budget)))
     if full_rows and guess.likely_deep and budget >= DEEP_BLOCK_MIN_BUDGET and vocab >= DEEP_BLOCK_MIN_VOCAB:

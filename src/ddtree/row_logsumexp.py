@@ -136,6 +136,7 @@ class PendingRows(NamedTuple):
     start: int
     stop: int
     log_z: Future  # -> [stop - start] float32 host tensor
+    extendable: bool = False  # a head start: the build may queue the next rows behind it (`extend_rows`)
 
     def result(self) -> list[float]:
         return self.log_z.result().tolist()
@@ -145,6 +146,16 @@ def start_rows(logits: torch.Tensor, start: int, stop: int, row_max: torch.Tenso
     """Hand rows [start, stop) of [D, V] host logits to the worker; `row_max` [stop - start]
     their maxima where known."""
     return PendingRows(start, stop, _the_worker().submit(rows_log_z, logits[start:stop], row_max))
+
+
+def extend_rows(logits: torch.Tensor, pending: PendingRows, stop: int) -> PendingRows:
+    """Rows [pending.stop, stop) of [D, V] host `logits` queued on the worker behind `pending`,
+    one PendingRows for both: the worker runs its jobs in order, so `pending` is done by then."""
+
+    def both() -> torch.Tensor:
+        return torch.cat((pending.log_z.result(), rows_log_z(logits[pending.stop : stop], None)))
+
+    return PendingRows(pending.start, stop, _the_worker().submit(both))
 
 
 @functools.cache
@@ -170,9 +181,3 @@ def split_replica_holds() -> bool:
     finally:
         torch.set_num_threads(threads)
     return True
-
-
-def run_on_the_worker(function: Callable, *args) -> Future:
-    """`function(*args)` on the worker thread (one intra-op thread), after the jobs handed to it
-    before; the build waits for it as for its rows."""
-    return _the_worker().submit(function, *args)

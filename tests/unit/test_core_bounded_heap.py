@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddtree import build_ddtree_tree_from_logits, fast_build, heap_build
+from ddtree import build_ddtree_tree_from_logits, fast_build, heap_build, row_select
 from ddtree import bounded_heap
 from ddtree.bounded_heap import bounded_best_first
 
@@ -145,41 +145,42 @@ def test_greedy_steps_of_log_prob_zero_keep_the_loop_with_its_floor(monkeypatch)
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("family", ["peaked", "power-2.5-sharp"])
-def test_the_lazy_heaps_histogram_is_taken_on_the_worker_and_waited_for(threads, family, monkeypatch):
-    """With two intra-op threads the worker takes the block maxima's histogram behind its rows
-    for rows whose first reads have a flat tail (peaked: the loop pops past them at 1024), and
-    the build waits for it; the sharp power law's rows fall too fast for it (their tree fits in
-    the first reads), and with one thread nothing goes to the worker. The tree is the oracle's
-    either way."""
-    jobs = []
-    real = fast_build.run_on_the_worker
-
-    def spy(function, *args):
-        jobs.append(real(function, *args))
-        return jobs[-1]
-
-    histograms_by = []  # the thread that took each histogram
+def test_the_lazy_heaps_histogram_is_taken_in_advance_on_flat_tails(threads, family, monkeypatch):
+    """Rows whose first reads have a flat tail (peaked: the loop pops past them at 1024) take
+    the block maxima's histogram on the building thread right after the first reads'
+    gathering, before the loop and before this thread's own rows' logsumexp; the sharp power
+    law's rows fall too fast for it (their tree fits in the first reads) and take none. The
+    tree is the oracle's either way."""
+    events = []
     real_histogram = fast_build._maxima_histogram
+    real_rows_log_z = row_select.rows_log_z
 
     def histogram_spy(*args):
-        histograms_by.append(threading.current_thread() is threading.main_thread())
+        events.append(("histogram", threading.current_thread() is threading.main_thread()))
         return real_histogram(*args)
 
-    monkeypatch.setattr(fast_build, "run_on_the_worker", spy)
+    def rows_log_z_spy(*args):
+        events.append(("own rows", True))
+        return real_rows_log_z(*args)
+
     monkeypatch.setattr(fast_build, "_maxima_histogram", histogram_spy)
+    monkeypatch.setattr(row_select, "rows_log_z", rows_log_z_spy)  # this thread's share of the pass
     _oracles_tree_on_threads(family, threads)
-    assert len(jobs) == (1 if threads == 2 and family == "peaked" else 0)
-    assert all(job.done() for job in jobs)
-    if family == "peaked":  # its floor's one histogram: the worker's where there is one
-        assert histograms_by == [threads == 1]
+    histograms = [i for i, event in enumerate(events) if event[0] == "histogram"]
+    if family == "peaked":
+        assert len(histograms) == 1 and events[histograms[0]][1]  # one, on this thread
+        if threads == 2:  # before this thread's rows (taken beside the worker's)
+            assert ("own rows", True) in events[histograms[0] :]
+    else:
+        assert histograms == []
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("family", ["peaked", "power-2.5-sharp"])
 def test_flat_tails_take_the_floor_before_the_loop_pops(threads, family, monkeypatch):
-    """Where the worker takes the histogram (flat tails, two threads) the floor comes before any
-    pop: the loop never starts and the tree is enumerated. Without the worker, peaked rows pop
-    until they pass their first reads; the sharp power law's loop runs to the end."""
+    """Flat tails take their histogram in advance and the floor comes before any pop, on one
+    thread or two: the loop never starts and the tree is enumerated. The sharp power law's loop
+    runs to the end."""
     started = []
     real_loop_for = fast_build.heap_loop_for
 
@@ -194,7 +195,7 @@ def test_flat_tails_take_the_floor_before_the_loop_pops(threads, family, monkeyp
 
     monkeypatch.setattr(fast_build, "heap_loop_for", loop_spy)
     _oracles_tree_on_threads(family, threads)
-    assert len(started) == (0 if family == "peaked" and threads == 2 else 1)
+    assert len(started) == (0 if family == "peaked" else 1)
 
 
 def _oracles_tree_on_threads(family: str, threads: int) -> None:
@@ -212,10 +213,10 @@ def _oracles_tree_on_threads(family: str, threads: int) -> None:
 
 @pytest.mark.parametrize(
     ("family", "budget", "rows"),
-    [("peaked", 1024, 9), ("peaked", 64, 9), ("power-1.5", 1024, 8), ("power-1.5", 64, 7)],
+    [("peaked", 1024, 10), ("peaked", 64, 10), ("power-1.5", 1024, 8), ("power-1.5", 64, 7)],
 )
 def test_the_worker_starts_on_fewer_rows_of_trees_read_through_the_maxima(family, budget, rows, monkeypatch):
-    """Right after the depth guess the worker starts on 9 of 15 rows of a tree the lazy heap
+    """Right after the depth guess the worker is given 10 of 15 rows of a tree the lazy heap
     will build (peaked: estimate ~ -0.3), on 8 (7 below the floors' budgets) of one guessed
     below FAR_READ_ESTIMATE (power-1.5: ~ -1.9), which is read through the maxima and
     leaves this thread less work of its own. The tree is the oracle's."""

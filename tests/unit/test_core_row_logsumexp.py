@@ -120,6 +120,50 @@ def test_rows_started_early_are_picked_up_by_the_first_normalisation(two_threads
     assert [reader.log_z[d] for d in range(15)] == torch.logsumexp(logits, dim=-1).tolist()
 
 
+def test_block_read_builds_give_the_worker_rows_0_and_1_before_the_depth_guess(two_threads, monkeypatch):
+    at_guess = []
+    real_guess = fast_build._guess_depth
+    monkeypatch.setattr(fast_build, "_guess_depth", lambda reader: at_guess.append(reader.pending_rows) or real_guess(reader))
+    for family in ("flat", "peaked", "power-1.5"):  # a depth-one tree, a deep one, one read through the maxima
+        logits = family_logits(family, 0, 15, VOCAB)
+        tree = build_ddtree_tree_from_logits(logits, 1024)
+        assert _same_tree(tree, build_ddtree_tree_from_logits(logits, 1024, method="heap")), family
+    assert [(p.start, p.stop, p.extendable) for p in at_guess] == [(0, row_select.HEAD_START_ROWS, True)] * 3
+
+
+def test_the_early_rows_are_queued_behind_the_head_start(two_threads):
+    logits = family_logits("peaked", 2, 15, VOCAB)
+    reader = fast_build._RowReader(logits, 1024)
+    with small_ops_on_one_thread(logits):
+        row_select.start_head_rows(reader)
+        row_select.start_rows_early(reader, 10)
+        pending = reader.pending_rows
+        assert (pending.start, pending.stop, pending.extendable) == (0, 10, False)
+        row_select.start_rows_early(reader, 12)  # no second extension: the share is set
+        assert reader.pending_rows is pending
+        reader._normalise(list(range(15)))
+    assert reader.pending_rows is None
+    assert [reader.log_z[d] for d in range(15)] == torch.logsumexp(logits, dim=-1).tolist()
+
+
+@pytest.mark.parametrize("rows", [2, 9, 15])
+def test_a_normalisation_splits_the_rows_past_a_head_start(two_threads, monkeypatch, rows):
+    """Rows 0-1 alone: the head start is picked up as it is; more rows: the worker's share of
+    those past it is queued behind it. The reference's bits either way."""
+    extended = []
+    real_extend = row_select.extend_rows
+    monkeypatch.setattr(row_select, "extend_rows", lambda x, pending, stop: extended.append(stop) or real_extend(x, pending, stop))
+    logits = family_logits("power-1.5", 1, 15, VOCAB)
+    logits[rows - 1, 5:] = float("-inf")  # the last row normalised has few finite logits
+    reader = fast_build._RowReader(logits, 1024)
+    with small_ops_on_one_thread(logits):
+        row_select.start_head_rows(reader)
+        reader._normalise(list(range(rows)))
+    assert reader.pending_rows is None
+    assert extended == ([] if rows == 2 else [2 + row_select._worker_rows(rows - 2, None)])
+    assert [reader.log_z[d] for d in range(rows)] == torch.logsumexp(logits, dim=-1).tolist()[:rows]
+
+
 @pytest.mark.parametrize("bad_row", [2, 13])  # in the worker's share, in this thread's
 def test_a_nan_row_is_named_whichever_thread_summed_it(two_threads, bad_row):
     logits = family_logits("peaked", 0, 15, VOCAB)
