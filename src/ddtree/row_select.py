@@ -559,9 +559,11 @@ def normalise_rows(owner: Any, missing: list[int], meanwhile: Callable[[], Any] 
         split = start + _worker_rows(stop - start, meanwhile)
         pending = start_rows(owner.logits, start, split, row_max[: split - start])
     if pending is not None and pending.start <= start:
-        if early is not None:
+        if early is not None:  # on the owner, where `meanwhile` may extend it
+            log_z, result = _beside(owner.logits, pending, start, stop, row_max, run, lambda: owner.pending_rows)
             owner.pending_rows = None
-        log_z, result = _beside(owner.logits, pending, start, stop, row_max, run)
+        else:
+            log_z, result = _beside(owner.logits, pending, start, stop, row_max, run)
     else:
         with callers_threads():  # the pass over whole rows, with the threads the reference has
             log_z = dict(enumerate(rows_log_z(owner.logits[start:stop], row_max).tolist(), start))
@@ -576,15 +578,18 @@ def normalise_rows(owner: Any, missing: list[int], meanwhile: Callable[[], Any] 
     return result
 
 
-def _beside(logits: torch.Tensor, pending: PendingRows, start: int, stop: int, row_max: torch.Tensor | None, run: Callable[[], Any]) -> tuple[dict[int, float], Any]:
+def _beside(logits: torch.Tensor, pending: PendingRows, start: int, stop: int, row_max: torch.Tensor | None, run: Callable[[], Any], latest: Callable[[], PendingRows] | None = None) -> tuple[dict[int, float], Any]:
     """Rows [start, stop) normalised while the worker has `pending` (which starts at or before
     `start`) under way: `run()` first, then the rows past the worker's on this thread. Returns
-    ({row: log_z} for both shares, run's result)."""
-    own = max(start, pending.stop)
-    if stop - own == 1 and own > 0:
-        own -= 1  # >= 2 rows: the same bits on any thread count
+    ({row: log_z} for both shares, run's result). `latest()`: the worker's rows as `run()` may
+    have extended them (`give_the_worker_one_more_row`)."""
     try:
         result = run()
+        if latest is not None:
+            pending = latest()
+        own = max(start, pending.stop)
+        if stop - own == 1 and own > 0:
+            own -= 1  # >= 2 rows: the same bits on any thread count
         mine = rows_log_z(logits[own:stop], None if row_max is None else row_max[own - start :]).tolist() if own < stop else []
     finally:
         theirs = pending.result()  # waited for even on an error: the worker reads the logits
@@ -603,6 +608,15 @@ def start_rows_early(owner: Any, rows: int) -> None:
         owner.pending_rows = extend_rows(logits, pending, rows)  # behind the head start
     elif pending is None and MIN_SPLIT_ROWS <= rows <= logits.shape[0] and _splits(logits, rows):
         owner.pending_rows = start_rows(logits, 0, rows)
+
+
+def give_the_worker_one_more_row(owner: Any) -> None:
+    """Queue the row past the worker's share behind it (`extend_rows`), where this thread keeps
+    at least two rows of its own: for a `meanwhile` of `normalise_rows` that turned out to take
+    longer than the share allowed for (`normalise_rows` splits the rest as it then stands)."""
+    pending = owner.pending_rows
+    if pending is not None and pending.stop + 2 <= owner.depth_limit:
+        owner.pending_rows = extend_rows(owner.logits, pending, pending.stop + 1)
 
 
 def start_head_rows(owner: Any) -> None:

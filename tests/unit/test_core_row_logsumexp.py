@@ -164,6 +164,20 @@ def test_a_normalisation_splits_the_rows_past_a_head_start(two_threads, monkeypa
     assert [reader.log_z[d] for d in range(rows)] == torch.logsumexp(logits, dim=-1).tolist()[:rows]
 
 
+@pytest.mark.parametrize(("family", "budget", "shares"), [("peaked", 1024, [10, 11]), ("peaked", 256, [10]), ("power-2.5-sharp", 1024, [10])])
+def test_flat_tails_give_the_worker_one_more_row(two_threads, monkeypatch, family, budget, shares):
+    """Rows 0-1 ahead, then the worker's 10 of 15 rows (a tree likely deep); where the first
+    reads find a flat tail at a budget that takes its floor in advance, one more, queued
+    while the reads' gathering runs. The tree is the oracle's."""
+    extended = []
+    real_extend = row_select.extend_rows
+    monkeypatch.setattr(row_select, "extend_rows", lambda x, pending, stop: extended.append(stop) or real_extend(x, pending, stop))
+    logits = family_logits(family, 0, 15, VOCAB)
+    tree = build_ddtree_tree_from_logits(logits, budget)
+    assert extended == shares
+    assert _same_tree(tree, build_ddtree_tree_from_logits(logits, budget, method="heap"))
+
+
 @pytest.mark.parametrize("bad_row", [2, 13])  # in the worker's share, in this thread's
 def test_a_nan_row_is_named_whichever_thread_summed_it(two_threads, bad_row):
     logits = family_logits("peaked", 0, 15, VOCAB)
