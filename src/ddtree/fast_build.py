@@ -857,9 +857,10 @@ def build_enumerated_tree(logits: torch.Tensor, budget: int) -> DraftTree:
 # given the rows up to this share of them (with their own max pass) right after the guess,
 # while this thread takes the other rows' block maxima, the bounds, the first reads'
 # gathering and then the other rows' logsumexp (`row_logsumexp`). With the head start, 10 of
-# 15 rows took 0.94-0.97x the time of 9 on the sharp power laws and dflash-tiny@T0.5 at
-# budgets 128 and 1024, peaked 0.96-1.0x, peaked@T0.5 0.95-1.01x; 11 took 1.01-1.06x the
-# time of 10 (interleaved, OMP_WAIT_POLICY=PASSIVE).
+# 15 rows took 0.94-0.97x the time of 9 on power-1.5/2.0/2.5-sharp and dflash-tiny@T0.5 at
+# budgets 128 and 1024 (power-1.0-sharp 1.00x), peaked 0.96-1.0x, peaked@T0.5 0.95-1.01x;
+# 11 took up to 1.08x the time of 10 (power-1.5-sharp@T0.5; interleaved,
+# OMP_WAIT_POLICY=PASSIVE). Flat tails give the worker one more row later.
 EARLY_ROWS_SHARE = 2 / 3
 # ...unless the depth guess's estimate is below FAR_READ_ESTIMATE: such trees are read through
 # the block maxima (`_read_through_maxima`) rather than by the lazy heap, and this thread has

@@ -72,7 +72,7 @@ ONE_SORT_KEY_MAX = 1 << 29
 # starts on them before the depth guess (`start_head_rows`), ~0.6 ms sooner than the guess
 # allows, and the rows a route then splits off for it are queued behind them (interleaved on
 # the benchmark's 18 families at budgets 128 and 1024: 0.91-0.98x the time on deep and
-# middling trees, 1.00-1.03x on the shallow few-peaks, power-1.0 and peaked@T2).
+# middling trees, 1.01-1.03x on the shallow few-peaks, power-1.0 and peaked@T2).
 HEAD_START_ROWS = 2
 # With work of its own beside a split logsumexp (a read's block gathering, ~0.5 ms), the
 # building thread leaves the worker this share of the rows (`row_logsumexp`).
