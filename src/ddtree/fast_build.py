@@ -51,11 +51,11 @@ from ddtree.row_select import (
     BlockMaxima,
     Read,
     float_slack,
+    give_the_worker_one_more_row,
     normalise_rows,
     read_of_top_logits,
     row_source,
     settle_rows,
-    give_the_worker_one_more_row,
     start_head_rows,
     start_rows_early,
 )

@@ -586,7 +586,7 @@ def _beside(logits: torch.Tensor, pending: PendingRows, start: int, stop: int, r
     try:
         result = run()
         if latest is not None:
-            pending = latest()
+            pending = latest() or pending
         own = max(start, pending.stop)
         if stop - own == 1 and own > 0:
             own -= 1  # >= 2 rows: the same bits on any thread count
