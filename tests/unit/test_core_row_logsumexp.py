@@ -172,9 +172,13 @@ def test_flat_tails_give_the_worker_one_more_row(two_threads, monkeypatch, famil
     extended = []
     real_extend = row_select.extend_rows
     monkeypatch.setattr(row_select, "extend_rows", lambda x, pending, stop: extended.append(stop) or real_extend(x, pending, stop))
+    own_rows = []  # rows this thread normalised beside the worker
+    real_rows_log_z = row_select.rows_log_z
+    monkeypatch.setattr(row_select, "rows_log_z", lambda rows, row_max: own_rows.append(rows.shape[0]) or real_rows_log_z(rows, row_max))
     logits = family_logits(family, 0, 15, VOCAB)
     tree = build_ddtree_tree_from_logits(logits, budget)
     assert extended == shares
+    assert own_rows == [15 - shares[-1]]  # the rows past the worker's share as it finally stood
     assert _same_tree(tree, build_ddtree_tree_from_logits(logits, budget, method="heap"))
 
 
