@@ -559,11 +559,10 @@ def normalise_rows(owner: Any, missing: list[int], meanwhile: Callable[[], Any] 
         split = start + _worker_rows(stop - start, meanwhile)
         pending = start_rows(owner.logits, start, split, row_max[: split - start])
     if pending is not None and pending.start <= start:
-        if early is not None:  # on the owner, where `meanwhile` may extend it
-            log_z, result = _beside(owner.logits, pending, start, stop, row_max, run, lambda: owner.pending_rows)
+        latest = (lambda: owner.pending_rows) if early is not None else None  # on the owner, where `meanwhile` may extend it
+        log_z, result = _beside(owner.logits, pending, start, stop, row_max, run, latest)
+        if early is not None:
             owner.pending_rows = None
-        else:
-            log_z, result = _beside(owner.logits, pending, start, stop, row_max, run)
     else:
         with callers_threads():  # the pass over whole rows, with the threads the reference has
             log_z = dict(enumerate(rows_log_z(owner.logits[start:stop], row_max).tolist(), start))
