@@ -20,7 +20,7 @@ print(f"python {platform.python_version()}, torch {torch.__version__}, CUDA {cud
 PY
 "$PY" -m pytest -q -p no:cacheprovider -rs tests/gpu tests/integration/test_smoke_cuda.py 2>&1 \
   | tee "$LOGS/gpu-tests.log" || status=1
-# The SGLang plugin (docs/dev/sglang-roadmap.md, "GPU checks"). tests/gpu above already ran
+# The SGLang plugin (docs/dev/sglang-ddtree-roadmap.md, "GPU checks"). tests/gpu above already ran
 # its round under torch.cuda.set_sync_debug_mode("error") (point 1). Here SGLang 0.5.23's own
 # Triton kernels, compiled for this GPU, on DDTree's inputs (points 5 and 9); they read the real
 # sglang wheel, downloaded into .cache/wheels by pip (on a host without network, bring it there).

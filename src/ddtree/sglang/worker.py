@@ -2,7 +2,7 @@
 
 Imported only by hook H2, inside SGLang scheduler processes on GPU hosts (it imports the
 heavy speculative modules at module level). Written against the 0.5.23 sources pinned in
-manifests/sglang-0.5.23.json; it has NOT run on a GPU yet: docs/dev/sglang-roadmap.md lists what
+manifests/sglang-0.5.23.json; it has NOT run on a GPU yet: docs/dev/sglang-ddtree-roadmap.md lists what
 is verified and how.
 
 One decode round per batch (bs requests, drafter block size B, budget, N = budget + 1):
