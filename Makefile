@@ -20,7 +20,7 @@ run: setup
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); n=$$((n + 1)); [ $$n -gt 8 ] && n=8; echo $$n)
 
 test:
-	@BOOTSTRAP_NEEDS_SSHD=1 bash scripts/bootstrap.sh
+	@BOOTSTRAP_NEEDS_SSHD=1 BOOTSTRAP_NEEDS_SGLANG_CPU=1 bash scripts/bootstrap.sh
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # Unit and property tests only: no sshd fleet, nothing marked slow (subprocesses, the real

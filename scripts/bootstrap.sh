@@ -55,4 +55,9 @@ if [ -n "$TORCH_SPEC_GIVEN" ]; then
   # shellcheck disable=SC2086
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check $TORCH_SPEC_GIVEN
 fi
+if [ "${BOOTSTRAP_NEEDS_SGLANG_CPU:-0}" = 1 ]; then
+  # `make test`: the real sglang 0.5.23 served on CPU (tests/sglang_server) needs its own venv.
+  echo "bootstrap: [+] SGLang CPU test server environment (scripts/sglang_cpu_env.sh; minutes on a first build)" >&2
+  bash scripts/sglang_cpu_env.sh >/dev/null
+fi
 echo "bootstrap: ready" >&2

@@ -27,6 +27,7 @@ def pytest_configure(config):
 # when `--no-loadscope-reorder` is given (the Makefile does): these then start first and the
 # short files fill in around them, instead of one of them starting last and running on alone.
 LONGEST_FILES = (
+    "tests/sglang_server/test_cpu_server_e2e.py",  # five real SGLang servers on CPU
     "tests/integration/test_deploy_sglang.py",
     "tests/integration/test_deploy_lifecycle.py",
     "tests/property/test_core_parity.py",
@@ -35,6 +36,7 @@ LONGEST_FILES = (
     "tests/unit/test_smoke_runner.py",
     "tests/integration/test_push_ssh.py",
     "tests/cli/test_smoke_cli.py",
+    "tests/sglang_server/test_cpu_smoke_stages.py",
     "tests/integration/test_rollout_fleet.py",
     "tests/integration/test_ssh_transport.py",  # these three mostly wait (timeouts, a download):
     "tests/unit/test_sglang_upgrade.py",  # started early, they overlap with work

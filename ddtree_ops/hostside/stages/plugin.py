@@ -7,7 +7,9 @@ qualify` records), since whether they may deploy is the operator's qualification
 the plugin is deployed (`ddtree-ops deploy`), runs SGLang's own load_plugins() in a fresh
 interpreter (ddtree.sglang.probe): the entry point must be discoverable and every hook must
 apply where SGLang's speculative modules import; where they cannot import (no GPU stack),
-the static checks stand in and the reason says so. Skips when the plugin is not deployed.
+the static checks stand in and the reason says so. On a host without a GPU whose environment
+is a CPU test server (ddtree.sglang.cpu) the probe runs with SGLang's CPU engine, so every
+hook applies for real there too. Skips when the plugin is not deployed.
 """
 from __future__ import annotations
 
@@ -31,6 +33,12 @@ def _deployed_release() -> str | None:
             version = ep.dist.version or ""
             return version.split("+", 1)[1] if "+" in version else version
     return None
+
+
+def cpu_test_server_env() -> bool:
+    from ddtree.sglang.cpu.environment import prepared
+
+    return prepared()
 
 
 def run(ctx: StageContext) -> StageResult:
@@ -61,6 +69,10 @@ def run(ctx: StageContext) -> StageResult:
     # A fresh interpreter without the release on its path: what SGLang's processes see.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("DDTREE_")}
     env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if ctx.device != "cuda" and cpu_test_server_env():  # SGLang's CPU engine: its speculative modules import
+        from ddtree.sglang.cpu.environment import SERVER_ENV
+
+        env.update(SERVER_ENV)
     done = subprocess.run([sys.executable, "-m", "ddtree.sglang.probe"], capture_output=True, text=True,
                           env=env, cwd="/", timeout=PROBE_TIMEOUT_S)
     try:

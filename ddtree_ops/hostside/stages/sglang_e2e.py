@@ -1,7 +1,11 @@
 """Stage `sglang-e2e`: SGLang serving with no speculation, DFlash, and DFlash + DDTree.
 
 Needs a GPU, SGLang, the deployed plugin (`ddtree-ops deploy`) and `models:` in the host's
-inventory entry (target, drafter, block_size, optional prompts file). Starts one server per
+inventory entry (target, drafter, block_size, optional prompts file: text lines, or JSON lines
+{"prompt": text} / {"input_ids": [...]}). Without a GPU it runs on SGLang's CPU engine where
+the Python environment was prepared as a CPU test server (scripts/sglang_cpu_env.sh,
+ddtree.sglang.cpu); every row then says device "cpu" and the summary says these are CPU
+numbers. Starts one server per
 variant (no speculation; DFLASH; DFLASH + DDTree at each selected budget), sends the prompts
 at temperature 0, compares every variant's tokens with the no-speculation run, and records
 acceptance length (SGLang's meta_info.spec_accept_length), tokens/s and wall time. Every
@@ -41,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 from ddtree_ops.hostside.protocol import TIMINGS_TABLE, StageContext, StageResult, timing_row
 
@@ -61,6 +65,7 @@ SHIPPED_PROMPTS = (
 )
 DEFAULT_NEAR_TIE_GAP = 0.05  # nats between the target's top-1 and top-2 log-probs
 DEFAULT_CONCURRENCY = (1, 8)
+Prompt = Union[str, list[int]]  # text, or token ids (a model without a tokenizer)
 
 
 class ServerMode(Enum):
@@ -142,10 +147,18 @@ def plan_variants(budgets: list[int]) -> list[ServerVariant]:
 
 
 def server_argv(python: str, models: dict[str, Any], variant: ServerVariant, port: int,
-                attention_backend: str, extra_args: list[str]) -> list[str]:
+                attention_backend: str, extra_args: list[str], *, cpu: bool = False,
+                token_ids: bool = False) -> list[str]:
     argv = [python, "-m", "sglang.launch_server", "--model-path", models["target"], "--host", "127.0.0.1",
-            "--port", str(port), "--attention-backend", attention_backend, "--page-size", "1",
-            "--enable-metrics"]
+            "--port", str(port), "--page-size", "1", "--enable-metrics"]
+    if cpu:  # the CPU test server (ddtree.sglang.cpu): its device, dtype and attention backend
+        from ddtree.sglang.cpu.environment import SERVER_ARGS
+
+        argv += list(SERVER_ARGS)
+    else:
+        argv += ["--attention-backend", attention_backend]
+    if token_ids:  # prompts given as token ids: the model needs no tokenizer
+        argv.append("--skip-tokenizer-init")
     if variant.mode is not ServerMode.NO_SPEC:
         argv += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", models["drafter"]]
     return argv + list(extra_args)
@@ -245,7 +258,7 @@ def server_accept_length(port: int) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def drive_load(port: int, prompts: list[str], concurrency: int, requests: int, max_new_tokens: int,
+def drive_load(port: int, prompts: list[Prompt], concurrency: int, requests: int, max_new_tokens: int,
                timeout_s: float = 600) -> LoadLevel:
     """Keep `concurrency` requests in flight (T=0, prompts in turn) until `requests` finished."""
     sampling = {"temperature": 0, "max_new_tokens": max_new_tokens}
@@ -257,7 +270,7 @@ def drive_load(port: int, prompts: list[str], concurrency: int, requests: int, m
             in_flight[0] += 1
             in_flight[1] = max(in_flight)
         try:
-            payload = {"text": prompts[index % len(prompts)], "sampling_params": sampling}
+            payload = {**prompt_payload(prompts[index % len(prompts)]), "sampling_params": sampling}
             return _http_json(f"http://127.0.0.1:{port}/generate", payload, timeout=timeout_s)
         finally:
             with lock:
@@ -307,13 +320,20 @@ def concurrency_levels(extra: dict[str, Any]) -> list[int]:
     return [int(c) for c in extra.get("sglang_concurrency", DEFAULT_CONCURRENCY)]
 
 
-def run_variant(ctx: StageContext, variant: ServerVariant, models: dict[str, Any], prompts: list[str],
+def run_variant(ctx: StageContext, variant: ServerVariant, models: dict[str, Any], prompts: list[Prompt],
                 *, port: int, max_new_tokens: int, start_timeout_s: float, attention_backend: str,
-                extra_args: list[str], levels: list[int] = (), requests_per_level: int | None = None) -> VariantRun:
+                extra_args: list[str], levels: list[int] = (), requests_per_level: int | None = None,
+                cpu: bool = False) -> VariantRun:
     log_path = ctx.artifacts_dir / f"server-{variant.name}.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("DDTREE_")}
     env.update(variant.env())
-    argv = server_argv(sys.executable, models, variant, port, attention_backend, extra_args)
+    if cpu:
+        from ddtree.sglang.cpu.environment import SERVER_ENV
+
+        env.update(SERVER_ENV)
+    token_ids = any(isinstance(p, list) for p in prompts)
+    argv = server_argv(sys.executable, models, variant, port, attention_backend, extra_args, cpu=cpu,
+                       token_ids=token_ids)
     ctx.log(f"{variant.name}: {' '.join(argv)}")
     run = VariantRun(variant)
     started = time.monotonic()
@@ -325,7 +345,7 @@ def run_variant(ctx: StageContext, variant: ServerVariant, models: dict[str, Any
             sampling = {"temperature": 0, "max_new_tokens": max_new_tokens}
             began = time.monotonic()
             for prompt in prompts:
-                payload = {"text": prompt, "sampling_params": sampling}
+                payload = {**prompt_payload(prompt), "sampling_params": sampling}
                 if variant.mode is ServerMode.NO_SPEC:
                     payload.update(return_logprob=True, top_logprobs_num=2)
                 asked = time.monotonic()
@@ -345,18 +365,37 @@ def run_variant(ctx: StageContext, variant: ServerVariant, models: dict[str, Any
     return run
 
 
-def load_prompts(models: dict[str, Any]) -> list[str]:
+def prompt_payload(prompt: Prompt) -> dict[str, Any]:
+    return {"input_ids": prompt} if isinstance(prompt, list) else {"text": prompt}
+
+
+def _prompt_line(line: str) -> Prompt:
+    if not line.lstrip().startswith("{"):
+        return line
+    record = json.loads(line)
+    return [int(t) for t in record["input_ids"]] if "input_ids" in record else record["prompt"]
+
+
+def load_prompts(models: dict[str, Any]) -> list[Prompt]:
+    """Lines of the `prompts` file: plain text, {"prompt": text} or {"input_ids": [...]}."""
     path = models.get("prompts")
     if not path:
         return list(SHIPPED_PROMPTS)
     text = Path(os.path.expanduser(path)).read_text(encoding="utf-8")
-    return [json.loads(line)["prompt"] if line.lstrip().startswith("{") else line
-            for line in text.splitlines() if line.strip()]
+    return [_prompt_line(line) for line in text.splitlines() if line.strip()]
+
+
+def serves_on_cpu(ctx: StageContext) -> bool:
+    """No GPU, but this environment was prepared as a CPU test server (docs/sglang-plugin.md)."""
+    from ddtree.sglang.cpu.environment import prepared
+
+    return ctx.device != "cuda" and prepared()
 
 
 def missing_prerequisite(ctx: StageContext) -> str | None:
-    if ctx.device != "cuda":
-        return "no GPU on this host (torch sees no CUDA device)"
+    if ctx.device != "cuda" and not serves_on_cpu(ctx):
+        return ("no GPU on this host (torch sees no CUDA device), and this Python environment is not "
+                "prepared as a CPU test server (scripts/sglang_cpu_env.sh; docs/sglang-plugin.md)")
     if not ctx.host.get("models"):
         where = f"{ctx.host.get('inventory') or 'the inventory'}: hosts.{ctx.host.get('name', '?')}.models"
         return f"no `models:` (target, drafter) configured for this host ({where})"
@@ -387,6 +426,9 @@ def run(ctx: StageContext) -> StageResult:
         return StageResult.failed(f"no budget with budget + 1 >= block size {models.get('block_size', 16)} selected")
     prompts = load_prompts(models)
     near_tie = float(extra.get("near_tie_gap", DEFAULT_NEAR_TIE_GAP))
+    cpu = serves_on_cpu(ctx)
+    if cpu:
+        ctx.log("no GPU: serving with SGLang's CPU engine (ddtree.sglang.cpu); speeds are CPU numbers")
     runs: list[VariantRun] = []
     for offset, variant in enumerate(plan_variants(budgets)):
         runs.append(run_variant(
@@ -396,11 +438,13 @@ def run(ctx: StageContext) -> StageResult:
             attention_backend=str(extra.get("sglang_attention_backend", "flashinfer")),
             extra_args=[str(a) for a in extra.get("sglang_extra_args", [])],
             levels=concurrency_levels(extra), requests_per_level=extra.get("sglang_requests_per_level"),
+            cpu=cpu,
         ))
     reference = runs[0]
     table, failures = [], []
+    device = "cpu" if cpu else "cuda"
     for run_ in runs:
-        row = summarize(run_)
+        row = {**summarize(run_), "device": device}
         divergences = compare_runs(reference, run_) if run_ is not reference else []
         hard = [d for d in divergences if not d.near_tie(near_tie)]
         row.update(divergent_prompts=len(divergences), near_ties=len(divergences) - len(hard))
@@ -416,12 +460,14 @@ def run(ctx: StageContext) -> StageResult:
     base = table[0]["tokens_per_s"] or 0
     for row in table:
         row["speedup_vs_no_spec"] = round(row["tokens_per_s"] / base, 3) if base and row["tokens_per_s"] else None
-    tables = {"sglang_e2e": table, "sglang_load": load_rows(runs), TIMINGS_TABLE: timings}
+    tables = {"sglang_e2e": table, "sglang_load": [{**row, "device": device} for row in load_rows(runs)],
+              TIMINGS_TABLE: timings}
     if failures:
         return StageResult.failed("; ".join(failures[:3]), tables=tables)
     best = max(table[2:], key=lambda r: r["tokens_per_s"] or 0)
+    where = " (CPU numbers: SGLang's CPU engine, not GPU speed)" if cpu else ""
     return StageResult.passed(
         f"{len(prompts)} prompts identical to no speculation (near-ties allowed); best {best['variant']}: "
-        f"{best['speedup_vs_no_spec']}x, acceptance length {best['acceptance_length']}",
+        f"{best['speedup_vs_no_spec']}x, acceptance length {best['acceptance_length']}{where}",
         tables=tables,
     )

@@ -12,8 +12,9 @@ from ddtree.sglang.errors import UnsupportedSetupError
 
 # Backends that honour a custom tree mask in TARGET_VERIFY when captured with one.
 # FA3 and TRTLLM capture the verify graph mask-less: trees would attend to siblings.
-SUPPORTED_ATTENTION_BACKEND_CLASSES = frozenset({"FlashInferAttnBackend", "TritonAttnBackend"})
-SUPPORTED_ATTENTION_BACKEND_FLAGS = frozenset({"flashinfer", "triton"})
+# DDTreeCpuAttnBackend (ddtree_cpu) exists only in the CPU test server (ddtree.sglang.cpu).
+SUPPORTED_ATTENTION_BACKEND_CLASSES = frozenset({"FlashInferAttnBackend", "TritonAttnBackend", "DDTreeCpuAttnBackend"})
+SUPPORTED_ATTENTION_BACKEND_FLAGS = frozenset({"flashinfer", "triton", "ddtree_cpu"})
 SUPPORTED_PAGE_SIZE = 1
 
 

@@ -72,7 +72,7 @@ from sglang.srt.speculative.spec_utils import (
 
 from ddtree.sglang.errors import HookSelfCheckError, UnsupportedSetupError
 from ddtree.sglang.hooks import active_config, drafter_scope
-from ddtree.sglang.round_metrics import RoundMetrics
+from ddtree.sglang.round_metrics import RoundMetrics, trees_branch
 from ddtree.sglang.support import (
     check_attention_backend_class,
     check_tensor_parallel_head,
@@ -352,7 +352,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             commit_lens=accept_lens.to(torch.int32),
         )
         logits_output.hidden_states = None
-        self._metrics.record(accept_lens, inputs.tree_sizes, build_ms)
+        self._metrics.record(accept_lens, inputs.tree_sizes, build_ms, branching=trees_branch(trees))
 
         return GenerationBatchResult(
             logits_output=logits_output,
@@ -508,6 +508,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     def _log_metrics(self, snapshot: Any) -> None:
         if get_parallel().tp_rank == 0:
             logger.info(snapshot.line())
+            logger.info(snapshot.json_line())
 
 
 class _EventTimer:

@@ -1,0 +1,1 @@
+"""Importable as top-level `sgl_kernel` once startup puts this folder on sys.path."""
