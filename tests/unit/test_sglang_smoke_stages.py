@@ -103,3 +103,31 @@ def test_prompts_file_or_shipped_prompts(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text('{"prompt": "a"}\nplain b\n\n')
     assert e2e.load_prompts({"prompts": str(path)}) == ["a", "plain b"]
+
+
+def test_token_id_prompts_and_the_cpu_server_arguments(tmp_path):
+    path = tmp_path / "ids.jsonl"
+    path.write_text('{"input_ids": [1, 2, 3]}\n{"prompt": "text"}\n')
+    prompts = e2e.load_prompts({"prompts": str(path)})
+    assert prompts == [[1, 2, 3], "text"]
+    assert e2e.prompt_payload(prompts[0]) == {"input_ids": [1, 2, 3]}
+    assert e2e.prompt_payload(prompts[1]) == {"text": "text"}
+    models = {"target": "t", "drafter": "d"}
+    variant = e2e.plan_variants([8])[2]
+    gpu = e2e.server_argv("py", models, variant, 1, "flashinfer", [])
+    cpu = e2e.server_argv("py", models, variant, 1, "flashinfer", [], cpu=True, token_ids=True)
+    assert "--device" not in gpu and gpu[gpu.index("--attention-backend") + 1] == "flashinfer"
+    assert cpu[cpu.index("--device") + 1] == "cpu" and cpu[cpu.index("--attention-backend") + 1] == "ddtree_cpu"
+    assert cpu.count("--attention-backend") == 1 and "--skip-tokenizer-init" in cpu
+    assert cpu[cpu.index("--dtype") + 1] == "bfloat16"
+
+
+def test_a_cpu_host_runs_the_e2e_stage_only_when_its_environment_was_prepared(tmp_path, monkeypatch):
+    from ddtree.sglang.cpu import environment
+
+    ctx = _ctx(tmp_path, "cpu", {"models": {"target": "t", "drafter": "d"}})
+    monkeypatch.setattr(environment, "prepared", lambda site_packages=None: False)
+    assert not e2e.serves_on_cpu(ctx) and "not prepared as a CPU test server" in e2e.missing_prerequisite(ctx)
+    monkeypatch.setattr(environment, "prepared", lambda site_packages=None: True)
+    assert e2e.serves_on_cpu(ctx)
+    assert not e2e.serves_on_cpu(_ctx(tmp_path, "cuda", {"models": {"target": "t", "drafter": "d"}}))
