@@ -1,7 +1,7 @@
 """Run inside the CPU server environment (SGLANG_USE_CPU_ENGINE=1, TRITON_INTERPRET=1):
 each pure-torch op of ddtree.sglang.cpu.kernels against SGLang 0.5.23's own Triton kernel of
 the same job, interpreted on CPU, on the same seeded inputs. Prints one JSON line:
-[{"case": ..., "equal": bool, "detail": ...}, ...]. Used by test_cpu_kernels.py."""
+[{"case": ..., "equal": bool, "detail": ...}, ...]. Used by test_cpu_parity.py."""
 from __future__ import annotations
 
 import json

@@ -15,7 +15,7 @@ skip_prefix_custom_mask=True): each request's window of W query tokens attends t
 whole committed prefix (req_to_token[req, :seq_len]) and to the window's own keys, by the
 custom mask when one is given ([W, seq_len + W] row-major per request, the window columns
 read), else causally, or fully for ENCODER_ONLY layers (the DFlash drafter).
-tests/sglang_plugin/test_cpu_attention.py checks it against the Triton kernel in the
+tests/sglang_server/test_cpu_parity.py checks it against the Triton kernel in the
 interpreter on float32 inputs.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ engine (SGLANG_USE_CPU_ENGINE=1), for the CPU test server only.
 SGLang's CPU kernels ship in a CPU build of sgl-kernel that is not on PyPI (the registry's
 sglang-kernel 0.4.10 links libcudart). Each op below does what SGLang's own Triton kernel of
 the same job does (file:line of that kernel in each docstring, paths under sglang/);
-tests/sglang_plugin/test_cpu_kernels.py runs both on the same inputs, the Triton one in
+tests/sglang_server/test_cpu_parity.py runs both on the same inputs, the Triton one in
 Triton's CPU interpreter. Argument names and order follow SGLang's CPU call sites, which
 pass them positionally or by these names. Loops over the batch are plain Python: these run
 on test-sized batches, where clarity beats speed.
