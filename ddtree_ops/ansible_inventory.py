@@ -230,14 +230,19 @@ def _top_down(inventory: AnsibleInventory) -> list[str]:
 
 
 def _cycle(inventory: AnsibleInventory, stuck: set[str]) -> str:
-    """`a: its children include itself (a -> b -> a)` for a cycle among `stuck` (groups left
-    with a parent that is never placed: each has a child in `stuck`, so walking ends in a loop)."""
+    """`a: its children include itself (a -> b -> a)` for a cycle among `stuck`, the groups
+    never placed: each waits on a parent that is stuck too, so walking up ends in a loop."""
+    parents: dict[str, list[str]] = {}
+    for name in sorted(stuck):
+        for child in inventory.groups[name].children:
+            if child in stuck and name != ALL:
+                parents.setdefault(child, []).append(name)
     path, seen = [min(stuck)], {min(stuck): 0}
     while True:
-        step = next(c for c in inventory.groups[path[-1]].children if c in stuck)
+        step = parents[path[-1]][0]
         if step in seen:
-            loop = path[seen[step]:] + [step]
-            return f"{step}: its children include itself ({' -> '.join(loop)})"
+            loop = list(reversed(path[seen[step]:] + [step]))
+            return f"{loop[0]}: its children include itself ({' -> '.join(loop)})"
         seen[step] = len(path)
         path.append(step)
 
