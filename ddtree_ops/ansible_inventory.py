@@ -53,11 +53,17 @@ HOST_KEY_VARS = {"ansible_host_key_checking": "the host-key policy stays strict"
                  "ansible_ssh_host_key_checking": "the host-key policy stays strict"}
 
 
+# Groups may nest this deep below `all`: far past any real fleet's, and a clear error, not a
+# RecursionError, for a file generated wrong (every walk below is iterative anyway).
+MAX_GROUP_DEPTH = 100
+
+
 @dataclass
 class _Group:
-    hosts: list[str] = field(default_factory=list)
+    # dicts as ordered sets: adding a member is O(1), so a 100k-host range is linear
+    hosts: dict[str, None] = field(default_factory=dict)
     vars: dict[str, Any] = field(default_factory=dict)
-    children: list[str] = field(default_factory=list)
+    children: dict[str, None] = field(default_factory=dict)
 
 
 @dataclass
@@ -76,9 +82,9 @@ class AnsibleInventory:
             names = expand(str(pattern))
         except RangeError as err:
             raise ConfigError(f"{self.source}: group {group}: {err}") from None
+        members = self.group(group).hosts
         for name in names:
-            if name not in self.group(group).hosts:
-                self.group(group).hosts.append(name)
+            members[name] = None
             self.host_vars.setdefault(name, {}).update(variables or {})
 
 
@@ -108,7 +114,9 @@ def is_ansible_yaml(data: Any) -> bool:
 def parse_yaml(data: dict[str, Any], source: str) -> AnsibleInventory:
     inventory = AnsibleInventory(source)
 
-    def walk(name: str, body: Any, where: str) -> None:
+    def walk(name: str, body: Any, where: str, depth: int = 1) -> None:
+        if depth > MAX_GROUP_DEPTH:
+            raise ConfigError(f"{source}: {where}: groups nested more than {MAX_GROUP_DEPTH} deep")
         if body is None:
             inventory.group(name)
             return
@@ -128,9 +136,8 @@ def parse_yaml(data: dict[str, Any], source: str) -> AnsibleInventory:
         if not isinstance(children, dict):
             raise ConfigError(f"{source}: {where}.children: expected a mapping of groups, got {quoted(children)}")
         for child, child_body in children.items():
-            if str(child) not in group.children:
-                group.children.append(str(child))
-            walk(str(child), child_body, f"{where}.children.{child}")
+            group.children[str(child)] = None
+            walk(str(child), child_body, f"{where}.children.{child}", depth + 1)
 
     for name, body in data.items():
         walk(str(name), body, str(name))
@@ -160,8 +167,7 @@ def parse_ini(text: str, source: str) -> AnsibleInventory:
         if not words:
             continue
         if kind == "children":
-            if words[0] not in inventory.group(section).children:
-                inventory.group(section).children.append(words[0])
+            inventory.group(section).children[words[0]] = None
             inventory.group(words[0])
         elif kind == "vars":
             key, sep, value = stripped.partition("=")
@@ -200,51 +206,100 @@ def _host_and_port(name: str) -> tuple[str, Optional[str]]:
 # ------------------------------------------------------------------ to our inventory
 
 
-def _depths(inventory: AnsibleInventory) -> dict[str, int]:
-    """Each group's depth below `all` (the longest path: a child's vars override its parent's)."""
-    parents: dict[str, list[str]] = {}
+def _top_down(inventory: AnsibleInventory) -> list[str]:
+    """Every group, each after all its parents (Kahn's order; `all` first); ConfigError naming
+    a cycle of children."""
+    waiting = {name: 0 for name in inventory.groups}
     for name, group in inventory.groups.items():
         for child in group.children:
-            parents.setdefault(child, []).append(name)
-    depths: dict[str, int] = {}
+            if name != ALL and child != ALL:  # `all` is every group's parent, whatever a file says
+                waiting[child] += 1
+    ready = [name for name, count in waiting.items() if count == 0]
+    order: list[str] = []
+    while ready:
+        name = ready.pop()
+        order.append(name)
+        for child in inventory.groups[name].children:
+            if name != ALL and child != ALL:
+                waiting[child] -= 1
+                if waiting[child] == 0:
+                    ready.append(child)
+    if len(order) < len(waiting):
+        raise ConfigError(f"{inventory.source}: group {_cycle(inventory, set(waiting) - set(order))}")
+    return order
 
-    def depth(name: str, seen: tuple[str, ...] = ()) -> int:
+
+def _cycle(inventory: AnsibleInventory, stuck: set[str]) -> str:
+    """`a: its children include itself (a -> b -> a)` for a cycle among `stuck`, the groups
+    never placed: each waits on a parent that is stuck too, so walking up ends in a loop."""
+    parents: dict[str, list[str]] = {}
+    for name in sorted(stuck):
+        for child in inventory.groups[name].children:
+            if child in stuck and name != ALL:
+                parents.setdefault(child, []).append(name)
+    path, seen = [min(stuck)], {min(stuck): 0}
+    while True:
+        step = parents[path[-1]][0]
+        if step in seen:
+            loop = list(reversed(path[seen[step]:] + [step]))
+            return f"{loop[0]}: its children include itself ({' -> '.join(loop)})"
+        seen[step] = len(path)
+        path.append(step)
+
+
+def _depths(inventory: AnsibleInventory, order: list[str]) -> dict[str, int]:
+    """Each group's depth below `all` (the longest path: a child's vars override its parent's);
+    ConfigError naming the chain past MAX_GROUP_DEPTH."""
+    depths = {name: 0 if name == ALL else 1 for name in inventory.groups}
+    via: dict[str, str] = {}  # group -> the parent its depth comes through
+    for name in order:
         if name == ALL:
-            return 0
-        if name in seen:
-            raise ConfigError(f"{inventory.source}: group {name}: its children include itself ({' -> '.join(seen + (name,))})")
-        if name not in depths:
-            depths[name] = 1 + max((depth(p, seen + (name,)) for p in parents.get(name, []) if p != ALL), default=0)
-        return depths[name]
-
-    for name in inventory.groups:
-        depth(name)
+            continue
+        if depths[name] > MAX_GROUP_DEPTH:
+            chain = [name]
+            while chain[-1] in via:
+                chain.append(via[chain[-1]])
+            chain.reverse()
+            shown = chain if len(chain) <= 7 else chain[:3] + ["..."] + chain[-3:]
+            raise ConfigError(f"{inventory.source}: group {name}: children nested {len(chain)} deep, more than "
+                              f"{MAX_GROUP_DEPTH} ({' -> '.join(shown)})")
+        for child in inventory.groups[name].children:
+            if child != ALL and depths[name] + 1 > depths[child]:
+                depths[child], via[child] = depths[name] + 1, name
     return depths
 
 
-def _members(inventory: AnsibleInventory, name: str, seen: frozenset = frozenset()) -> list[str]:
-    group = inventory.groups.get(name, _Group())
-    found = list(group.hosts)
-    for child in group.children:
-        if child not in seen:
-            found += [h for h in _members(inventory, child, seen | {name}) if h not in found]
-    return found
+def _members(inventory: AnsibleInventory, order: list[str]) -> dict[str, dict[str, None]]:
+    """Each group's hosts, its own first, then its children's in their order, each host once;
+    built bottom-up so every group is walked once, however many parents share it."""
+    members: dict[str, dict[str, None]] = {}
+    for name in reversed(order):
+        if name == ALL:
+            continue  # every host: not a group a host is listed in
+        group = inventory.groups[name]
+        found = dict(group.hosts)
+        for child in group.children:
+            if child != ALL:
+                found.update(members[child])
+        members[name] = found
+    return members
 
 
 def to_our_inventory(inventory: AnsibleInventory) -> tuple[dict[str, Any], list[str]]:
     """(our inventory as data, for `parse_inventory`; one note per variable name not used)."""
-    depths = _depths(inventory)
+    top_down = _top_down(inventory)
+    depths, members = _depths(inventory, top_down), _members(inventory, top_down)
     order = sorted((g for g in inventory.groups if g != ALL), key=lambda g: (depths[g], g))
-    membership: dict[str, list[str]] = {}
+    membership: dict[str, list[str]] = {}  # host -> its groups, in `order`
     for name in order:
-        for host in _members(inventory, name):
+        for host in members[name]:
             membership.setdefault(host, []).append(name)
     hosts: dict[str, Any] = {}
     unused: dict[str, list[str]] = {}
     for host in inventory.host_vars:
         variables: dict[str, tuple[Any, str]] = {}
         layers = [(ALL, inventory.groups.get(ALL, _Group()).vars)]
-        layers += [(g, inventory.groups[g].vars) for g in order if g in membership.get(host, [])]
+        layers += [(g, inventory.groups[g].vars) for g in membership.get(host, [])]
         for origin, values in layers:
             variables.update({k: (v, f"group {origin}") for k, v in values.items()})
         variables.update({k: (v, "host vars") for k, v in inventory.host_vars[host].items()})

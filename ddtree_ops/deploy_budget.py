@@ -4,7 +4,9 @@
 serves (`--for-concurrency`): the newest run in the local run store whose record for that host
 has sglang-e2e load rows at that level. DDTree chosen: enabled with its budget; DFlash or no
 speculation chosen: deployed disabled. Undecided, or no such run: refused before any host is
-touched (exit 3), naming the smoke run that would decide it.
+touched (exit 3), naming the smoke run that would decide it: so is a run whose lossless
+check failed or is missing (`recommend.lossless_problem`), and a budget outside what the
+plugin takes (`recommend.budget_problem`), whether given or read from a run.
 """
 from __future__ import annotations
 
@@ -12,12 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from ddtree.sglang.config import ENV_BUDGET, ENV_ENABLE
 from ddtree_ops.errors import ConfigError, UsageError
-from ddtree_ops.recommend import LOAD_STAGE, LOAD_TABLE, Choice, Recommendation, run_recommendations
+from ddtree_ops.recommend import LOAD_STAGE, LOAD_TABLE, Choice, Recommendation, budget_problem, run_recommendations
 
 AUTO = "auto"
-ENV_ENABLE, ENV_BUDGET = "DDTREE_ENABLE", "DDTREE_BUDGET"  # ddtree.sglang.config's names
-MAX_BUDGET = 1024  # ddtree.sglang.config.MAX_BUDGET (the plugin refuses more)
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,9 @@ def parse_budget_option(budget: Optional[str], for_concurrency: Optional[int]) -
         value = int(budget.strip(), 10)
     except ValueError:
         raise UsageError(f"--budget: expected auto or an integer, got {budget!r}") from None
-    if not 1 <= value <= MAX_BUDGET:
-        raise UsageError(f"--budget: must be between 1 and {MAX_BUDGET}, got {value}")
+    problem = budget_problem(value)
+    if problem:
+        raise UsageError(f"--budget: {problem}")
     return value
 
 
@@ -85,6 +87,9 @@ def auto_defaults(runs_root: Path, host: str, level: int) -> ServerDefaults:
     if verdict.choice is Choice.UNDECIDED:
         raise ConfigError(f"{host}: --budget auto: run {run_id} cannot decide at {level} concurrent "
                           f"({verdict.why}); run {measure} again, or pass --budget N")
+    problem = budget_problem(verdict.budget) if verdict.choice is Choice.DDTREE else ""
+    if problem:  # recommend refuses such a row already; what is written to a host is checked here too
+        raise ConfigError(f"{host}: --budget auto: run {run_id}: the recommended budget {problem}")
     provenance = {"source": "--budget auto", "run": run_id, "concurrency": level, "choice": verdict.choice.value}
     if verdict.choice is Choice.DDTREE:
         return ServerDefaults({ENV_ENABLE: "1", ENV_BUDGET: str(verdict.budget)}, provenance,

@@ -1,9 +1,22 @@
-"""Host name ranges as Ansible writes them: `gpu-[01:16]` (numbers keep the width of a
-zero-padded start), `node[a:f]` (single letters), `gpu-[0:30:10]` (a stride), several in one
-name (`r[1:2]-gpu[1:4]`). Used for inventory host names and for `-H` selections."""
+"""Host patterns as Ansible reads them, for inventory host names and `-H` selections.
+
+Ranges: `gpu-[01:16]` (numbers keep the width of a zero-padded start), `node[a:f]` (single
+letters), `gpu-[0:30:10]` (a stride), several in one name (`r[1:2]-gpu[1:4]`).
+
+Selections (`select_names`): terms split on `,` (or, when there is no comma, on `:` outside
+brackets); a term is `all`/`*`, a host, a group, a range or a `*?` wildcard; `&term`
+intersects, `!term` excludes. As in Ansible the position does not matter: the union of the
+plain terms (all hosts when there is none) is taken first, then each `&`, then each `!`.
+A term that names nothing is an error in any position: a typo after `!` would otherwise
+select the very host the operator meant to exclude.
+"""
 from __future__ import annotations
 
+import fnmatch
 import re
+from collections.abc import Iterable, Mapping, Sequence
+
+from ddtree_ops.errors import UsageError, quoted
 
 _RANGE = re.compile(r"\[([^\[\]:]*):([^\[\]:]*)(?::([^\[\]:]*))?\]")
 MAX_EXPANDED = 100_000  # a typo like [0:99999999] must not build a list the size of memory
@@ -50,3 +63,70 @@ def _items(pattern: str, start: str, end: str, stride: str | None) -> list[str]:
             raise RangeError(f"host range {pattern!r}: the end {end} is before the start {start}")
         return [chr(c) for c in range(ord(start), ord(end) + 1, step)]
     raise RangeError(f"host range {pattern!r}: expected [START:END] of numbers or of single letters")
+
+
+ALL_HOSTS = "all"
+_COLON_TERMS = re.compile(r"(?:[^\s:\[\]]|\[[^\]]*\])+")  # ':'-separated, a [x:y] range kept whole
+_KNOWN_SHOWN = 10  # names listed in an unknown-term error (a 100k-host fleet must not be printed)
+
+
+def split_terms(text: str, hosts: Mapping[str, object]) -> list[str]:
+    """One -H value as its terms: on ',' when it has one, else on ':' outside brackets (a
+    whole value that is a host name, as an IPv6 address may be, stays one term)."""
+    if "," in text:
+        parts: Iterable[str] = text.split(",")
+    elif text.strip() in hosts:
+        parts = [text]
+    else:
+        parts = _COLON_TERMS.findall(text)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def select_names(items: Sequence[str], hosts: Mapping[str, object], groups: Mapping[str, Sequence[str]],
+                 source: str) -> set[str]:
+    """The host names the -H values `items` select (UsageError naming the first term that
+    names nothing, or a selection that ends empty)."""
+    terms = [t for item in items for t in split_terms(item, hosts)]
+    if not terms:
+        raise UsageError(f"-H/--hosts: empty host selection {quoted(','.join(items))} "
+                         "(name hosts or groups, or 'all')")
+    plain = [t for t in terms if t[0] not in "&!"]
+    chosen: set[str] = set()
+    for term in plain or [ALL_HOSTS]:
+        chosen |= _match(term, hosts, groups, source)
+    for term in (t for t in terms if t[0] == "&"):
+        chosen &= _match(term[1:], hosts, groups, source)
+    for term in (t for t in terms if t[0] == "!"):
+        chosen -= _match(term[1:], hosts, groups, source)
+    if not chosen:
+        raise UsageError(f"{source}: -H {quoted(','.join(items))}: selects no host")
+    return chosen
+
+
+def _match(term: str, hosts: Mapping[str, object], groups: Mapping[str, Sequence[str]], source: str) -> set[str]:
+    term = term.strip()
+    if term in (ALL_HOSTS, "*"):
+        return set(hosts)
+    if term in hosts:
+        return {term}
+    if term in groups:
+        return set(groups[term])
+    if has_range(term):
+        try:
+            names = expand(term)
+        except RangeError as err:
+            raise UsageError(f"-H/--hosts: {err}") from None
+        missing = [n for n in names if n not in hosts and n not in groups]
+        if missing:  # a range must not silently narrow
+            raise UsageError(f"{source}: -H {quoted(term)}: no host or group named "
+                             f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+        return {h for n in names for h in (groups[n] if n in groups else (n,))}
+    if any(c in term for c in "*?["):
+        found = {h for n in [*hosts, *groups] if fnmatch.fnmatchcase(n, term)
+                 for h in (groups[n] if n in groups else (n,))}
+        if not found:
+            raise UsageError(f"{source}: -H {quoted(term)}: matches no host or group")
+        return found
+    known = sorted({*hosts, *groups})
+    shown = ", ".join(known[:_KNOWN_SHOWN]) + (f" and {len(known) - _KNOWN_SHOWN} more" if len(known) > _KNOWN_SHOWN else "")
+    raise UsageError(f"{source}: no host or group named {quoted(term)} (known: {shown or 'none'})")

@@ -17,13 +17,12 @@ from typing import Annotated, Any, Optional
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticCustomError
 
-from ddtree_ops.errors import ConfigError, UsageError, quoted
-from ddtree_ops.host_patterns import has_range
+from ddtree_ops.errors import ConfigError, quoted
+from ddtree_ops.host_patterns import ALL_HOSTS, select_names
 
 INVENTORY_ENV = "DDTREE_OPS_INVENTORY"
 DEFAULT_INVENTORY_NAME = "hosts.yaml"
 EMBEDDED_INVENTORY_NAME = "<embedded default inventory>"
-ALL_HOSTS = "all"
 
 # Built-in values for keys that neither the host nor `defaults:` sets.
 BUILTIN_WORKDIR = "~/.ddtree-ops"
@@ -144,59 +143,14 @@ class Inventory:
         return out
 
     def select(self, selection: str | Sequence[str] | None) -> list[Host]:
-        """Hosts named by `a,b,group` (names or groups, in inventory order; several `-H` values
-        add up; `gpu-[01:16]` ranges and `gpu-*` wildcards as in Ansible); all when nothing is
-        given. A selection given but empty (`-H ""`, as from an unset variable) is refused: it
-        must never widen to the whole fleet, nor may a range silently narrow (a name in it
-        that is no host or group is an error)."""
+        """Hosts named by -H, in inventory order (all when -H is not given); the pattern rules
+        are `host_patterns.select_names`. A selection given but empty (`-H ""`, as from an unset
+        variable) is refused: it must never widen to the whole fleet."""
         items = [selection] if isinstance(selection, str) else list(selection or [])
         if not items:
             return list(self.hosts.values())
-        words = [w.strip() for item in items for w in item.split(",") if w.strip()]
-        if not words:
-            raise UsageError(f"-H/--hosts: empty host selection {quoted(','.join(items))} "
-                             "(name hosts or groups, or 'all')")
-        if ALL_HOSTS in words:
-            return list(self.hosts.values())
-        groups = self.groups()
-        wanted: set[str] = set()
-        for word in words:
-            if word in self.hosts:
-                wanted.add(word)
-            elif word in groups:
-                wanted.update(groups[word])
-            elif has_range(word) or any(c in word for c in "*?"):
-                for name in self._pattern(word, groups):
-                    wanted.update(groups.get(name, [name]))
-            else:
-                known = ", ".join(sorted(set(self.hosts) | set(groups))) or "none"
-                raise UsageError(
-                    f"{self.source}: no host or group named {quoted(word)} (known: {known})"
-                )
+        wanted = select_names(items, self.hosts, self.groups(), self.source)
         return [h for name, h in self.hosts.items() if name in wanted]
-
-    def _pattern(self, word: str, groups: dict[str, list[str]]) -> list[str]:
-        """Host and group names a range or wildcard names; UsageError when it names none, or a
-        range names something that is neither."""
-        import fnmatch
-
-        from ddtree_ops.host_patterns import RangeError, expand
-
-        known = list(self.hosts) + list(groups)
-        if has_range(word):
-            try:
-                names = expand(word)
-            except RangeError as err:
-                raise UsageError(f"-H/--hosts: {err}") from None
-            missing = [n for n in names if n not in self.hosts and n not in groups]
-            if missing:
-                raise UsageError(f"{self.source}: -H {quoted(word)}: no host or group named "
-                                 f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
-            return names
-        names = [n for n in known if fnmatch.fnmatchcase(n, word)]
-        if not names:
-            raise UsageError(f"{self.source}: -H {quoted(word)}: matches no host or group")
-        return names
 
 
 EMBEDDED_INVENTORY: dict[str, Any] = {"hosts": {"local": {"transport": "local"}}}

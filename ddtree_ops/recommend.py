@@ -6,6 +6,11 @@ runner-up of another kind is within `margin` of it (one measurement per cell: a 
 is within run-to-run noise), or a baseline is missing: then the verdict says it cannot decide
 and why, and never guesses. Among DDTree budgets within the margin of each other the smaller
 budget is chosen (less memory, the same speed as far as one run can tell).
+
+Speed is worth nothing if the output changed: a host whose sglang-e2e stage did not pass its
+lossless check (every variant's tokens equal to no speculation's, near-ties aside), or whose
+record lacks that check for a variant it measured under load, gets no verdict but undecided,
+saying why; so does a DDTree row whose budget the plugin would refuse.
 """
 from __future__ import annotations
 
@@ -13,6 +18,10 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Iterable, Mapping
+
+from ddtree.sglang.config import MAX_BUDGET, MIN_BUDGET
+from ddtree_ops.errors import quoted
+from ddtree_ops.hostside.protocol import Status
 
 DEFAULT_MARGIN = 0.05  # relative: 5 % between two single measurements decides nothing
 
@@ -69,14 +78,31 @@ def _cells(rows: Iterable[Mapping[str, Any]]) -> list[_Cell]:
     return cells
 
 
+def budget_problem(value: Any) -> str:
+    """'' for a budget the plugin takes, else why not, naming the value (bools are no integers)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not MIN_BUDGET <= value <= MAX_BUDGET:
+        return f"must be an integer between {MIN_BUDGET} and {MAX_BUDGET}, got {quoted(value)}"
+    return ""
+
+
+def _bad_budget(rows: Iterable[Mapping[str, Any]]) -> str:
+    for row in rows:
+        problem = budget_problem(row.get("budget")) if _MODES.get(str(row.get("mode"))) is Choice.DDTREE else ""
+        if problem:
+            return f"the {LOAD_TABLE} row of variant {quoted(row.get('variant'))} has a budget that {problem}"
+    return ""
+
+
 def _ratio(a: _Cell | None, b: _Cell | None) -> float | None:
     return round(a.tokens_per_s / b.tokens_per_s, 3) if a and b else None
 
 
 def recommend_level(host: str, concurrency: int, rows: Iterable[Mapping[str, Any]],
-                    margin: float = DEFAULT_MARGIN, noisy_why: str = "") -> Recommendation:
-    """The verdict for one host and level from that level's `sglang_load` rows; `noisy_why`
-    (the host was busy while they were measured) makes it undecided."""
+                    margin: float = DEFAULT_MARGIN, noisy_why: str = "", lossy_why: str = "") -> Recommendation:
+    """The verdict for one host and level from that level's `sglang_load` rows; `lossy_why`
+    (the lossless check failed or is missing), a budget the plugin refuses, or `noisy_why` (the
+    host was busy while they were measured) makes it undecided."""
+    rows = list(rows)
     cells = sorted(_cells(rows), key=lambda c: -c.tokens_per_s)
     best_of = {kind: next((c for c in cells if c.choice is kind), None) for kind in Choice}
     no_spec, dflash = best_of[Choice.NO_SPECULATION], best_of[Choice.DFLASH]
@@ -86,6 +112,11 @@ def recommend_level(host: str, concurrency: int, rows: Iterable[Mapping[str, Any
                               chosen.tokens_per_s if chosen else None, _ratio(chosen, no_spec),
                               _ratio(chosen, dflash), why)
 
+    if lossy_why:
+        return verdict(Choice.UNDECIDED, None, f"not lossless: {lossy_why}; fix it and measure again")
+    bad_budget = _bad_budget(rows)
+    if bad_budget:
+        return verdict(Choice.UNDECIDED, None, f"unusable measurement: {bad_budget}")
     if noisy_why:
         return verdict(Choice.UNDECIDED, None, f"too noisy to decide: {noisy_why}; measure again on a quiet host")
     missing = [name for name, cell in (("no speculation", no_spec), ("DFlash", dflash),
@@ -113,22 +144,24 @@ def recommend_level(host: str, concurrency: int, rows: Iterable[Mapping[str, Any
 
 
 def recommend(load_rows: Iterable[Mapping[str, Any]], margin: float = DEFAULT_MARGIN,
-              noisy_hosts: Mapping[str, str] | None = None) -> list[Recommendation]:
+              noisy_hosts: Mapping[str, str] | None = None,
+              lossy_hosts: Mapping[str, str] | None = None) -> list[Recommendation]:
     """A verdict per (host, concurrency) present in `load_rows` (each row carries `host`);
-    `noisy_hosts`: host -> why its measurements cannot be trusted."""
+    `noisy_hosts`: host -> why its measurements cannot be trusted; `lossy_hosts`: host -> why
+    its output is not known to equal no speculation's."""
     groups: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
     for row in load_rows:
         level = row.get("concurrency")
         if isinstance(level, int) and not isinstance(level, bool):
             groups.setdefault((str(row.get("host")), level), []).append(row)
-    noisy_hosts = noisy_hosts or {}
-    return [recommend_level(host, level, rows, margin, noisy_hosts.get(host, ""))
+    noisy_hosts, lossy_hosts = noisy_hosts or {}, lossy_hosts or {}
+    return [recommend_level(host, level, rows, margin, noisy_hosts.get(host, ""), lossy_hosts.get(host, ""))
             for (host, level), rows in sorted(groups.items())]
 
 
 # ----------------------------------------------------------------------------- from a run
 
-LOAD_STAGE, LOAD_TABLE = "sglang-e2e", "sglang_load"
+LOAD_STAGE, LOAD_TABLE, LOSSLESS_TABLE = "sglang-e2e", "sglang_load", "sglang_e2e"
 PREDICTION_STAGE, PREDICTION_TABLE = "decode-bench", "predictions"
 _PREDICTED_METHOD = {"no-spec": "ar", "dflash": "dflash", "ddtree": "ddtree"}  # sglang mode -> model method
 
@@ -143,17 +176,42 @@ def _stage_rows(run: Any, stage: str, table: str) -> list[dict[str, Any]]:
     return rows
 
 
+def lossless_problem(stage: Any) -> str:
+    """'' when an sglang-e2e stage record passed and holds a lossless check (its `sglang_e2e`
+    row, no divergence beyond near-ties) for every speculative variant it measured under load;
+    else what failed or is missing."""
+    if stage is None:
+        return f"no {LOAD_STAGE} stage in this run"
+    if stage.status is not Status.PASS:
+        reason = " ".join(str(stage.reason or "no reason given").split())  # one line, however the host wrote it
+        return f"the {LOAD_STAGE} stage did not pass ({stage.status.value}: {reason[:240]})"
+    checks = {str(r.get("variant")): r for r in stage.tables.get(LOSSLESS_TABLE, []) if isinstance(r, Mapping)}
+    for row in stage.tables.get(LOAD_TABLE, []):
+        if not isinstance(row, Mapping) or _MODES.get(str(row.get("mode"))) is Choice.NO_SPECULATION:
+            continue  # no speculation is the reference the others are checked against
+        name = str(row.get("variant"))
+        check = checks.get(name)
+        if check is None:
+            return f"no lossless check ({LOSSLESS_TABLE} row) for variant {quoted(name)}"
+        diverged, ties = check.get("divergent_prompts"), check.get("near_ties")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (diverged, ties)) or diverged != ties:
+            return (f"variant {quoted(name)}: its lossless check failed or is unreadable "
+                    f"(divergent_prompts={quoted(diverged)}, near_ties={quoted(ties)})")
+    return ""
+
+
 def run_recommendations(run: Any, margin: float = DEFAULT_MARGIN) -> list[Recommendation]:
-    """Verdicts from a run's sglang-e2e load tables, undecided on a host that was busy then."""
+    """Verdicts from a run's sglang-e2e load tables, undecided on a host whose lossless check
+    did not pass or that was busy then."""
     from ddtree_ops.noise import load_problem
 
-    noisy = {}
+    noisy, lossy = {}, {}
     for host, record in run.hosts.items():
         found = record.stages.get(LOAD_STAGE)
-        why = load_problem(found.load) if found is not None else ""
-        if why:
-            noisy[host] = why
-    return recommend(_stage_rows(run, LOAD_STAGE, LOAD_TABLE), margin, noisy)
+        if found is None:
+            continue
+        noisy[host], lossy[host] = load_problem(found.load), lossless_problem(found)
+    return recommend(_stage_rows(run, LOAD_STAGE, LOAD_TABLE), margin, noisy, lossy)
 
 
 def predicted_vs_measured(run: Any) -> list[dict[str, Any]]:

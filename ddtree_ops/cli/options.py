@@ -35,7 +35,9 @@ InventoryOpt = Annotated[
 HostsOpt = Annotated[
     Optional[list[str]],
     typer.Option(
-        "-H", "--hosts", help="Host names or groups, comma-separated; repeatable (default: all).", show_default=False
+        "-H", "--hosts", show_default=False,
+        help="An Ansible host pattern: hosts, groups, ranges, wildcards joined by ',' (or ':'); "
+             "'&group' intersects, '!host' excludes; repeatable (default: all)."
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON document on stdout; progress and logs on stderr.")]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from test_report_recommend_cli import BUSY, QUIET, load_rows, write_run
+from test_report_recommend_cli import BUSY, QUIET, load_rows, lossless_rows, write_run
 
 from ddtree_ops.cli.app import main
 from ddtree_ops.deploy_budget import auto_defaults, explicit_defaults
@@ -49,7 +49,9 @@ def test_auto_refuses_naming_host_level_and_the_run_that_would_decide(tmp_path):
     (["--budget", "auto"], 2, "--budget auto: needs --for-concurrency N"),
     (["--budget", "64", "--for-concurrency", "8"], 2, "--for-concurrency: only with --budget auto"),
     (["--budget", "many"], 2, "--budget: expected auto or an integer, got 'many'"),
-    (["--budget", "0"], 2, "--budget: must be between 1 and 1024, got 0"),
+    (["--budget", "0"], 2, "--budget: must be an integer between 1 and 1024, got 0"),
+    (["--budget", "5000"], 2, "--budget: must be an integer between 1 and 1024, got 5000"),
+    (["--budget", "-3"], 2, "--budget: must be an integer between 1 and 1024, got -3"),
     (["--budget", "auto", "--for-concurrency", "8"], 3, "gpu-a: --budget auto: no sglang-e2e measurement at 8"),
 ])
 def test_deploy_refuses_before_connecting(tmp_path, capsys, args, code, message):
@@ -59,3 +61,40 @@ def test_deploy_refuses_before_connecting(tmp_path, capsys, args, code, message)
     inventory.write_text(yaml.safe_dump({"hosts": {"gpu-a": {"hostname": "gpu-a.invalid"}}}))
     assert main(["deploy", "-i", str(inventory), "-H", "gpu-a", "--runs-dir", str(tmp_path / "runs"), *args]) == code
     assert message in capsys.readouterr().err
+
+
+def deploy_auto(tmp_path, capsys, *extra):
+    """deploy --budget auto --dry-run against a host whose name does not resolve: a refusal
+    must come before any attempt to reach it (that would be exit 4)."""
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(yaml.safe_dump({"hosts": {"gpu-a": {"hostname": "gpu-a.invalid"}}}))
+    code = main(["deploy", "-i", str(inventory), "-H", "gpu-a", "--runs-dir", str(tmp_path / "runs"),
+                 "--budget", "auto", "--for-concurrency", "1", "--dry-run", *extra])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("write, why", [
+    (dict(status="fail", reason="ddtree-b64: prompt 0 differs at token 3"),
+     "not lossless: the sglang-e2e stage did not pass (fail: ddtree-b64: prompt 0 differs at token 3)"),
+    (dict(lossless=lambda load: None), "not lossless: no lossless check (sglang_e2e row) for variant 'dflash'"),
+    (dict(lossless=lambda load: lossless_rows(load)[:2]),
+     "not lossless: no lossless check (sglang_e2e row) for variant 'ddtree-b64'"),
+])
+def test_auto_refuses_a_run_whose_lossless_check_failed_or_is_missing(tmp_path, capsys, write, why):
+    # an older run passed and would say DDTree: the newest run, lossy, is what the host runs now
+    write_run(tmp_path / "runs", {"gpu-a": (load_rows(1, 100.0, 200.0, 300.0), QUIET)}, run_id="20261201-100000-aaaa")
+    write_run(tmp_path / "runs", {"gpu-a": (load_rows(1, 100.0, 200.0, 300.0), QUIET)}, run_id="20261201-110000-bbbb",
+              **write)
+    code, err = deploy_auto(tmp_path, capsys)
+    assert code == 3, err
+    assert f"gpu-a: --budget auto: run 20261201-110000-bbbb cannot decide at 1 concurrent ({why}" in err
+    assert "DDTREE_BUDGET" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("bad", [5000, True, -3, "64", None])
+def test_auto_refuses_a_budget_the_plugin_would_refuse_naming_it(tmp_path, capsys, bad):
+    rows = [dict(row, budget=bad) if row["mode"] == "ddtree" else row for row in load_rows(1, 100.0, 200.0, 300.0)]
+    write_run(tmp_path / "runs", {"gpu-a": (rows, QUIET)})
+    code, err = deploy_auto(tmp_path, capsys)
+    assert code == 3, err
+    assert f"has a budget that must be an integer between 1 and 1024, got {bad!r}" in err

@@ -97,6 +97,23 @@ def test_selection_by_name_and_group(tmp_path):
             inv.select(empty)
 
 
+
+def test_selection_follows_ansible_pattern_order_and_refuses_unknown_terms_anywhere(tmp_path):
+    path = write(tmp_path, "hosts:\n  a: {groups: [g1]}\n  b: {groups: [g1, g2]}\n  c: {groups: [g2]}\n  d: {}\n")
+    inv = load_inventory(path)
+    names = lambda sel: [h.name for h in inv.select(sel)]  # noqa: E731
+    assert names("all,!b") == names("!b,all") == names("!b") == names("all:!b") == ["a", "c", "d"]
+    assert names("g1,&g2") == names("&g2,g1") == names("g1:&g2") == ["b"]
+    assert names(["g1", "g2", "!a", "&g2"]) == ["b", "c"]  # several -H values are one pattern
+    assert names("*,!g1,!d") == ["c"]
+    for pattern, term in [("all,nosuch", "nosuch"), ("all,!nosuch", "nosuch"), ("g1,&nosuch", "nosuch"),
+                          ("!nosuch,all", "nosuch"), ("a,b:c", "b:c")]:  # with a comma, ':' is no separator
+        with pytest.raises(UsageError, match=f"no host or group named '{term}'"):
+            inv.select(pattern)
+    with pytest.raises(UsageError, match="selects no host"):
+        inv.select("g1,&g2,!b")
+
+
 BAD_INVENTORIES = [
     ("hosts:\n  gpu-a: {port: x}\n", "hosts.yaml: hosts.gpu-a.port: expected an integer, got 'x'"),
     ("hosts:\n  gpu-a: {prot: 22}\n", "hosts.yaml: hosts.gpu-a.prot: unknown key (check the spelling)"),

@@ -4,11 +4,14 @@ plugin's own, or a deploy would write a file the server never reads."""
 from __future__ import annotations
 
 from ddtree.sglang import config
-from ddtree_ops import deploy_budget
+from ddtree_ops import deploy_budget, recommend
 from ddtree_ops.hostside import sglang_install
 
 
 def test_the_copies_of_the_plugins_names_are_the_plugins():
     assert sglang_install.DEFAULTS_FILE_NAME == config.DEFAULTS_FILE_NAME
     assert (deploy_budget.ENV_ENABLE, deploy_budget.ENV_BUDGET) == (config.ENV_ENABLE, config.ENV_BUDGET)
-    assert deploy_budget.MAX_BUDGET == config.MAX_BUDGET
+    # the budget bounds are not copied: the operator side reads the plugin's own
+    assert recommend.budget_problem(config.MAX_BUDGET) == recommend.budget_problem(config.MIN_BUDGET) == ""
+    assert str(config.MAX_BUDGET + 1) in recommend.budget_problem(config.MAX_BUDGET + 1)
+    assert not hasattr(deploy_budget, "MAX_BUDGET")

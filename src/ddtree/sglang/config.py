@@ -36,7 +36,7 @@ PLUGIN_NAME = "ddtree"  # our entry point's name in the sglang.srt.plugins group
 DEFAULT_BUDGET = 32
 DEFAULT_METRICS_INTERVAL = 50  # verify rounds between two metric log lines
 # Verify width N = budget + 1 is a CUDA-graph capture width and a mask side; keep it sane.
-MAX_BUDGET = 1024
+MIN_BUDGET, MAX_BUDGET = 1, 1024
 
 # Server defaults `ddtree-ops deploy --budget` writes next to the deployed `ddtree` package:
 # {"variables": {DDTREE_*: value}, "provenance": {...}}. A variable set in the environment wins.
@@ -162,7 +162,7 @@ def load_config(env: Mapping[str, str] | None = None, defaults_path: Path = DEFA
 
 def _parse_variables(env: Mapping[str, str]) -> DDTreeConfig:
     enabled = _parse_bool(env, ENV_ENABLE, False)
-    budget = _parse_int(env, ENV_BUDGET, DEFAULT_BUDGET, 1, MAX_BUDGET)
+    budget = _parse_int(env, ENV_BUDGET, DEFAULT_BUDGET, MIN_BUDGET, MAX_BUDGET)
     topk = _parse_int(env, ENV_TOPK, budget, 1, MAX_BUDGET)
     if topk > budget:
         # More candidates per depth than nodes in the whole tree can never be used.
