@@ -93,6 +93,11 @@ def _bad_budget(rows: Iterable[Mapping[str, Any]]) -> str:
     return ""
 
 
+def _cpu_numbers(rows: Iterable[Mapping[str, Any]]) -> bool:
+    """Rows the sglang-e2e stage measured on SGLang's CPU engine (the CPU test server)."""
+    return any(row.get("device") == "cpu" for row in rows)
+
+
 def _ratio(a: _Cell | None, b: _Cell | None) -> float | None:
     return round(a.tokens_per_s / b.tokens_per_s, 3) if a and b else None
 
@@ -117,6 +122,9 @@ def recommend_level(host: str, concurrency: int, rows: Iterable[Mapping[str, Any
     bad_budget = _bad_budget(rows)
     if bad_budget:
         return verdict(Choice.UNDECIDED, None, f"unusable measurement: {bad_budget}")
+    if _cpu_numbers(rows):
+        return verdict(Choice.UNDECIDED, None, "CPU numbers: measured on SGLang's CPU engine, which shows that the "
+                                               "plugin serves losslessly, not what is fastest on a GPU; measure on a GPU host")
     if noisy_why:
         return verdict(Choice.UNDECIDED, None, f"too noisy to decide: {noisy_why}; measure again on a quiet host")
     missing = [name for name, cell in (("no speculation", no_spec), ("DFlash", dflash),

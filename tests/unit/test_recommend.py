@@ -63,3 +63,11 @@ def test_a_verdict_per_host_and_level_in_order():
 def test_a_host_busy_during_the_measurement_is_undecided_whatever_its_numbers():
     verdict = recommend(rows(b64=300.0), noisy_hosts={"gpu-a": "host load 40.00 on 16 CPUs"})[0]
     assert verdict.choice is Choice.UNDECIDED and verdict.why.startswith("too noisy to decide: host load 40.00")
+
+
+def test_numbers_from_the_cpu_test_server_never_recommend_a_variant():
+    cpu_rows = [{**row, "device": "cpu"} for row in rows(b64=300.0)]
+    verdict = recommend_level("local", 1, cpu_rows)
+    assert verdict.choice is Choice.UNDECIDED and verdict.budget is None
+    assert verdict.why.startswith("CPU numbers") and "GPU host" in verdict.why
+    assert recommend_level("gpu-a", 1, [{**row, "device": "cuda"} for row in rows(b64=300.0)]).choice is Choice.DDTREE
