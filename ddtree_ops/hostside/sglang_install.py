@@ -630,12 +630,13 @@ def recover(workdir, site):
     return outcome
 
 
-def verify_in_fresh_interpreter(force, gate):
+def verify_in_fresh_interpreter(force, gate, qualifying=False):
     """The deployed plugin loaded by SGLang's load_plugins() in a fresh interpreter (the probe).
     `gate`: this deploy's gate report, made with the same release moments ago under the host
-    lock: the probe takes it rather than parse SGLang's files again."""
+    lock: the probe takes it rather than parse SGLang's files again. A gated deploy (neither
+    forced nor qualifying) has the probe import nothing the gate did not accept."""
     argv = [sys.executable, "-m", "ddtree.sglang.probe", "--gate-report", "-"]
-    argv += ["--allow-gate-findings"] if force else []
+    argv += ["--allow-gate-findings"] if force else [] if qualifying else ["--require-gate-ok"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DDTREE_", "PYTHONPATH"))}
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # leave no bytecode behind in site-packages
     done = subprocess.run(argv, input=json.dumps(gate).encode("utf-8"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -869,7 +870,7 @@ def install_locked(site, workdir, release_id, mode, sources, allow_shared_env=Fa
         if old:
             replaced = remove_recorded(site_part(old))
         site_hashes = write_site_files(site, release_id, payload_dir, files)
-        probe = verify_in_fresh_interpreter(force, plan["gate"])
+        probe = verify_in_fresh_interpreter(force, plan["gate"], plan["qualifying"])
         if probe.get("verdict") == "failed":
             raise InstallError("verify", "installed plugin failed its check: %s" % "; ".join(probe.get("reasons", [])))
         for path, digest in site_hashes.items():  # still what was written, before it is called ok
@@ -911,7 +912,7 @@ def install_locked(site, workdir, release_id, mode, sources, allow_shared_env=Fa
 
 def verify_unchanged(record_path, record, plan, force, recovered):
     """The same release, intact: check it again, and record this deploy's gate and --force."""
-    probe = verify_in_fresh_interpreter(force, plan["gate"])
+    probe = verify_in_fresh_interpreter(force, plan["gate"], plan["qualifying"])
     if probe.get("verdict") == "failed":
         raise InstallError("verify", "release %s is deployed and intact but fails its check: %s" % (
             record["release"], "; ".join(probe.get("reasons", []))))

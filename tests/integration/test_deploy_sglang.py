@@ -445,7 +445,7 @@ def test_deploy_starts_the_hosts_python_twice_rollback_and_dry_run_once(sshd_fle
         assert doc["hosts"]["h0"]["result"]["action"] == "installed"
         lines = starts()
         assert len(lines) == 2, lines
-        assert " deploy " in lines[0] and lines[1] == "start -m ddtree.sglang.probe --gate-report -"
+        assert " deploy " in lines[0] and lines[1] == "start -m ddtree.sglang.probe --gate-report - --require-gate-ok"
 
         code, doc = run_cli(capsys, inventory, snapshot, "deploy")  # unchanged: still verified
         assert (code, doc["hosts"]["h0"]["result"]["action"]) == (0, "unchanged")
