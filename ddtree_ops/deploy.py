@@ -9,7 +9,8 @@ deploy   - make the bundle the active release (the archive is sent only if the h
            added under WORKDIR/deployments/. The verification is the one other Python start:
            it must be a fresh interpreter, which loads the plugin as SGLang would;
 rollback - remove exactly what the record lists, only inside what deploy adds, and only if
-           nothing there changed since deploy (`--force`: changed files go too).
+           nothing there changed since deploy (`--force`: changed files go too); after an
+           upgrade, put the replaced release back byte for byte (its record kept it).
 `--dry-run` sends nothing and takes no lock: the installer only reports its plan.
 The gate's modules travel on stdin and are loaded in memory on the host, so a dry run writes
 nothing there. Refusals (gate findings, conflicts) are RemoteStepError: exit 5. The gate's two levels of
@@ -117,6 +118,7 @@ class DeployOutcome:
     recovered: Optional[dict[str, Any]] = None
     gate_findings: tuple[str, ...] = field(default=())
     server_defaults: Optional[dict[str, Any]] = None  # what `--budget` wrote into the payload
+    rollback_restores: Optional[str] = None  # the release `rollback` puts back (None: it removes the plugin)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -125,6 +127,7 @@ class DeployOutcome:
             "qualifying": self.qualifying, "qualified_by": self.qualified_by, "adds": list(self.adds),
             "reasons": list(self.reasons), "record": self.record, "recovered": self.recovered,
             "gate_findings": list(self.gate_findings), "server_defaults": self.server_defaults,
+            "rollback_restores": self.rollback_restores,
         }
 
 
@@ -165,6 +168,8 @@ def deploy_host(
         bundle, reply["plan"], action=reply["action"], verdict=probe.get("verdict", "?"),
         reasons=tuple(probe.get("reasons") or ()), record=reply.get("record"), recovered=reply.get("recovered"),
         server_defaults=server_defaults,
+        rollback_restores=check_optional_host_id(host.name, IdKind.RELEASE, reply.get("rollback_restores"),
+                                                 "deploy: rollback_restores"),
     )
 
 
@@ -201,10 +206,12 @@ class RollbackOutcome:
     removed: tuple[str, ...]
     modified_since_deploy: tuple[str, ...]
     recovered: Optional[dict[str, Any]]
+    restored: Optional[str] = None  # the release put back (the one `release` had replaced), else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"action": self.action, "release": self.release, "removed": list(self.removed),
-                "modified_since_deploy": list(self.modified_since_deploy), "recovered": self.recovered}
+        return {"action": self.action, "release": self.release, "restored": self.restored,
+                "removed": list(self.removed), "modified_since_deploy": list(self.modified_since_deploy),
+                "recovered": self.recovered}
 
 
 def rollback_host(transport: Transport, host: Host, bundle: ReleaseBundle, *, force: bool = False) -> RollbackOutcome:
@@ -220,6 +227,7 @@ def rollback_host(transport: Transport, host: Host, bundle: ReleaseBundle, *, fo
         release=check_optional_host_id(host.name, IdKind.RELEASE, reply.get("release"), "rollback: release"),
         removed=tuple(removed.get("removed", ())), modified_since_deploy=tuple(removed.get("modified_since_deploy", ())),
         recovered=reply.get("recovered"),
+        restored=check_optional_host_id(host.name, IdKind.RELEASE, reply.get("restored"), "rollback: restored"),
     )
 
 

@@ -61,9 +61,12 @@ def add_entry(qualified: QualificationFile, entry: Qualification) -> Qualificati
 QUALIFYING_STAGES = ("plugin", "sglang-e2e")  # what a qualification may run; `plugin` always
 
 
-def entry_from_run(run: "RunRecord", host: str, stages: list[str], release: str, now: str) -> tuple[Optional[Qualification], str]:
+def entry_from_run(run: "RunRecord", host: str, stages: list[str], release: str, now: str, *,
+                   version: Optional[str], hashes: dict[str, str], pinned: list[str]) -> tuple[Optional[Qualification], str]:
     """The qualification one host's run earns (None and why not): every stage passed, the
-    structure held, and the plugin stage saw the version and file hashes it records."""
+    structure held, and the files are the ones ddtree-ops hashed itself (`hashes`, from
+    ddtree_ops.pinned_files), covering every file the manifest pins (`pinned`). What the host's
+    plugin stage reported is only checked against them, never recorded."""
     record = run.hosts.get(host)
     if record is None:
         return None, "no results in the run"
@@ -74,10 +77,17 @@ def entry_from_run(run: "RunRecord", host: str, stages: list[str], release: str,
                    and statuses[name] != "pass"]
         return None, ", ".join(failed) + (f" ({reasons[0]})" if reasons else "")
     plugin = record.stages["plugin"].metrics
-    version, hashes = plugin.get("sglang"), plugin.get("file_sha256")
-    if not plugin.get("structure_ok") or not isinstance(version, str) or not isinstance(hashes, dict) or not hashes:
-        return None, "the plugin stage did not report a sound structure with its file hashes"
+    if not plugin.get("structure_ok") or not isinstance(version, str):
+        return None, "the plugin stage did not report a sound structure"
     if plugin.get("pinned"):
         return None, f"sglang {version} is pinned by a shipped manifest: nothing to record"
-    return Qualification(sglang=version, files=dict(hashes), run=run.run_id, host=host, release=release,
-                         stages=statuses, qualified_at=now), ""
+    uncovered = sorted(set(pinned) - set(hashes))
+    if not pinned or uncovered:
+        return None, f"ddtree-ops could not hash every pinned file (missing: {', '.join(uncovered) or 'no manifest'})"
+    said = plugin.get("file_sha256")
+    differs = sorted(rel for rel, digest in said.items() if hashes.get(rel) != digest) if isinstance(said, dict) else []
+    if differs or plugin.get("sglang") not in (None, version):
+        what = f"hashes for {', '.join(differs[:3])}" if differs else f"version {plugin.get('sglang')!r:.40}"
+        return None, f"the host's plugin stage reported other {what} than ddtree-ops read from its files"
+    return Qualification(sglang=version, files={rel: hashes[rel] for rel in pinned}, run=run.run_id, host=host,
+                         release=release, stages=statuses, qualified_at=now), ""

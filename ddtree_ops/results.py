@@ -29,7 +29,7 @@ from typing import Any, Callable
 from ddtree_ops.errors import ConfigError, UsageError, quoted
 from ddtree_ops.hostside.protocol import Status as StageStatus  # the runner's own enum, read back
 from ddtree_ops.ids import is_safe_id
-from ddtree_ops.outcome import HostOutcome
+from ddtree_ops.outcome import STOPPED_RUN_ENDS, HostOutcome, judge_finished_host
 
 RUNS_DIR_ENV = "DDTREE_OPS_RUNS_DIR"
 DEFAULT_RUNS_DIR = "runs"
@@ -310,7 +310,9 @@ class RunStore:
         if not isinstance(hosts, list):
             raise ConfigError(f"{path / 'run.json'}: hosts: expected a list, got {type(hosts).__name__}")
         hosts = [check_host_dir_name(path / "run.json", h) for h in hosts]
-        return RunRecord(run_id=run_id, path=path, meta=meta, hosts={h: _load_or_fail(path / h, h, run_id) for h in hosts})
+        asked = meta.get("stages") if isinstance(meta.get("stages"), list) else []
+        return RunRecord(run_id=run_id, path=path, meta=meta,
+                         hosts={h: _load_or_fail(path / h, h, run_id, asked) for h in hosts})
 
 
 # ----------------------------------------------------------------------------- reading
@@ -376,6 +378,7 @@ class HostRecord:
     outcome: HostOutcome
     error: str | None = None
     run_end: dict[str, Any] | None = None  # the runner's last record, if it reached us
+    disagreements: list[str] = field(default_factory=list)  # the host's records that contradicted its outcome
 
     @property
     def history(self) -> dict[str, Any] | None:
@@ -447,21 +450,24 @@ def _stage_record(record: dict[str, Any], where: Path) -> StageRecord:
         raise ConfigError(f"{where}: stage {str(record.get('stage'))!r:.60}: {err}") from None
 
 
-def _load_or_fail(host_dir: Path, host: str, run_id: str) -> HostRecord:
+def _load_or_fail(host_dir: Path, host: str, run_id: str, asked: list[str]) -> HostRecord:
     """One host's results; a host whose files hold a bad record (a wrong field, another run's or
     host's record) is failed with that error, and every other host is still read."""
     try:
-        return load_host(host_dir, host, run_id)
+        return load_host(host_dir, host, run_id, asked)
     except ConfigError as err:
         return HostRecord(host=host, meta={}, stages={}, outcome=HostOutcome.FAIL, error=str(err))
 
 
-def load_host(host_dir: Path, host: str, run_id: str) -> HostRecord:
+def load_host(host_dir: Path, host: str, run_id: str, asked: list[str] | None = None) -> HostRecord:
     """A host's results from its folder; the event log is the truth, `collect` may have
     replaced it with the host's own (more complete) copy. A record of another run or host
-    (a log copied by hand) is a ConfigError naming the file: never shown as this run's."""
+    (a log copied by hand) is a ConfigError naming the file: never shown as this run's.
+    `asked`: the stages the operator asked for (run.json); the outcome of a finished host is
+    judged from those and the stage records (ddtree_ops.outcome), never from its run_end."""
     meta = read_json(host_dir / "run.json")
     events = read_events(host_dir / "events.jsonl", run_id, host)
+    asked = [str(s) for s in asked or []]
     planned: list[str] = []
     started: set[str] = set()
     ended: dict[str, StageRecord] = {}
@@ -485,36 +491,47 @@ def load_host(host_dir: Path, host: str, run_id: str) -> HostRecord:
     outcome_note = meta.get("outcome")
     error = meta.get("error")
     stages: dict[str, StageRecord] = {}
-    order = planned + [s for s in sorted(ended, key=lambda s: ended[s].index) if s not in planned]
+    stopped = run_end is not None and run_end.get("status") in STOPPED_RUN_ENDS
+    # a host that never started, or whose runner refused the plan, shows no cells, only its outcome
+    shown = asked if events and not stopped else []
+    wanted = shown + [s for s in planned if s not in shown]
+    order = wanted + [s for s in sorted(ended, key=lambda s: ended[s].index) if s not in wanted]
     lost = meta.get("lost") if isinstance(meta.get("lost"), dict) else {}
     for index, stage in enumerate(order):
         if stage in ended:
             stages[stage] = ended[stage]
-        elif run_end is None and stage in started:
+        elif run_end is not None and not stopped:  # the host says it finished, and never reported this stage
+            stages[stage] = StageRecord(stage, index, StageStatus.MISSING,
+                                        "missing: asked for, and the host sent no record of it")
+        elif stage in started:
             why = error or "the host stopped answering"
             ran = lost.get("stage_ran_s") if lost.get("stage") == stage else None
             stages[stage] = StageRecord(stage, index, StageStatus.FAIL,
                                         f"no result: {why} during this stage",
                                         duration_s=float(ran) if isinstance(ran, (int, float)) else 0.0,
                                         lost=outcome_note == HostOutcome.LOST.value)
-        elif run_end is None:
+        else:
             stages[stage] = StageRecord(stage, index, StageStatus.NOT_RUN,
                                         "not run: the run ended early")
+    disagreements: tuple[str, ...] = ()
     if isinstance(meta.get("record_error"), str):
         outcome, error = HostOutcome.FAIL, meta["record_error"]  # whatever else it sent: not trusted
     elif outcome_note == HostOutcome.LOST.value:
         outcome = HostOutcome.LOST  # whatever the host finished later: the run lost it
     elif run_end is not None:
-        remote = run_end.get("status")
-        outcome = {"pass": HostOutcome.PASS, "interrupted": HostOutcome.INTERRUPTED,
-                   "error": HostOutcome.REFUSED}.get(remote, HostOutcome.FAIL)
+        verdict = judge_finished_host(asked, planned, {s: r.status.value for s, r in ended.items()},
+                                      run_end.get("status"))
+        outcome, disagreements = verdict.outcome, verdict.disagreements
+        if disagreements and error is None:
+            error = f"{host_dir / 'events.jsonl'}: " + "; ".join(disagreements)
     elif outcome_note in {o.value for o in HostOutcome}:
         outcome = HostOutcome(outcome_note)
     elif events:
         outcome = HostOutcome.LOST
     else:
         outcome = HostOutcome.PENDING
-    return HostRecord(host=host, meta=meta, stages=stages, outcome=outcome, error=error, run_end=run_end)
+    return HostRecord(host=host, meta=meta, stages=stages, outcome=outcome, error=error, run_end=run_end,
+                      disagreements=list(disagreements))
 
 
 # ----------------------------------------------------------------------------- collect

@@ -37,6 +37,15 @@ def check_stages_in_bundle(stages: list[str], relpaths: set[str]) -> None:
                          f"(this release has: {', '.join(available)})")
 
 
+def default_stages(relpaths: set[str]) -> list[str]:
+    """The stages a runner of this bundle runs when none are named (= hostside/runner.py
+    available_stages, read from the bundle's file list instead of the host's disk)."""
+    from ddtree_ops.hostside.protocol import STAGE_ORDER, stage_module_name
+    from ddtree_ops.release import STAGES_DIR
+
+    return [s for s in STAGE_ORDER if f"{STAGES_DIR}/{stage_module_name(s)}.py" in relpaths]
+
+
 def host_entry(host: "Host") -> dict[str, Any]:
     """The inventory entry as plain data (what run.json keeps and stages see)."""
     entry = {
@@ -146,6 +155,7 @@ def execute_smoke(
     from ddtree_ops.errors import RemoteStepError
     from ddtree_ops.fanout import HostState, run_fanout
     from ddtree_ops.local_dirs import ensure_output_dir
+    from ddtree_ops.outcome import exit_code_for, judge_finished_host
     from ddtree_ops.results import RUNS_DIR_ENV, RunStore, new_run_id, runs_root
     from ddtree_ops.rollout import RolloutPolicy, run_rollout
     from ddtree_ops.transport.factory import check_connection_config
@@ -157,7 +167,11 @@ def execute_smoke(
         from ddtree_ops.release import build_bundle
 
         bundle = build_bundle(source)
-        check_stages_in_bundle(stages, {f.relpath for f in bundle.files})
+        relpaths = {f.relpath for f in bundle.files}
+        check_stages_in_bundle(stages, relpaths)
+        # The default plan, spelled out here: the outcome is judged from what we asked for, so
+        # a host that leaves a stage out of its run_start cannot drop it from the verdict.
+        stages = stages or default_stages(relpaths)
     plan = SmokePlan(run_id=run_id or new_run_id(), stages=stages, options=options,
                      keep_going=keep_going, stage_timeout_s=stage_timeout_s,
                      release_id=bundle.release_id if bundle else None)
@@ -232,7 +246,10 @@ def execute_smoke(
             raise RemoteStepError(f"{host.name}: the runner ended without a result "
                                   f"({result.status_text}): {why}")
         observer.phase(host.name, "done")
-        return result.exit_status
+        # the rollout goes on by our verdict on the stage records, not by the runner's exit status
+        verdict = judge_finished_host(plan.stages, recorder.planned, {
+            s: v for s, v in recorder.stage_states.items() if v != "running"}, recorder.run_end.get("status"))
+        return int(exit_code_for([verdict.outcome]))
 
     def on_progress(name: str, state: Any, detail: str) -> None:
         if state is HostState.CONNECTING:

@@ -338,6 +338,7 @@ def run_on_hosts(
     while_running: Optional[Callable[[], Any]] = None,
     changed: Optional[Callable[[Any], bool]] = None,
     rollback_command: Optional[Callable[[list[str]], str]] = None,
+    restores: Optional[Callable[[Any], Optional[str]]] = None,
 ) -> int:
     """Fan `task(ctx)` out over hosts with live progress; print the summary or the JSON
     document; return the exit code (0/4/5/6) for the command to return.
@@ -346,7 +347,8 @@ def run_on_hosts(
     `.details`, like a failed check that still gathered facts). `while_running()` is called
     once the hosts are connecting (work the hosts need only later, e.g. the release archive).
     With `options.rollout` the hosts go in batches (see ddtree_ops.rollout); `changed(outcome)`
-    says whether a host was changed, and `rollback_command(hosts)` undoes exactly those."""
+    says whether a host was changed, and `rollback_command(hosts)` undoes exactly those;
+    `restores(outcome)`: the release that rollback puts back on the host (None: it removes all)."""
     from ddtree_ops.fanout import HostState, run_fanout
     from ddtree_ops.rollout import RolloutPolicy, run_rollout
 
@@ -376,7 +378,7 @@ def run_on_hosts(
     result = rollout.result
     code = result.exit_code()
     batched = options.rollout is not None and options.rollout.batched
-    changes = _changes(rollout, changed, rollback_command) if batched else {}
+    changes = _changes(rollout, changed, rollback_command, restores) if batched else {}
     if options.json:
         document = {
             "command": command,
@@ -398,16 +400,18 @@ def run_on_hosts(
 
 
 def _changes(rollout: Any, changed: Optional[Callable[[Any], bool]],
-             rollback_command: Optional[Callable[[list[str]], str]]) -> dict[str, Any]:
-    """Which hosts this rollout changed, which it did not, and the command that undoes exactly the changed."""
+             rollback_command: Optional[Callable[[list[str]], str]],
+             restores: Optional[Callable[[Any], Optional[str]]] = None) -> dict[str, Any]:
+    """Which hosts this rollout changed, which it did not, the command that undoes exactly the
+    changed, and what that command leaves on each of them."""
     if changed is None:
         return {}
     hosts = [name for name, outcome in rollout.result.items() if changed(outcome)]
-    return {
-        "changed": hosts,
-        "unchanged": [name for name in rollout.result if name not in hosts],
-        "rollback_command": rollback_command(hosts) if rollback_command is not None and hosts else None,
-    }
+    found = {"changed": hosts, "unchanged": [name for name in rollout.result if name not in hosts],
+             "rollback_command": rollback_command(hosts) if rollback_command is not None and hosts else None}
+    if restores is not None:
+        found["rollback_restores"] = {name: restores(rollout.result[name]) for name in hosts}
+    return found
 
 
 def _say_changes(command: str, rollout: Any, changes: dict[str, Any]) -> None:
@@ -420,3 +424,5 @@ def _say_changes(command: str, rollout: Any, changes: dict[str, Any]) -> None:
         say(f"{command}: not changed: {', '.join(changes['unchanged']) or 'none'}")
     if changes.get("rollback_command"):
         say(f"{command}: to roll back exactly the changed hosts: {changes['rollback_command']}")
+        for name, release in (changes.get("rollback_restores") or {}).items():
+            say(f"{command}:   {name}: " + (f"back to release {release}" if release else "the plugin removed"))

@@ -214,6 +214,7 @@ def deploy(
         while_running=bundle.archive,
         changed=None if dry_run else deploy_changed,
         rollback_command=lambda changed: rollback_command(inventory, source, changed),
+        restores=None if dry_run else lambda o: getattr(_deployed(o), "rollback_restores", None),
     )
 
 
@@ -250,7 +251,8 @@ def rollback(
     fail_fast: FailFastOpt = False,
     accept_new_host_keys: AcceptNewHostKeysOpt = False,
 ) -> int:
-    """Remove exactly what `deploy` added to each host's environment (and finish an interrupted deploy's cleanup);
+    """Undo the last `deploy` on each host: remove exactly what it added (and finish an interrupted deploy's cleanup),
+    and put back byte for byte the release it replaced, if any;
     a file changed since deploy is named and everything kept, unless --force."""
     from ddtree_ops.cli.console import run_on_hosts
     from ddtree_ops.deploy import rollback_host
@@ -268,8 +270,8 @@ def rollback(
         selected,
         task,
         FanoutOptions(inventory, hosts, json_out, parallel, fail_fast, accept_new_host_keys),
-        columns=["action", "release", "removed", "modified"],
-        row=lambda o: [o.value.action, o.value.release or "-", str(len(o.value.removed)),
+        columns=["action", "release", "restored", "removed", "modified"],
+        row=lambda o: [o.value.action, o.value.release or "-", o.value.restored or "-", str(len(o.value.removed)),
                        str(len(o.value.modified_since_deploy))],
         to_json=lambda outcome: outcome.to_dict(),
     )

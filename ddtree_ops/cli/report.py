@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ddtree_ops.report.model import Report
 
 _STATUS_STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow", "not_run": "dim", "lost": "bold red",
-                 "running": "cyan"}
+                 "missing": "bold red", "running": "cyan"}
 _OUTCOME_STYLE = {"pass": "green", "fail": "bold red", "lost": "bold red",
                   "unreachable": "bold red", "host key refused": "bold red", "interrupted": "magenta", "pending": "dim",
                   "refused": "bold red"}
@@ -116,7 +116,7 @@ def render_report(report: "Report", console: "Console") -> None:
             if status == "lost":
                 text = f"lost (ran {seconds:.0f}s)"
             else:
-                text = status if status in ("not_run",) else f"{status} {seconds:.1f}s"
+                text = status if status in ("not_run", "missing") else f"{status} {seconds:.1f}s"
             cells.append(_styled(text, _STATUS_STYLE))
         table.add_row(host, _styled(report.outcomes[host].value, _OUTCOME_STYLE), *cells)
     console.print(table)

@@ -49,7 +49,7 @@ def qualify(
     from ddtree_ops.cli.options import select_hosts
     from ddtree_ops.cli.smoke import parse_stages, run_smoke
     from ddtree_ops.deploy import InstallMode, deploy_host
-    from ddtree_ops.errors import ExitCode, UsageError
+    from ddtree_ops.errors import DdtreeOpsError, ExitCode, UsageError
     from ddtree_ops.qualification import QUALIFYING_STAGES, add_entry, entry_from_run, load_file
     from ddtree_ops.release import build_bundle
     from ddtree_ops.results import RunStore, new_run_id, runs_root
@@ -63,9 +63,13 @@ def qualify(
     say(f"qualify: release {bundle.release_id}: deploying for qualification (the structure must hold; "
         f"drifted hashes are allowed and recorded)")
 
+    installed: dict[str, tuple[str, Optional[str]]] = {}  # host -> (sglang package dir, version), as deploy saw it
+
     def task(ctx: Any) -> Any:
         ctx.report("deploying")
-        return deploy_host(ctx.transport, ctx.host, bundle, qualified=qualification, mode=InstallMode.QUALIFY)
+        outcome = deploy_host(ctx.transport, ctx.host, bundle, qualified=qualification, mode=InstallMode.QUALIFY)
+        installed[ctx.host.name] = (str((outcome.gate or {}).get("package_dir")), (outcome.gate or {}).get("version"))
+        return outcome
 
     code = run_on_hosts("qualify: deploy", selected, task,
                         FanoutOptions(inventory, hosts, False, parallel, False, accept_new_host_keys),
@@ -83,7 +87,14 @@ def qualify(
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     recorded = 0
     for host in selected:
-        entry, why = entry_from_run(run, host.name, stage_list, bundle.release_id, now)
+        package_dir, version = installed[host.name]
+        try:
+            hashes, pinned = own_hashes(host, package_dir, version, accept_new_host_keys)
+        except DdtreeOpsError as err:
+            say(f"qualify: {host.name}: not recorded: {err}")
+            continue
+        entry, why = entry_from_run(run, host.name, stage_list, bundle.release_id, now, version=version,
+                                    hashes=hashes, pinned=pinned)
         if entry is None:
             say(f"qualify: {host.name}: not recorded: {why}")
             continue
@@ -94,6 +105,24 @@ def qualify(
     if code != ExitCode.OK:
         return code
     return int(ExitCode.OK if recorded == len(selected) else ExitCode.PARTIAL if recorded else ExitCode.REMOTE)
+
+
+def own_hashes(host: Any, package_dir: str, version: Optional[str],
+               accept_new_host_keys: bool) -> tuple[dict[str, str], list[str]]:
+    """({file: sha256} that ddtree-ops hashed itself, [every file the manifest pins]) of the
+    host's SGLang: a qualification vouches for other hosts, so it never takes a host's numbers."""
+    from ddtree_ops.errors import RemoteStepError
+    from ddtree_ops.pinned_files import hash_pinned_files, manifest_for
+    from ddtree_ops.transport.factory import open_transport
+
+    manifest = manifest_for(version)
+    if manifest is None:
+        raise RemoteStepError(f"{host.name}: no manifest is shipped: nothing pins the files to hash")
+    with open_transport(host, accept_new_host_keys=accept_new_host_keys) as transport:
+        hashes, missing = hash_pinned_files(transport, host, package_dir, manifest)
+    if missing:
+        raise RemoteStepError(f"{host.name}: pinned sglang file(s) missing in {package_dir}: {'; '.join(missing[:3])}")
+    return hashes, sorted(manifest.file_sha256)
 
 
 def _package_dir(argument: str, label: str) -> Path:

@@ -42,12 +42,14 @@ STAGE_ORDER: tuple[str, ...] = (
 
 
 class Status(str, Enum):
-    """A stage's outcome. Stages return PASS, FAIL or SKIP; only the runner assigns NOT_RUN."""
+    """A stage's outcome. Stages return PASS, FAIL or SKIP; only the runner assigns NOT_RUN;
+    only the operator side assigns MISSING (asked for, and no record of it came back)."""
 
     PASS = "pass"
     FAIL = "fail"
     SKIP = "skip"
     NOT_RUN = "not_run"
+    MISSING = "missing"
 
 
 class EventKind(str, Enum):

@@ -224,8 +224,8 @@ def _checked_result(stage: str, result: Any) -> tuple[Status, str, dict[str, Any
     if not isinstance(result, StageResult):
         raise TypeError(f"stage {stage} returned {type(result).__name__}, not StageResult")
     status = Status(result.status)
-    if status is Status.NOT_RUN:
-        raise ValueError(f"stage {stage} returned NOT_RUN (reserved for the runner)")
+    if status in (Status.NOT_RUN, Status.MISSING):
+        raise ValueError(f"stage {stage} returned {status.name} (reserved for the runner and the operator)")
     reason = "" if result.reason is None else str(result.reason)  # an exception or a Path reads fine
     if not isinstance(result.metrics, dict):
         raise TypeError(f"stage {stage} metrics: expected a dict, got {type(result.metrics).__name__}")
@@ -518,7 +518,7 @@ class Supervisor:
         self.keep_going = bool(plan["keep_going"])
         self.pending = list(stages)
         self.index_of = {s: i for i, s in enumerate(stages)}
-        self.counts = {s.value: 0 for s in Status}
+        self.counts = {s.value: 0 for s in Status if s is not Status.MISSING}
         self.status = RunStatus.PASS
         self.worker: Any = None
         self.current: str | None = None  # the stage the worker is in

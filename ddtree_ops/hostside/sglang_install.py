@@ -460,6 +460,8 @@ def check_footprint(document, site, workdir, what):
     paths = list(document.get("files", {})) + list(document.get("dirs", []))
     if document.get("payload_dir"):
         paths.append(document["payload_dir"])
+    if (document.get("previous") or {}).get("payload_dir"):  # what a rollback would put back
+        paths.append(document["previous"]["payload_dir"])
     outside = [p for p in paths if not in_footprint(p, site, workdir)]
     if outside:
         raise InstallError("refused", "%s lists %s, outside what deploy adds (%s in %s, our dist-info there, payloads"
@@ -562,10 +564,31 @@ def undo_install(site, journal, journal_path):
     return outcome, clause
 
 
+def kept_for_rollback(old):
+    """What the record of an install over `old` keeps for `rollback` to put back: `old` itself
+    when it is intact (its payload and site files as recorded), without its own history, so a
+    rollback goes back one deployment, as a package manager's downgrade does; a damaged `old`
+    (a repair) passes on what it kept. None: rollback then removes everything."""
+    if not old:
+        return None
+    if payload_intact(old) and site_files_intact(old):
+        return dict(old, previous=None)  # what a rollback to it can put back in turn: nothing
+    return old.get("previous")
+
+
+def payload_dirs(record):
+    """The payload folders a record needs: its own, and the one its rollback puts back."""
+    if not record:
+        return set()
+    return {record["payload_dir"]} | ({record["previous"]["payload_dir"]} if record.get("previous") else set())
+
+
 def finish_commit(directory, record, previous):
-    """After the new record is written: the replaced payload is no longer needed."""
-    if previous and previous["payload_dir"] != record["payload_dir"] and os.path.isdir(previous["payload_dir"]):
-        shutil.rmtree(previous["payload_dir"])
+    """After the new record is written: the payloads the replaced record needed and the new
+    one does not (what fell out of the rollback history) are no longer needed."""
+    for payload_dir in sorted(payload_dirs(previous) - payload_dirs(record)):
+        if os.path.isdir(payload_dir) and not os.path.islink(payload_dir):
+            shutil.rmtree(payload_dir)
     os.unlink(os.path.join(directory, "journal.json"))
 
 
@@ -607,12 +630,13 @@ def recover(workdir, site):
     return outcome
 
 
-def verify_in_fresh_interpreter(force, gate):
+def verify_in_fresh_interpreter(force, gate, qualifying=False):
     """The deployed plugin loaded by SGLang's load_plugins() in a fresh interpreter (the probe).
     `gate`: this deploy's gate report, made with the same release moments ago under the host
-    lock: the probe takes it rather than parse SGLang's files again."""
+    lock: the probe takes it rather than parse SGLang's files again. A gated deploy (neither
+    forced nor qualifying) has the probe import nothing the gate did not accept."""
     argv = [sys.executable, "-m", "ddtree.sglang.probe", "--gate-report", "-"]
-    argv += ["--allow-gate-findings"] if force else []
+    argv += ["--allow-gate-findings"] if force else [] if qualifying else ["--require-gate-ok"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DDTREE_", "PYTHONPATH"))}
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # leave no bytecode behind in site-packages
     done = subprocess.run(argv, input=json.dumps(gate).encode("utf-8"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -835,6 +859,7 @@ def install_locked(site, workdir, release_id, mode, sources, allow_shared_env=Fa
     make_own_dir(directory)
     write_json(journal_path, journal)
     replaced = None
+    previous = kept_for_rollback(old)  # judged before the old site files make way
     try:
         # The new payload goes next to the old one; the old site files make way only once
         # it is complete, and the old payload stays until the new deployment passed its check.
@@ -845,7 +870,7 @@ def install_locked(site, workdir, release_id, mode, sources, allow_shared_env=Fa
         if old:
             replaced = remove_recorded(site_part(old))
         site_hashes = write_site_files(site, release_id, payload_dir, files)
-        probe = verify_in_fresh_interpreter(force, plan["gate"])
+        probe = verify_in_fresh_interpreter(force, plan["gate"], plan["qualifying"])
         if probe.get("verdict") == "failed":
             raise InstallError("verify", "installed plugin failed its check: %s" % "; ".join(probe.get("reasons", [])))
         for path, digest in site_hashes.items():  # still what was written, before it is called ok
@@ -864,6 +889,7 @@ def install_locked(site, workdir, release_id, mode, sources, allow_shared_env=Fa
             "gate": plan["gate"],
             "probe": {"verdict": probe.get("verdict"), "reasons": probe.get("reasons")},
             "deployed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "previous": previous,  # what `rollback` puts back, byte for byte (None: it removes everything)
         }
         write_json(record_path, record)
     except Exception as err:  # noqa: BLE001 - whatever failed, the previous deployment goes back
@@ -880,12 +906,13 @@ def install_locked(site, workdir, release_id, mode, sources, allow_shared_env=Fa
         "reconfigured" if plan["action"].endswith("reconfigure") else "repaired"
     return {"ok": True, "action": action, "plan": plan, "probe": probe,
             "record": record_path, "recovered": recovered, "replaced": replaced,
+            "rollback_restores": (previous or {}).get("release"),
             "server_defaults": sources.get("server_defaults")}
 
 
 def verify_unchanged(record_path, record, plan, force, recovered):
     """The same release, intact: check it again, and record this deploy's gate and --force."""
-    probe = verify_in_fresh_interpreter(force, plan["gate"])
+    probe = verify_in_fresh_interpreter(force, plan["gate"], plan["qualifying"])
     if probe.get("verdict") == "failed":
         raise InstallError("verify", "release %s is deployed and intact but fails its check: %s" % (
             record["release"], "; ".join(probe.get("reasons", []))))
@@ -918,16 +945,53 @@ def rollback_locked(site, workdir, force=False):
         raise InstallError("changed", "kept the deployment of release %s: %d file(s) changed since deploy: %s;"
                                       " `rollback --force` removes them too" % (
                                           record["release"], len(changed), "; ".join(changed)))
+    previous = record.get("previous")
+    unrestorable = restore_problems(site, previous)
+    if unrestorable and not force:
+        raise InstallError("changed", "kept the deployment of release %s: the release it replaced, %s, cannot be put"
+                                      " back byte for byte: %s; `rollback --force` removes %s without putting %s back" % (
+                                          record["release"], previous["release"], "; ".join(unrestorable),
+                                          record["release"], previous["release"]))
     removed = remove_recorded(record)
     removed["modified_since_deploy"] = changed
-    if os.path.exists(record_path):
-        os.unlink(record_path)
-    try:
-        os.rmdir(directory)
-    except OSError:
-        pass
-    return {"ok": True, "action": "rolled-back", "release": record["release"], "removed": removed,
-            "recovered": recovered, "site_dir": site}
+    restored = None
+    if previous and not unrestorable:
+        # deterministic in (site, release, payload dir), and checked as written: the bytes it had
+        write_site_files(site, previous["release"], previous["payload_dir"],
+                         planned_files(site, previous["release"]), fault_point=False)
+        write_json(record_path, previous)
+        restored = previous["release"]
+    else:
+        if previous:  # forced past a payload that changed: it goes too, never run again
+            removed["removed"] += remove_recorded({"files": {}, "dirs": [previous["payload_dir"]]})["removed"]
+        if os.path.exists(record_path):
+            os.unlink(record_path)
+        try:
+            os.rmdir(directory)
+        except OSError:
+            pass
+    return {"ok": True, "action": "rolled-back", "release": record["release"], "restored": restored,
+            "removed": removed, "recovered": recovered, "site_dir": site}
+
+
+def restore_problems(site, previous):
+    """["why not"] for putting `previous` back byte for byte: its payload must be as recorded,
+    and its site files must come out as the bytes its record holds."""
+    if not previous:
+        return []
+    changed = changed_since_deploy({"files": {}, "dirs": [previous["payload_dir"]],
+                                    "payload_dir": previous["payload_dir"],
+                                    "payload_files": previous.get("payload_files")})
+    if not os.path.isdir(previous["payload_dir"]) or os.path.islink(previous["payload_dir"]):
+        changed.append("%s (gone)" % previous["payload_dir"])
+    elif set(payload_hashes(previous["payload_dir"])) != set(previous.get("payload_files") or {}):
+        changed.append("%s (files missing)" % previous["payload_dir"])
+    contents = site_file_contents(site, previous["release"], previous["payload_dir"],
+                                  planned_files(site, previous["release"]))
+    hashes = dict((p, hashlib.sha256(d).hexdigest()) for p, d in contents.items())
+    if hashes != previous.get("files"):
+        changed.append("its site files would not match its record")
+    return changed
 
 
 def unrecorded_deployment(workdir, site):

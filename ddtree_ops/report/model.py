@@ -54,6 +54,7 @@ class Report:
     loads: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> timed stage -> load
     timings: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # host -> "stage.cell" -> row
     histories: dict[str, dict[str, Any]] = field(default_factory=dict)  # lost hosts: HostRecord.history
+    disagreements: dict[str, list[str]] = field(default_factory=dict)  # host -> its records that contradicted the verdict
 
     @property
     def exit_code(self) -> int:
@@ -75,6 +76,7 @@ class Report:
             "release": self.meta.get("release"),
             "stages": self.stages,
             "hosts": {h: {"outcome": self.outcomes[h].value, "history": self.histories.get(h),
+                          "disagreements": self.disagreements.get(h, []),
                           "stages": {s: {"status": self.statuses[h].get(s),
                                          "duration_s": self.durations[h].get(s),
                                          "reason": self.reasons[h].get(s),
@@ -159,7 +161,7 @@ def build_report(run: RunRecord) -> Report:
         if host.error and host.outcome is not HostOutcome.PASS:
             failures.append(Failure(name, "-", host.error, None))
         for stage, record in host.stages.items():
-            if record.status is StageStatus.FAIL:
+            if record.status in (StageStatus.FAIL, StageStatus.MISSING):
                 detail = _last_line(record.traceback) or _last_line(record.output_tail)
                 failures.append(Failure(name, stage, record.reason, detail))
         for stage, record in host.stages.items():
@@ -177,7 +179,8 @@ def build_report(run: RunRecord) -> Report:
     report = Report(run_id=run.run_id, stages=stages, hosts=list(run.hosts),
                     outcomes={h: r.outcome for h, r in run.hosts.items()}, statuses=statuses,
                     durations=durations, reasons=reasons, failures=failures, sweep=sweep,
-                    decode=decode, meta=run.meta, loads=loads, timings=timings, histories=histories)
+                    decode=decode, meta=run.meta, loads=loads, timings=timings, histories=histories,
+                    disagreements={h: r.disagreements for h, r in run.hosts.items() if r.disagreements})
     for row in sweep:
         cell = f"build_ms.{row.get('builder')}.bs{row.get('batch_size')}.b{row.get('budget')}"
         _mark_noise(row, report.timings.get(row["host"], {}).get(f"{SWEEP_STAGE}.{cell}"),

@@ -5,6 +5,7 @@ Every assertion about the environment is made on its site-packages listing with 
 every file (bytecode included): rollback must restore it byte for byte."""
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -54,6 +55,12 @@ def run_cli(capsys, inventory: Path, snapshot: Path, *args: str) -> tuple[int, d
     code = main([command, "-i", str(inventory), "--source", str(snapshot), "--json", *args[1:]])
     out = capsys.readouterr().out
     return code, json.loads(out)
+
+
+def tree_listing(root: Path) -> dict[str, str]:
+    """relative path -> sha256 of every file under root (bytecode included)."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def fresh_python(python: Path, code: str, **env: str) -> subprocess.CompletedProcess:
@@ -303,26 +310,94 @@ def test_concurrent_deploys_are_serialised_by_the_host_lock(host, env):
     assert site_listing(python) == before
 
 
-def test_a_new_release_replaces_the_old_one_file_for_file(host, env, capsys, tmp_path):
-    _, inventory, _ = host
-    python, snapshot = env
+def release_b(snapshot: Path, tmp_path: Path) -> Path:
+    """A copy of the snapshot that is another release (B)."""
     other = tmp_path / "checkout-b"
     shutil.copytree(snapshot, other)
     (other / "ddtree_ops" / "hostside" / "release-b.txt").write_text("a different release\n")
+    return other
+
+
+def deployed(capsys, inventory: Path, source: Path) -> dict:
+    """`deploy` that must succeed: its JSON document."""
+    code, doc = run_cli(capsys, inventory, source, "deploy")
+    assert code == 0, doc
+    return doc
+
+
+def test_a_new_release_replaces_the_old_one_file_for_file(host, env, capsys, tmp_path):
+    _, inventory, _ = host
+    python, snapshot = env
+    other = release_b(snapshot, tmp_path)
     before = site_listing(python)
-    code, first = run_cli(capsys, inventory, snapshot, "deploy")
-    assert code == 0, first
-    code, second = run_cli(capsys, inventory, other, "deploy")
-    assert code == 0, second
+    first = deployed(capsys, inventory, snapshot)
+    second = deployed(capsys, inventory, other)
     assert second["release"] != first["release"]
     assert second["hosts"]["h0"]["result"]["action"] == "replaced"
     added = sorted(set(site_listing(python)) - set(before))
     assert [p for p in added if p.endswith("/METADATA")] == [
         f"ddtree_sglang_plugin-0.1.0+{second['release']}.dist-info/METADATA"]
     assert len(added) == 5
-    code, doc = run_cli(capsys, inventory, other, "rollback")
-    assert code == 0 and doc["hosts"]["h0"]["result"]["release"] == second["release"]
+    for release in (second["release"], first["release"]):  # each rollback undoes one deploy
+        code, doc = run_cli(capsys, inventory, other, "rollback")
+        assert code == 0 and doc["hosts"]["h0"]["result"]["release"] == release
     assert site_listing(python) == before
+
+
+def test_a_rollback_after_an_upgrade_puts_the_old_release_back_byte_for_byte(host, env, capsys, tmp_path):
+    """Release A deployed, then B over it: rollback leaves the environment and the deployment
+    folder as A left them (every file's bytes), A's plugin loads again; a second rollback
+    removes A as the rollback of a fresh install does."""
+    _, inventory, h0 = host
+    python, snapshot = env
+    other = release_b(snapshot, tmp_path)
+    before = site_listing(python)
+    first = deployed(capsys, inventory, snapshot)
+    with_a, deployments_a = site_listing(python), tree_listing(h0.workdir / "deployments")
+    record_a = json.loads(Path(first["hosts"]["h0"]["result"]["record"]).read_text())
+    assert first["hosts"]["h0"]["result"]["rollback_restores"] is None  # a fresh install
+    second = deployed(capsys, inventory, other)
+    assert second["hosts"]["h0"]["result"]["action"] == "replaced"
+    assert second["hosts"]["h0"]["result"]["rollback_restores"] == first["release"]
+    assert site_listing(python) != with_a
+
+    code, doc = run_cli(capsys, inventory, other, "rollback")
+    result = doc["hosts"]["h0"]["result"]
+    assert code == 0 and (result["release"], result["restored"]) == (second["release"], first["release"]), doc
+    assert site_listing(python) == with_a
+    assert tree_listing(h0.workdir / "deployments") == deployments_a
+    assert json.loads(Path(first["hosts"]["h0"]["result"]["record"]).read_text()) == record_a
+    seen = fresh_python(python, LOAD_PLUGINS, DDTREE_ENABLE="1", DDTREE_STRICT="0")
+    assert seen.returncode == 0 and json.loads(seen.stdout.strip().splitlines()[-1])["ddtree"].startswith(
+        record_a["payload_dir"]), seen.stderr[-2000:]
+
+    code, doc = run_cli(capsys, inventory, snapshot, "rollback")
+    result = doc["hosts"]["h0"]["result"]
+    assert code == 0 and (result["release"], result["restored"]) == (first["release"], None), doc
+    assert site_listing(python) == before
+    assert not list((h0.workdir / "deployments").iterdir())
+
+
+def test_a_replaced_release_changed_since_is_never_put_back(host, env, capsys, tmp_path):
+    """B over A, then A's kept payload edited: rollback keeps B and names the file; --force
+    removes B and A's payload, putting nothing back."""
+    _, inventory, h0 = host
+    python, snapshot = env
+    other = release_b(snapshot, tmp_path)
+    before = site_listing(python)
+    first = deployed(capsys, inventory, snapshot)
+    payload_a = Path(json.loads(Path(first["hosts"]["h0"]["result"]["record"]).read_text())["payload_dir"])
+    deployed(capsys, inventory, other)
+    with_b = site_listing(python)
+    tampered = payload_a / "ddtree" / "sglang" / "plugin.py"
+    tampered.write_text(tampered.read_text() + "\nimport os  # planted\n")
+    code, doc = run_cli(capsys, inventory, other, "rollback")
+    error = doc["hosts"]["h0"]["error"]
+    assert code == 5 and f"{tampered} (edited)" in error and "\n" not in error, doc
+    assert "cannot be put back byte for byte" in error and site_listing(python) == with_b
+    code, doc = run_cli(capsys, inventory, other, "rollback", "--force")
+    assert code == 0 and doc["hosts"]["h0"]["result"]["restored"] is None, doc
+    assert site_listing(python) == before and not payload_a.exists()
 
 
 def test_a_replacement_that_fails_its_check_restores_the_previous_release(host, env, capsys, tmp_path):
@@ -370,7 +445,7 @@ def test_deploy_starts_the_hosts_python_twice_rollback_and_dry_run_once(sshd_fle
         assert doc["hosts"]["h0"]["result"]["action"] == "installed"
         lines = starts()
         assert len(lines) == 2, lines
-        assert " deploy " in lines[0] and lines[1] == "start -m ddtree.sglang.probe --gate-report -"
+        assert " deploy " in lines[0] and lines[1] == "start -m ddtree.sglang.probe --gate-report - --require-gate-ok"
 
         code, doc = run_cli(capsys, inventory, snapshot, "deploy")  # unchanged: still verified
         assert (code, doc["hosts"]["h0"]["result"]["action"]) == (0, "unchanged")
@@ -493,7 +568,13 @@ def test_budget_auto_writes_the_recommended_defaults_into_the_payload(host, env,
     assert code == 0 and doc["hosts"]["h0"]["result"]["action"] == "reconfigured", doc
     assert deployed_config(python)["budget"] == 32 and not Path(deployed_config(python)["defaults"]).exists()
 
-    assert run_cli(capsys, inventory, snapshot, "rollback")[0] == 0
+    # a rollback undoes one deploy: first the reconfiguration (the defaults of 8 come back), then the rest
+    code, doc = run_cli(capsys, inventory, snapshot, "rollback")
+    result = doc["hosts"]["h0"]["result"]
+    assert code == 0 and result["restored"] == result["release"], doc
+    assert deployed_config(python)["enabled"] is False
+    code, doc = run_cli(capsys, inventory, snapshot, "rollback")
+    assert code == 0 and doc["hosts"]["h0"]["result"]["restored"] is None, doc
     assert site_listing(python) == before
 
 

@@ -162,6 +162,35 @@ def test_deploy_a_canary_whose_gate_does_not_pass_stops_the_rollout(sshd_fleet, 
     assert site_listings(pythons) == before
 
 
+@pytest.mark.slow
+def test_the_printed_rollback_of_an_upgrade_rollout_puts_each_hosts_own_previous_state_back(
+        sshd_fleet, envs, clean, capsys, tmp_path):
+    """h0 had release A, h1 nothing: a rollout of B changes both; the printed rollback puts A
+    back on h0 byte for byte and leaves h1 as it was before."""
+    pythons, snapshot = envs
+    fleet = sshd_fleet(2, command_timeout=180)
+    inventory = str(fleet.write_inventory(host_overrides={"h0": {"python": str(pythons[0])},
+                                                          "h1": {"python": str(pythons[1])}}))
+    other = tmp_path / "checkout-b"
+    shutil.copytree(snapshot, other)
+    (other / "ddtree_ops" / "hostside" / "release-b.txt").write_text("release b\n")
+    before = site_listings(pythons)
+    code, first = cli_json(capsys, "deploy", "-i", inventory, "--source", str(snapshot), "-H", "h0")
+    assert code == 0, first
+    with_a = site_listings(pythons)
+    code, doc = cli_json(capsys, "deploy", "-i", inventory, "--source", str(other), "--serial", "1")
+    assert code == 0, doc
+    rollout = doc["rollout"]
+    assert rollout["changed"] == ["h0", "h1"]
+    assert rollout["rollback_restores"] == {"h0": first["release"], "h1": None}
+    code, undone = run_printed(rollout["rollback_command"], capsys)
+    assert code == 0, undone
+    assert [undone["hosts"][h]["result"]["restored"] for h in ("h0", "h1")] == [first["release"], None]
+    assert site_listings(pythons) == [with_a[0], before[1]]  # byte for byte, each host its own
+    assert main(["rollback", "-i", inventory, "--source", str(snapshot), "-H", "h0"]) == 0
+    assert site_listings(pythons) == before
+
+
 def test_smoke_a_canary_whose_stage_fails_stops_before_the_other_hosts(sshd_fleet, tmp_path, capsys, monkeypatch):
     from fixtures.checkout import copy_release_files
 

@@ -137,6 +137,30 @@ def test_probe_takes_the_callers_gate_report_and_judges_by_it():
         "--gate-report: stdin holds no gate report (a JSON object with structure_ok)")
 
 
+PROBE_IMPORTS = """
+import json, sys
+from ddtree.sglang.probe import probe
+result = probe(gate_report=json.loads(GATE), require_gate_ok=REQUIRE_OK)
+print(json.dumps({"result": result, "imported": sorted(m for m in sys.modules if m.startswith("sglang.srt"))}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gate, require_ok, why", [
+    ({"ok": False, "structure_ok": False, "findings": []}, False, "the gate found SGLang's structure changed"),
+    ({"ok": False, "structure_ok": True, "verdict": "structure ok, hashes drifted, not qualified", "findings": []},
+     True, "the gate did not accept SGLang's files (structure ok, hashes drifted, not qualified)"),
+])
+def test_the_probe_imports_nothing_of_sglang_the_gate_did_not_accept(gate, require_ok, why):
+    """Importing runs a file's code: files that failed the gate are never imported, not even to
+    report on them (issue 40: a tampered spec_info.py ran as root in deploy's probe)."""
+    done = run_python(PROBE_IMPORTS.replace("GATE", repr(json.dumps(gate))).replace("REQUIRE_OK", repr(require_ok)))
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["imported"] == [] and seen["result"]["verdict"] == "failed"
+    assert seen["result"]["reasons"][-1].startswith(why)
+
+
 @pytest.mark.slow
 def test_probe_fails_when_sglang_plugins_excludes_us():
     done = run_python("from ddtree.sglang.probe import main; raise SystemExit(main())",

@@ -381,7 +381,8 @@ def _run_gate(package_dir: Path, manifests: dict[str, Manifest] | None, qualific
                         manifest_version=manifest.sglang_version if manifest else None,
                         findings=findings, file_sha256=hashes)
     if not report.pinned and qualifications:
-        entry = find_qualification(qualifications, version, hashes)
+        pinned = manifest.file_sha256 if manifest is not None else {}
+        entry = find_qualification(qualifications, version, hashes, pinned)
         if entry is not None:
             report.qualified_by = {k: v for k, v in entry.to_dict().items() if k != "files"}
     return report

@@ -119,9 +119,25 @@ def classify(
     return Verdict.HOOKS_APPLIED, []
 
 
-def probe(*, allow_gate_findings: bool = False, gate_report: dict[str, Any] | None = None) -> dict[str, Any]:
+def import_refusal(gate: dict[str, Any], *, allow_gate_findings: bool, require_gate_ok: bool) -> str | None:
+    """Why SGLang's files must not be imported at all (None: they may): importing runs their
+    code, so files the gate did not accept are never imported. The structure must hold (unless
+    --allow-gate-findings: deploy --force); with `require_gate_ok` (a gated deploy) the hashes
+    must also be pinned or qualified."""
+    if allow_gate_findings:
+        return None
+    if not gate.get("structure_ok", gate.get("ok")):
+        return "the gate found SGLang's structure changed: its files were not imported"
+    if require_gate_ok and not gate.get("ok"):
+        return f"the gate did not accept SGLang's files ({gate.get('verdict', 'not ok')}): they were not imported"
+    return None
+
+
+def probe(*, allow_gate_findings: bool = False, gate_report: dict[str, Any] | None = None,
+          require_gate_ok: bool = False) -> dict[str, Any]:
     """`gate_report`: the gate's report (`GateReport.to_dict()`) on this installation, made by
-    the caller with this same release; None: the probe runs the gate itself."""
+    the caller with this same release; None: the probe runs the gate itself. Nothing of SGLang
+    is imported unless the gate accepted it (`import_refusal`)."""
     os.environ["DDTREE_ENABLE"] = "1"
     os.environ["DDTREE_STRICT"] = "0"
     from ddtree.sglang.gate import collector_paused, find_package_dir, run_gate
@@ -137,6 +153,13 @@ def probe(*, allow_gate_findings: bool = False, gate_report: dict[str, Any] | No
         result["gate"], result["gate_from"] = run_gate(package_dir).to_dict(), "probe"
     else:
         result["gate"], result["gate_from"] = gate_report, "caller"
+    refusal = import_refusal(result["gate"], allow_gate_findings=allow_gate_findings, require_gate_ok=require_gate_ok)
+    if refusal is not None:
+        _, reasons = classify(result["entry_point"], result["gate"], None, None, allow_gate_findings=False,
+                              plugins_filter=os.environ.get(ENV_SGLANG_PLUGINS))
+        result["self_check"], result["verdict"] = None, Verdict.FAILED.value
+        result["reasons"] = [r for r in reasons if r.startswith("gate: ")] + [refusal]
+        return result
 
     bypass_sglang_init()
     load_error = None
@@ -165,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddtree.sglang.probe", description=__doc__.splitlines()[0])
     parser.add_argument("--allow-gate-findings", action="store_true", help="deploy --force: do not fail on gate findings")
     parser.add_argument("--gate-report", choices=["-"], help="read the caller's gate report (JSON) from stdin")
+    parser.add_argument("--require-gate-ok", action="store_true",
+                        help="a gated deploy: import nothing unless the hashes are pinned or qualified")
     args = parser.parse_args(argv)
     gate_report = None
     if args.gate_report:
@@ -174,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             gate_report = None
         if not isinstance(gate_report, dict) or "structure_ok" not in gate_report:
             parser.error("--gate-report: stdin holds no gate report (a JSON object with structure_ok)")
-    result = probe(allow_gate_findings=args.allow_gate_findings, gate_report=gate_report)
+    result = probe(allow_gate_findings=args.allow_gate_findings, gate_report=gate_report,
+                   require_gate_ok=args.require_gate_ok)
     print(json.dumps(result))
     return 1 if result["verdict"] == Verdict.FAILED.value else 0
 

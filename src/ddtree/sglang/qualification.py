@@ -16,7 +16,7 @@ import json
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 FILE_NAME = "sglang-qualified.json"
 _HEX = set(string.hexdigits.lower())
@@ -41,10 +41,17 @@ class Qualification:
                 "host": self.host, "release": self.release, "stages": self.stages,
                 "qualified_at": self.qualified_at}
 
-    def matches(self, version: str | None, hashes: dict[str, str]) -> bool:
-        """This entry vouches for an installation: same version, every file it lists identical."""
-        return version == self.sglang and bool(self.files) and all(
+    def matches(self, version: str | None, hashes: dict[str, str], pinned: Iterable[str]) -> bool:
+        """This entry vouches for an installation: same version, it lists every file the manifest
+        pins (`pinned`: an entry over fewer files would vouch for the others unseen), and every
+        file it lists identical."""
+        pinned = set(pinned)
+        return version == self.sglang and bool(pinned) and pinned <= set(self.files) and all(
             hashes.get(rel) == digest for rel, digest in self.files.items())
+
+    def uncovered(self, pinned: Iterable[str]) -> list[str]:
+        """The pinned files this entry does not vouch for (none for a usable entry)."""
+        return sorted(set(pinned) - set(self.files))
 
 
 def _text(where: str, entry: dict[str, Any], key: str, *, required: bool = True) -> str:
@@ -101,5 +108,7 @@ def render(entries: list[Qualification]) -> str:
     return json.dumps({"qualified": [e.to_dict() for e in entries]}, indent=1) + "\n"
 
 
-def find(entries: list[Qualification], version: str | None, hashes: dict[str, str]) -> Qualification | None:
-    return next((e for e in entries if e.matches(version, hashes)), None)
+def find(entries: list[Qualification], version: str | None, hashes: dict[str, str],
+         pinned: Iterable[str]) -> Qualification | None:
+    pinned = list(pinned)
+    return next((e for e in entries if e.matches(version, hashes, pinned)), None)
