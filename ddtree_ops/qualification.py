@@ -81,9 +81,12 @@ def entry_from_run(run: "RunRecord", host: str, stages: list[str], release: str,
         return None, "the plugin stage did not report a sound structure"
     if plugin.get("pinned"):
         return None, f"sglang {version} is pinned by a shipped manifest: nothing to record"
+    if not pinned:
+        return None, f"no shipped manifest pins any file to hash for sglang {version}"
     uncovered = sorted(set(pinned) - set(hashes))
-    if not pinned or uncovered:
-        return None, f"ddtree-ops could not hash every pinned file (missing: {', '.join(uncovered) or 'no manifest'})"
+    if uncovered:
+        return None, (f"ddtree-ops hashed {len(pinned) - len(uncovered)} of the {len(pinned)} pinned files "
+                      f"(missing on the host: {', '.join(uncovered)})")
     said = plugin.get("file_sha256")
     differs = sorted(rel for rel, digest in said.items() if hashes.get(rel) != digest) if isinstance(said, dict) else []
     if differs or plugin.get("sglang") not in (None, version):

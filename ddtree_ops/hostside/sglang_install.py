@@ -26,13 +26,17 @@ What deploy adds to the environment's site-packages (nothing else is touched):
     ddtree_sglang_plugin-0.1.0+<release>.dist-info/ METADATA, entry_points.txt
                                                    (sglang.srt.plugins: ddtree), INSTALLER, RECORD
 and under WORKDIR/deployments/<env-key>/: payload-<release>/ddtree (a copy of the release's
-package; payload-<release>-b when repairing that release in place), record.json (what was added, with sha256), journal.json while installing.
+package; payload-<release>-b when repairing that release in place), record.json (what was added, with sha256), journal.json while installing
+or rolling back.
 An install is a transaction: the new payload is written next to the live one, the old site
 files make way only once it is complete, and the old payload is removed only after the new
 deployment passed its check and its record is written. Any failure removes what was added and
 rewrites the previous deployment's site files, pointing at its own payload (so pruned
 releases do not matter). The journal lists what the install adds and the record it replaces:
 the next deploy or rollback that finds it undoes (or, if the record was written, finishes) it.
+A rollback writes a journal too ("op": "rollback": what it removes, what it puts back) before
+it touches anything, so a rollback killed half-way is finished, once, by the next deploy or
+rollback, never left with a mix of two releases' site files (they share the .pth).
 record.json also holds the payload's sha256 per file: a redeploy of the same release repairs
 a damaged payload or site file instead of calling it `unchanged`.
 """
@@ -52,7 +56,7 @@ DIST_NAME = "ddtree_sglang_plugin"
 DIST_VERSION = "0.1.0"
 PTH_NAME = DIST_NAME + ".pth"
 ENTRY_POINTS = "[sglang.srt.plugins]\nddtree = ddtree.sglang.plugin:register\n"
-FAULT_ENV = "DDTREE_DEPLOY_FAULT"  # tests: "after-pth" exits hard mid-install
+FAULT_ENV = "DDTREE_DEPLOY_FAULT"  # tests: "after-pth" / "rollback-after-pth" exits hard mid-install / mid-rollback
 INSTALLER_TAG = b"ddtree-ops\n"  # dist-info INSTALLER: how a deployment is recognised without its record
 # Server defaults (`deploy --budget`) go into the payload next to `ddtree`, where the plugin's
 # config reads them (ddtree.sglang.config.DEFAULTS_FILE_NAME: the same name).
@@ -328,15 +332,16 @@ def site_file_contents(site, release_id, payload_dir, plan):
     return contents
 
 
-def write_site_files(site, release_id, payload_dir, plan, fault_point=True):
+def write_site_files(site, release_id, payload_dir, plan, fault_point="after-pth"):
     """Write the .pth and dist-info of a deployment (see site_file_contents); returns
-    {path: sha256} of what was written."""
+    {path: sha256} of what was written. `fault_point`: the FAULT_ENV value that kills the
+    process right after the .pth is written (tests), or None."""
     make_own_dir(plan["dist_info"])
     contents = site_file_contents(site, release_id, payload_dir, plan)
     for path, data in contents.items():
         write_atomic(path, data)
-        if fault_point and path == plan["pth"] and os.environ.get(FAULT_ENV) == "after-pth":
-            os._exit(137)  # a deploy killed half-way (tests)
+        if fault_point and path == plan["pth"] and os.environ.get(FAULT_ENV) == fault_point:
+            os._exit(137)  # killed half-way (tests)
     return dict((path, hashlib.sha256(data).hexdigest()) for path, data in contents.items())
 
 
@@ -546,7 +551,7 @@ def restore_previous(site, previous):
         return "; the previous release %s cannot be put back: %s is gone" % (
             previous["release"], previous["payload_dir"])
     write_site_files(site, previous["release"], previous["payload_dir"],
-                     planned_files(site, previous["release"]), fault_point=False)
+                     planned_files(site, previous["release"]), fault_point=None)
     return "; previous release %s restored" % previous["release"]
 
 
@@ -617,6 +622,11 @@ def recover(workdir, site):
     check_footprint({"files": dict.fromkeys(journal["files"], ""), "dirs": journal["dirs"]}, site, workdir, journal_path)
     if journal.get("previous"):
         check_footprint(journal["previous"], site, workdir, journal_path)
+    if journal.get("op") == "rollback":
+        outcome = finish_rollback(site, directory, journal)
+        outcome["removed"] = strays + outcome["removed"]
+        outcome["modified_since_deploy"] = []  # judged when the rollback began; the .pth may hold either release's line
+        return outcome
     record = read_json(os.path.join(directory, "record.json"))
     if record:
         check_footprint(record, site, workdir, os.path.join(directory, "record.json"))
@@ -932,6 +942,10 @@ def op_rollback(workdir, lock_wait=None, force=False):
 def rollback_locked(site, workdir, force=False):
     recovered = recover(workdir, site)
     directory = deployment_dir(workdir, site)
+    if recovered and recovered.get("rollback_of"):
+        # a rollback killed half-way, finished just now: that is the rollback asked for, not one more
+        return {"ok": True, "action": "rolled-back", "release": recovered["rollback_of"],
+                "restored": recovered["restored"], "removed": recovered, "recovered": recovered, "site_dir": site}
     record_path = os.path.join(directory, "record.json")
     record = read_json(record_path)
     if record is None:
@@ -952,26 +966,43 @@ def rollback_locked(site, workdir, force=False):
                                       " back byte for byte: %s; `rollback --force` removes %s without putting %s back" % (
                                           record["release"], previous["release"], "; ".join(unrestorable),
                                           record["release"], previous["release"]))
-    removed = remove_recorded(record)
+    restoring = previous if previous and not unrestorable else None
+    # forced past a previous payload that changed: it goes too, never run again
+    dirs = list(record["dirs"]) + ([previous["payload_dir"]] if previous and not restoring else [])
+    journal = {"op": "rollback", "release": record["release"], "started": time.time(),
+               "files": record["files"], "dirs": dirs, "previous": restoring}
+    for folder in (os.path.dirname(directory), directory):  # gone if deleted with the record (unrecorded_deployment)
+        make_own_dir(folder)
+    write_json(os.path.join(directory, "journal.json"), journal)
+    removed = finish_rollback(site, directory, journal)
     removed["modified_since_deploy"] = changed
-    restored = None
-    if previous and not unrestorable:
-        # deterministic in (site, release, payload dir), and checked as written: the bytes it had
-        write_site_files(site, previous["release"], previous["payload_dir"],
-                         planned_files(site, previous["release"]), fault_point=False)
+    removed.pop("rollback_of")
+    return {"ok": True, "action": "rolled-back", "release": record["release"], "restored": removed.pop("restored"),
+            "removed": removed, "recovered": recovered, "site_dir": site}
+
+
+def finish_rollback(site, directory, journal):
+    """Carry out (or, after a kill, finish) a rollback journal: remove what it lists, put its
+    previous deployment back (site files from (release, payload dir), checked as written: the
+    bytes they had; its record) or, with nothing to put back, drop the record; then the
+    journal. Every step may be repeated, so a rollback killed anywhere finishes here."""
+    removed = remove_recorded(journal)
+    record_path = os.path.join(directory, "record.json")
+    previous = journal.get("previous")
+    if previous:
+        write_site_files(site, previous["release"], previous["payload_dir"], planned_files(site, previous["release"]),
+                         fault_point="rollback-after-pth")
         write_json(record_path, previous)
-        restored = previous["release"]
-    else:
-        if previous:  # forced past a payload that changed: it goes too, never run again
-            removed["removed"] += remove_recorded({"files": {}, "dirs": [previous["payload_dir"]]})["removed"]
-        if os.path.exists(record_path):
-            os.unlink(record_path)
+    elif os.path.exists(record_path):
+        os.unlink(record_path)
+    os.unlink(os.path.join(directory, "journal.json"))
+    if not previous:
         try:
             os.rmdir(directory)
         except OSError:
             pass
-    return {"ok": True, "action": "rolled-back", "release": record["release"], "restored": restored,
-            "removed": removed, "recovered": recovered, "site_dir": site}
+    removed.update(rollback_of=journal["release"], restored=previous["release"] if previous else None)
+    return removed
 
 
 def restore_problems(site, previous):

@@ -344,16 +344,24 @@ def test_a_new_release_replaces_the_old_one_file_for_file(host, env, capsys, tmp
     assert site_listing(python) == before
 
 
+def release_a_deployed(capsys, host, env, tmp_path: Path) -> tuple[Path, dict, dict, dict, dict]:
+    """Release A (the snapshot) deployed on a clean environment: (release B's checkout, the
+    listing before, A's deploy document, the listing with A, the deployment folder with A)."""
+    _, inventory, h0 = host
+    python, snapshot = env
+    other = release_b(snapshot, tmp_path)
+    before = site_listing(python)
+    first = deployed(capsys, inventory, snapshot)
+    return other, before, first, site_listing(python), tree_listing(h0.workdir / "deployments")
+
+
 def test_a_rollback_after_an_upgrade_puts_the_old_release_back_byte_for_byte(host, env, capsys, tmp_path):
     """Release A deployed, then B over it: rollback leaves the environment and the deployment
     folder as A left them (every file's bytes), A's plugin loads again; a second rollback
     removes A as the rollback of a fresh install does."""
     _, inventory, h0 = host
     python, snapshot = env
-    other = release_b(snapshot, tmp_path)
-    before = site_listing(python)
-    first = deployed(capsys, inventory, snapshot)
-    with_a, deployments_a = site_listing(python), tree_listing(h0.workdir / "deployments")
+    other, before, first, with_a, deployments_a = release_a_deployed(capsys, host, env, tmp_path)
     record_a = json.loads(Path(first["hosts"]["h0"]["result"]["record"]).read_text())
     assert first["hosts"]["h0"]["result"]["rollback_restores"] is None  # a fresh install
     second = deployed(capsys, inventory, other)
@@ -374,6 +382,49 @@ def test_a_rollback_after_an_upgrade_puts_the_old_release_back_byte_for_byte(hos
     code, doc = run_cli(capsys, inventory, snapshot, "rollback")
     result = doc["hosts"]["h0"]["result"]
     assert code == 0 and (result["release"], result["restored"]) == (first["release"], None), doc
+    assert site_listing(python) == before
+    assert not list((h0.workdir / "deployments").iterdir())
+
+
+def killed_rollback(python: Path, workdir: Path, source: Path) -> None:
+    """The installer's rollback as the agent runs it, killed right after it wrote the
+    previous release's .pth (which the two releases share) and before its dist-info."""
+    bundle = build_bundle(source)
+    done = subprocess.run([str(python), "-c", BOOTSTRAP, "rollback", str(workdir)],
+                          input=installer_stdin(bundle, "rollback"), capture_output=True, cwd="/", timeout=120,
+                          env={"PATH": "/usr/bin:/bin", "DDTREE_DEPLOY_FAULT": "rollback-after-pth"})
+    assert done.returncode == 137, done.stderr[-2000:]
+
+
+def test_a_rollback_killed_half_way_is_finished_once_by_the_next_rollback_or_deploy(host, env, capsys, tmp_path):
+    """B over A, then a rollback killed mid-way leaves A's .pth beside B's gone dist-info. The
+    next rollback finishes that rollback (A back byte for byte), and only that one; a deploy
+    instead finishes it first, then installs over A as it would have."""
+    _, inventory, h0 = host
+    python, snapshot = env
+    other, before, first, with_a, deployments_a = release_a_deployed(capsys, host, env, tmp_path)
+    second = deployed(capsys, inventory, other)
+    with_b = site_listing(python)
+
+    killed_rollback(python, h0.workdir, other)
+    assert site_listing(python) not in (with_a, with_b)
+    code, doc = run_cli(capsys, inventory, other, "rollback")
+    result = doc["hosts"]["h0"]["result"]
+    assert code == 0 and (result["release"], result["restored"]) == (second["release"], first["release"]), doc
+    assert site_listing(python) == with_a
+    assert tree_listing(h0.workdir / "deployments") == deployments_a
+
+    deployed(capsys, inventory, other)
+    killed_rollback(python, h0.workdir, other)
+    code, doc = run_cli(capsys, inventory, other, "deploy")
+    result = doc["hosts"]["h0"]["result"]
+    assert code == 0 and result["action"] == "replaced", doc
+    assert result["recovered"]["rollback_of"] == second["release"], result
+    assert site_listing(python) == with_b
+
+    for release in (second["release"], first["release"]):  # B back to A, then A's fresh install removed
+        code, doc = run_cli(capsys, inventory, other, "rollback")
+        assert code == 0 and doc["hosts"]["h0"]["result"]["release"] == release, doc
     assert site_listing(python) == before
     assert not list((h0.workdir / "deployments").iterdir())
 

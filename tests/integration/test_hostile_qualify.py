@@ -122,3 +122,23 @@ def test_hashes_a_host_reports_that_differ_from_its_files_are_never_recorded(fle
     assert f"qualify: h0: not recorded: the host's plugin stage reported other hashes for {ONE_FILE} than " \
            "ddtree-ops read from its files" in err
     assert json.loads(qualified.read_text() if qualified.exists() else '{"qualified": []}')["qualified"] == []
+
+
+
+def test_a_host_missing_a_pinned_file_is_refused_naming_it_and_nothing_is_recorded(fleet, tmp_path, capsys):
+    """The qualifying deploy's gate (ours, on the host) refuses first; a file that vanishes
+    after it is caught where ddtree-ops hashes the files (tests/unit/test_qualification_entry.py)."""
+    inventory, snapshot, sglang, _, _ = fleet
+    gone = sorted(rel for rel in newest(SUPPORTED).file_sha256 if rel not in (SPEC_INFO, ONE_FILE))[0]
+    original = (sglang[0] / gone).read_bytes()
+    (sglang[0] / gone).unlink()
+    try:
+        qualified = tmp_path / "sglang-qualified.json"
+        code = main(["sglang", "qualify", "-i", str(inventory), "-H", "h0", "--source", str(snapshot),
+                     "--stages", "plugin", "--qualified", str(qualified), "--runs-dir", str(tmp_path / "runs")])
+        err = capsys.readouterr().err
+    finally:
+        (sglang[0] / gone).write_bytes(original)
+    assert code == 5, err
+    assert f"{sglang[0] / gone}: missing-file: not found" in err and "nothing recorded" in err, err
+    assert not qualified.exists() or json.loads(qualified.read_text())["qualified"] == []
