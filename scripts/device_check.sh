@@ -3,7 +3,7 @@
 # plugin's GPU checks, then the CUDA rows of the tree-build and decode benchmarks.
 # It uses that machine's own python3 (it holds a CUDA torch, transformers, pytest, pyyaml) and
 # no venv; logs go to $OUT when it is set, else /tmp/ddtree-device.
-#   usage: bash scripts/device_check.sh      (about 4-6 minutes on an H200)
+#   usage: bash scripts/device_check.sh      (about 5-7 minutes on an H200)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGS="${OUT:-/tmp/ddtree-device}"
@@ -37,6 +37,20 @@ if "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('sgla
     # at 1 and 8 concurrent requests; report then recommends a budget per load beside them.
     ddtree-ops smoke -H local --stages plugin,decode-bench,sglang-e2e 2>&1 | tee "$LOGS/sglang-smoke.log" || status=1
     ddtree-ops report 2>&1 | tee "$LOGS/sglang-report.log" || status=1
+    # The tiny random target and drafter the CPU test server uses (tests/sglang_server), now
+    # served by SGLang on this GPU: what the CPU run could not show (roadmap, "a GPU run must
+    # confirm"): CUDA sgl-kernel ops, the FlashInfer/Triton tree-mask verify, CUDA graphs, real
+    # streams, the fused drafter RoPE, token identity in GPU bf16. The rows say `device: cuda`.
+    TINY="$LOGS/tiny-models"; mkdir -p "$TINY"
+    if "$PY" -m ddtree.sglang.cpu.tiny_models "$TINY/models" >"$TINY.json" 2>"$TINY.err"; then
+      "$PY" -c 'import json, sys, yaml; models = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+yaml.safe_dump({"hosts": {"local": {"transport": "local", "workdir": sys.argv[2] + "/wd", "python": sys.argv[3],
+                "models": models}}}, open(sys.argv[2] + "/hosts.yaml", "w"))' "$TINY.json" "$TINY" "$(command -v "$PY")"
+      DDTREE_OPS_INVENTORY="$TINY/hosts.yaml" DDTREE_OPS_RUNS_DIR="$TINY/runs" ddtree-ops smoke -H local \
+        --stages plugin,sglang-e2e --budgets 8,32 2>&1 | tee "$LOGS/sglang-tiny-smoke.log" || status=1
+    else
+      cat "$TINY.err" | tee "$LOGS/sglang-tiny-smoke.log"; status=1
+    fi
   fi
 else
   echo "sglang is not installed for $PY: the in-server checks (probe, plugin and sglang-e2e stages) did not run" \
