@@ -39,8 +39,8 @@ if "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('sgla
     ddtree-ops report 2>&1 | tee "$LOGS/sglang-report.log" || status=1
     # The tiny random target and drafter the CPU test server uses (tests/sglang_server), now
     # served by SGLang on this GPU: what the CPU run could not show (roadmap, "a GPU run must
-    # confirm"): CUDA sgl-kernel ops, the FlashInfer/Triton tree-mask verify, CUDA graphs, real
-    # streams, the fused drafter RoPE, token identity in GPU bf16. The rows say `device: cuda`.
+    # confirm", c3 c5 c7): CUDA sgl-kernel ops, the FlashInfer/Triton tree-mask verify, CUDA graphs, real
+    # streams, token identity in GPU bf16. The rows say `device: cuda`.
     TINY="$LOGS/tiny-models"; mkdir -p "$TINY"
     if "$PY" -m ddtree.sglang.cpu.tiny_models "$TINY/models" >"$TINY.json" 2>"$TINY.err"; then
       "$PY" -c 'import json, sys, yaml; models = json.loads(open(sys.argv[1]).read().splitlines()[-1])
