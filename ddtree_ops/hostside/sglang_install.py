@@ -971,8 +971,7 @@ def rollback_locked(site, workdir, force=False):
     dirs = list(record["dirs"]) + ([previous["payload_dir"]] if previous and not restoring else [])
     journal = {"op": "rollback", "release": record["release"], "started": time.time(),
                "files": record["files"], "dirs": dirs, "previous": restoring}
-    for folder in (os.path.dirname(directory), directory):  # gone if deleted with the record (unrecorded_deployment)
-        make_own_dir(folder)
+    make_own_dir(directory)  # as an install makes it: gone if deleted with the record (unrecorded_deployment)
     write_json(os.path.join(directory, "journal.json"), journal)
     removed = finish_rollback(site, directory, journal)
     removed["modified_since_deploy"] = changed
