@@ -198,6 +198,7 @@ class LiveHostTable:
         self.showing = False
         self.closed = False  # the command is past its fan-out (done or interrupted)
         self.live: Optional[Live] = None
+        self.live_wanted = False  # set under the lock before the live table exists: no lines then
         self.height: Optional[int] = None
 
     def __enter__(self) -> "LiveHostTable":
@@ -226,14 +227,21 @@ class LiveHostTable:
             if self.showing:
                 return
             self.showing = True
-            if live_display_possible(console):
-                # drawn per frame, not per event: a frame costs O(hosts), whatever the fleet does
+            live_wanted = self.live_wanted = live_display_possible(console)
+            if live_wanted:
                 self.height = console.height
-                self.live = Live(get_renderable=self._frame, console=console, refresh_per_second=8,
-                                 transient=True)
-                self.live.__enter__()
-                return
             done = [(host, row) for host, row in self.rows.items() if row[0] in _FINAL_STATES]
+        if live_wanted:
+            # Made and started outside the lock: Rich (15 and later) draws a first frame while
+            # constructing and starting, and `_frame` takes the lock; holding it here was a
+            # self-deadlock on every terminal (issue #47). Drawn per frame, not per event: a
+            # frame costs O(hosts), whatever the fleet does.
+            live = Live(get_renderable=self._frame, console=console, refresh_per_second=8,
+                        transient=True)
+            live.__enter__()
+            with self.lock:
+                self.live = live
+            return
         for host, (state_text, detail, changed) in done:
             self._say_finished(host, state_text, detail, changed)
 
@@ -244,7 +252,7 @@ class LiveHostTable:
             if state_text == "connecting":
                 self.started[host] = now
             self.rows[host] = (state_text, detail, now)
-            line_now = self.showing and self.live is None and not self.closed
+            line_now = self.showing and not self.live_wanted and not self.closed
         if line_now and getattr(state, "terminal", False):
             self._say_finished(host, state_text, detail, now)
 
@@ -254,15 +262,18 @@ class LiveHostTable:
         say(f"{self.title}: {host}: {state_text} ({elapsed:.1f}s){tail}")
 
     def _frame(self) -> Table:
-        with self.lock:
-            return self._render(self.height)
+        return self._render(self.height)
 
     def _render(self, height: Optional[int] = None) -> Table:
         """The table; past `height` lines only the hosts under way or failed are rows, and a
-        caption counts every state (a 64-host fleet in a 40-line terminal stays readable)."""
+        caption counts every state (a 64-host fleet in a 40-line terminal stays readable).
+        The state is copied under the lock and drawn outside it: Rich may call back into us
+        (or into a host thread's report) while it renders."""
         from rich.table import Table
 
-        rows, caption = fit_rows(list(self.rows.items()), height, lambda row: row[1][0],
+        with self.lock:
+            snapshot, started = list(self.rows.items()), dict(self.started)
+        rows, caption = fit_rows(snapshot, height, lambda row: row[1][0],
                                  ("ok", "queued", "skipped"))
         table = Table(title=self.title, title_justify="left", expand=False, caption=caption,
                       caption_justify="left")
@@ -272,7 +283,7 @@ class LiveHostTable:
         table.add_column("detail", overflow="fold", max_width=80)  # folded: a value is never cut
         now = time.monotonic()
         for host, (state, detail, changed) in rows:
-            begun = self.started.get(host)
+            begun = started.get(host)
             finished = state in _FINAL_STATES
             elapsed = ((changed if finished else now) - begun) if begun is not None else 0.0
             table.add_row(host, styled(state, _STATE_STYLE.get(state, "")), f"{elapsed:.1f}s", detail)
