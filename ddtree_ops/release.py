@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import io
+import json
 import os
 import tarfile
 import threading
@@ -83,6 +84,7 @@ class ReleaseBundle:
     # the git commit the files were read from and whether they differ from it (None: not a git checkout)
     git: Optional["GitOrigin"] = None
     _archive: Optional[bytes] = field(default=None, repr=False)
+    _file_archives: dict[tuple[int, ...], bytes] = field(default_factory=dict, repr=False)
     _archive_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
@@ -95,18 +97,44 @@ class ReleaseBundle:
         return sum(f.size for f in self.files)
 
     def archive(self) -> bytes:
-        """One gzip'd tar, manifest first (the host checks each file against it as it arrives).
-
-        Built once, by the first host that needs it, and shared by every host of a push."""
+        """One gzip'd tar of the whole release, manifest first (the agent's `install` checks
+        each file against it as it arrives)."""
         with self._archive_lock:
             if self._archive is None:
-                buffer = io.BytesIO()
-                with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1, format=tarfile.PAX_FORMAT) as tar:
-                    _add_bytes(tar, MANIFEST_NAME, self.manifest, executable=False)
-                    for entry in self.files:
-                        _add_bytes(tar, entry.relpath, entry.source.read_bytes(), executable=entry.executable)
-                self._archive = buffer.getvalue()
+                self._archive = _gzip_tar([(MANIFEST_NAME, self.manifest, False)] +
+                                          [(f.relpath, f.source.read_bytes(), f.executable) for f in self.files])
             return self._archive
+
+    def offer(self) -> bytes:
+        """What a push says first, before any file: the manifest and which of its lines are
+        executable, as one JSON line (the agent's `read_offer`)."""
+        executable = [line for line, entry in enumerate(self.files) if entry.executable]
+        return json.dumps({"manifest": self.manifest.decode("utf-8"), "executable": executable}).encode() + b"\n"
+
+    def files_archive(self, lines: tuple[int, ...]) -> bytes:
+        """A gzip'd tar of the files on these manifest lines, the ones a host asked for.
+
+        Built once per set of lines and shared by every host of a push that asks for it (a
+        fleet on one release asks for the same files)."""
+        with self._archive_lock:
+            archive = self._file_archives.get(lines)
+            if archive is None:
+                picked = [self.files[line] for line in lines]
+                archive = self._file_archives[lines] = _gzip_tar(
+                    [(f.relpath, f.source.read_bytes(), f.executable) for f in picked])
+            return archive
+
+
+def _gzip_tar(members: list[tuple[str, bytes, bool]]) -> bytes:
+    """(name, data, executable) members as one deterministic gzip'd tar."""
+    import gzip
+
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb", compresslevel=1, mtime=0) as packed, \
+            tarfile.open(fileobj=packed, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data, executable in members:
+            _add_bytes(tar, name, data, executable=executable)
+    return buffer.getvalue()
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, *, executable: bool) -> None:

@@ -1,0 +1,208 @@
+"""A push to a host that keeps an older release sends only the files it lacks, builds the rest
+from what it holds (each copy hashed as it is written), and stays atomic: on the local
+transport, with the bytes that went to the agent's stdin read back as the tar they were."""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import stat
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from ddtree_ops.errors import RemoteStepError
+from ddtree_ops.inventory import parse_inventory
+from ddtree_ops.release import build_bundle
+from ddtree_ops.remote_layout import PushAction, asked_lines, ensure_release, plan_push
+from ddtree_ops.transport.local import LocalTransport
+from fixtures.checkout import make_checkout
+
+
+def local_host(workdir: Path):
+    inv = parse_inventory({"hosts": {"local": {"transport": "local", "workdir": str(workdir),
+                                               "python": sys.executable}}}, source="t", base_dir=Path("."))
+    return inv.hosts["local"]
+
+
+class _Tee(io.RawIOBase):
+    def __init__(self, source, sink: bytearray):
+        self.source, self.sink = source, sink
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.source.read(size)
+        self.sink.extend(data)
+        return data
+
+
+class RecordingTransport(LocalTransport):
+    """The local transport, keeping every byte each command read from its stdin."""
+
+    def __init__(self) -> None:
+        super().__init__("local")
+        self.stdins: list[bytearray] = []
+
+    def run(self, argv, *, stdin=None, **kwargs):
+        if stdin is not None and not isinstance(stdin, (bytes, bytearray)):
+            self.stdins.append(bytearray())
+            stdin = _Tee(stdin, self.stdins[-1])
+        return super().run(argv, stdin=stdin, **kwargs)
+
+
+def files_on_the_wire(stdin: bytes) -> list[str]:
+    """Names of the files a push's stdin carried: past the agent (length-prefixed) and the
+    offer line, whatever follows is the tar of the files sent."""
+    size, _, rest = bytes(stdin).partition(b"\n")
+    rest = rest[int(size):]
+    offer, _, payload = rest.partition(b"\n")
+    assert "manifest" in json.loads(offer)
+    if not payload:
+        return []
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(payload))) as tar:
+        return tar.getnames()
+
+
+def tree_hashes(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def checkout_with_more(root: Path, version: str, extra: dict[str, str]) -> Path:
+    make_checkout(root, version)
+    for relpath, text in extra.items():
+        (root / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (root / relpath).write_text(text)
+    return root
+
+
+SHARED = {f"src/ddtree/part{i}.py": f"PART = {i}\n" * 50 for i in range(6)}
+
+
+@pytest.mark.slow
+def test_a_host_with_an_older_release_is_sent_only_the_changed_file(tmp_path):
+    host, transport = local_host(tmp_path / "w"), RecordingTransport()
+    old = build_bundle(checkout_with_more(tmp_path / "a", "1", SHARED))
+    new = build_bundle(checkout_with_more(tmp_path / "b", "2", SHARED))  # only __init__.py differs
+    first = ensure_release(transport, host, old)
+    assert (first.action, first.files_sent, first.files_reused) == (PushAction.UPLOADED, len(old.files), 0)
+    assert sorted(files_on_the_wire(transport.stdins[-1])) == sorted(f.relpath for f in old.files)
+    outcome = ensure_release(transport, host, new)
+    assert files_on_the_wire(transport.stdins[-1]) == ["src/ddtree/__init__.py"]
+    assert (outcome.action, outcome.previous) == (PushAction.UPLOADED, old.release_id)
+    assert (outcome.files_sent, outcome.files_reused, outcome.reuse_rejected) == (1, len(new.files) - 1, ())
+    changed_line = [f.relpath for f in new.files].index("src/ddtree/__init__.py")
+    assert outcome.bytes_sent == len(new.files_archive((changed_line,)))
+    current = tmp_path / "w" / "current"
+    assert os.readlink(current) == f"releases/{new.release_id}"
+    assert tree_hashes(current) == {**{f.relpath: f.sha256 for f in new.files},
+                                    "MANIFEST.sha256": hashlib.sha256(new.manifest).hexdigest()}
+    runner = current / "ddtree_ops" / "hostside" / "runner.py"  # copied from the old release: still executable
+    assert stat.S_IMODE(runner.stat().st_mode) == 0o755
+    assert stat.S_IMODE((current / "src" / "ddtree" / "part0.py").stat().st_mode) == 0o644
+    assert tree_hashes(tmp_path / "w" / "releases" / old.release_id)["src/ddtree/__init__.py"] == \
+        hashlib.sha256(b"VERSION = '1'\n").hexdigest()  # the old release is read, never changed
+
+
+@pytest.mark.slow
+def test_a_release_made_of_held_files_only_is_assembled_with_nothing_sent(tmp_path):
+    host, transport = local_host(tmp_path / "w"), RecordingTransport()
+    bigger = build_bundle(checkout_with_more(tmp_path / "a", "1", SHARED))
+    smaller_root = checkout_with_more(tmp_path / "b", "1", SHARED)
+    (smaller_root / "src" / "ddtree" / "part5.py").unlink()  # a file removed: every other one is held
+    smaller = build_bundle(smaller_root)
+    ensure_release(transport, host, bigger)
+    plan = plan_push(transport, host, smaller)
+    assert (plan.action, plan.files_to_send, plan.bytes_to_send) == ("assemble", 0, 0)
+    outcome = ensure_release(transport, host, smaller)
+    assert (outcome.action, outcome.files_sent, outcome.bytes_sent) == (PushAction.ASSEMBLED, 0, 0)
+    assert files_on_the_wire(transport.stdins[-1]) == []
+    assert not (tmp_path / "w" / "current" / "src" / "ddtree" / "part5.py").exists()
+    assert ensure_release(transport, host, smaller).action is PushAction.UNCHANGED
+
+
+@pytest.mark.slow
+def test_a_tampered_held_file_is_caught_by_its_copy_hash_and_sent_instead(tmp_path):
+    """The old release was edited after it was installed: the copy of that file hashes wrong
+    as it is written, so it is not used; the host asks for it, and says which copy it refused."""
+    host, transport = local_host(tmp_path / "w"), RecordingTransport()
+    old = build_bundle(checkout_with_more(tmp_path / "a", "1", SHARED))
+    new = build_bundle(checkout_with_more(tmp_path / "b", "2", SHARED))
+    ensure_release(transport, host, old)
+    tampered = tmp_path / "w" / "releases" / old.release_id / "src" / "ddtree" / "part3.py"
+    tampered.write_text("PART = 'evil'\n")
+    plan = plan_push(transport, host, new)
+    assert plan.files_to_send == 2  # the plan hashes what it would reuse too
+    outcome = ensure_release(transport, host, new)
+    assert sorted(files_on_the_wire(transport.stdins[-1])) == ["src/ddtree/__init__.py", "src/ddtree/part3.py"]
+    assert outcome.reuse_rejected == (f"{old.release_id}/src/ddtree/part3.py: hash mismatch",)
+    assert (outcome.files_sent, outcome.files_reused) == (2, len(new.files) - 2)
+    assert (tmp_path / "w" / "current" / "src" / "ddtree" / "part3.py").read_text() == SHARED["src/ddtree/part3.py"]
+    assert tampered.read_text() == "PART = 'evil'\n"  # not ours to repair: left, named by prune
+    later = build_bundle(checkout_with_more(tmp_path / "c", "3", SHARED))
+    assert any(line.startswith(old.release_id) and "hash mismatch" in line
+               for line in ensure_release(transport, host, later, keep=1).foreign)
+
+
+def test_no_link_in_a_held_release_is_followed(tmp_path):
+    """A held file replaced by a link (even to the right bytes), or a held folder replaced by a
+    link, is not read: those files are sent."""
+    host, transport = local_host(tmp_path / "w"), RecordingTransport()
+    old = build_bundle(checkout_with_more(tmp_path / "a", "1", SHARED))
+    new = build_bundle(checkout_with_more(tmp_path / "b", "2", SHARED))
+    ensure_release(transport, host, old)
+    held = tmp_path / "w" / "releases" / old.release_id
+    right_bytes = tmp_path / "elsewhere.py"
+    right_bytes.write_text(SHARED["src/ddtree/part1.py"])
+    (held / "src" / "ddtree" / "part1.py").unlink()
+    (held / "src" / "ddtree" / "part1.py").symlink_to(right_bytes)
+    os.rename(held / "ddtree_ops", tmp_path / "moved")
+    (held / "ddtree_ops").symlink_to(tmp_path / "moved")
+    outcome = ensure_release(transport, host, new)
+    assert sorted(files_on_the_wire(transport.stdins[-1])) == [
+        "ddtree_ops/hostside/runner.py", "src/ddtree/__init__.py", "src/ddtree/part1.py"]
+    assert all("unreadable" in why for why in outcome.reuse_rejected) and len(outcome.reuse_rejected) == 2
+    assert tree_hashes(tmp_path / "w" / "current")["src/ddtree/part1.py"] == \
+        hashlib.sha256(SHARED["src/ddtree/part1.py"].encode()).hexdigest()
+    assert not (tmp_path / "w" / "current" / "src" / "ddtree" / "part1.py").is_symlink()
+
+
+def test_a_foreign_folder_named_like_a_release_is_never_a_source(tmp_path):
+    """Only releases that bear our mark (a manifest hashing to the folder's name) are read."""
+    host, transport = local_host(tmp_path / "w"), RecordingTransport()
+    new = build_bundle(checkout_with_more(tmp_path / "b", "2", SHARED))
+    impostor = tmp_path / "w" / "releases" / "0123456789abcdef"
+    for entry in new.files:
+        (impostor / entry.relpath).parent.mkdir(parents=True, exist_ok=True)
+        (impostor / entry.relpath).write_bytes(entry.source.read_bytes())
+    (impostor / "MANIFEST.sha256").write_bytes(new.manifest)  # the right files, but not its name's manifest
+    outcome = ensure_release(transport, host, new)
+    assert outcome.files_sent == len(new.files) and outcome.files_reused == 0
+    assert outcome.foreign == ("0123456789abcdef: its MANIFEST.sha256 does not hash to its name",)
+
+
+def test_a_hosts_request_for_files_is_checked(tmp_path):
+    bundle = build_bundle(make_checkout(tmp_path / "a"))
+    assert asked_lines("h", bundle, {"files": [2, 0]}) == (2, 0)
+    for bad in ([3], [-1], [0, 0], ["0"], [True], "all", None):
+        with pytest.raises(RemoteStepError, match=r"^h: push: the host asked for files by .*not lines of the 3-line"):
+            asked_lines("h", bundle, {"files": bad})
+
+
+def test_an_offer_whose_manifest_is_not_the_release_is_refused(tmp_path):
+    from ddtree_ops.remote_layout import call_agent
+
+    host, transport = local_host(tmp_path / "w"), LocalTransport("local")
+    one = build_bundle(make_checkout(tmp_path / "a", "1"))
+    two = build_bundle(make_checkout(tmp_path / "b", "2"))
+    with pytest.raises(RemoteStepError, match=f"offered manifest does not hash to release {one.release_id}"):
+        call_agent(transport, host, "push", one.release_id, "5", "5", "1", payload=io.BytesIO(two.offer()))
+    with pytest.raises(RemoteStepError, match="does not start with the release offer"):
+        call_agent(transport, host, "push", one.release_id, "5", "5", "1", payload=io.BytesIO(b"junk\n"))
+    assert not (tmp_path / "w" / "current").exists()
