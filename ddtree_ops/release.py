@@ -13,15 +13,17 @@ import importlib.util
 import io
 import json
 import os
-import tarfile
 import threading
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from ddtree_ops.errors import UsageError
 from ddtree_ops.hostside.agent import MANIFEST_NAME, manifest_id  # the host reads what we write: one rule
+
+if TYPE_CHECKING:  # pragma: no cover
+    import tarfile
 
 HOSTSIDE_DIR = "ddtree_ops/hostside"  # the code that runs on a host: agent, runner, stages, installer
 RUNNER_RELPATH = f"{HOSTSIDE_DIR}/runner.py"
@@ -128,6 +130,7 @@ class ReleaseBundle:
 def _gzip_tar(members: list[tuple[str, bytes, bool]]) -> bytes:
     """(name, data, executable) members as one deterministic gzip'd tar."""
     import gzip
+    import tarfile
 
     buffer = io.BytesIO()
     with gzip.GzipFile(fileobj=buffer, mode="wb", compresslevel=1, mtime=0) as packed, \
@@ -137,7 +140,9 @@ def _gzip_tar(members: list[tuple[str, bytes, bool]]) -> bytes:
     return buffer.getvalue()
 
 
-def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, *, executable: bool) -> None:
+def _add_bytes(tar: "tarfile.TarFile", name: str, data: bytes, *, executable: bool) -> None:
+    import tarfile
+
     info = tarfile.TarInfo(name)
     info.size = len(data)
     info.mode = 0o755 if executable else 0o644
