@@ -15,6 +15,7 @@ import json
 import os
 import threading
 import unicodedata
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
@@ -86,7 +87,7 @@ class ReleaseBundle:
     # the git commit the files were read from and whether they differ from it (None: not a git checkout)
     git: Optional["GitOrigin"] = None
     _archive: Optional[bytes] = field(default=None, repr=False)
-    _file_archives: dict[tuple[int, ...], bytes] = field(default_factory=dict, repr=False)
+    _payloads: dict[tuple[int, ...], bytes] = field(default_factory=dict, repr=False)
     _archive_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
@@ -113,18 +114,22 @@ class ReleaseBundle:
         executable = [line for line, entry in enumerate(self.files) if entry.executable]
         return json.dumps({"manifest": self.manifest.decode("utf-8"), "executable": executable}).encode() + b"\n"
 
-    def files_archive(self, lines: tuple[int, ...]) -> bytes:
-        """A gzip'd tar of the files on these manifest lines, the ones a host asked for.
+    def files_payload(self, lines: tuple[int, ...]) -> bytes:
+        """The files on these manifest lines, the ones a host asked for, as its agent reads
+        them (`receive_files`): one zlib stream of `<size>\n<bytes>` per file, in that order.
 
-        Built once per set of lines and shared by every host of a push that asks for it (a
+        Made once per set of lines and shared by every host of a push that asks for it (a
         fleet on one release asks for the same files)."""
         with self._archive_lock:
-            archive = self._file_archives.get(lines)
-            if archive is None:
-                picked = [self.files[line] for line in lines]
-                archive = self._file_archives[lines] = _gzip_tar(
-                    [(f.relpath, f.source.read_bytes(), f.executable) for f in picked])
-            return archive
+            payload = self._payloads.get(lines)
+            if payload is None:
+                packer = zlib.compressobj(1)
+                parts = []
+                for line in lines:
+                    data = self.files[line].source.read_bytes()
+                    parts += [packer.compress(b"%d\n" % len(data)), packer.compress(data)]
+                payload = self._payloads[lines] = b"".join(parts) + packer.flush()
+            return payload
 
 
 def _gzip_tar(members: list[tuple[str, bytes, bool]]) -> bytes:

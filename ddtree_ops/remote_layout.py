@@ -10,7 +10,7 @@ Layout under the host's `workdir` (default `~/.ddtree-ops`, `~` resolved on the 
 
 Every operation is one process of the host's Python running `hostside/agent.py`, which
 arrives on stdin behind a one-line bootstrap, so the command line stays short and the rest of
-stdin can carry a release archive on the same channel.
+stdin can carry the release's files on the same channel.
 """
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def agent_argv(host: Host, op: str, *args: str, site: bool = False, workdir: Opt
 
 class _PayloadGate(io.RawIOBase):
     """The stdin tail of a push: blocks until the agent says which files it needs, then
-    yields their archive (`open_(make_payload)`; made then, in the reading thread) or EOF
+    yields them (`open_(make_payload)`; made then, in the reading thread) or EOF
     (`finish`). Never blocks past `timeout`."""
 
     def __init__(self, timeout: float):
@@ -271,7 +271,7 @@ def ensure_release(
 
 @dataclass(frozen=True)
 class Sent:
-    """What one push sent a host: files and archive bytes (none when it held them all)."""
+    """What one push sent a host: files and their bytes on the wire (none when it held them all)."""
 
     files: int = 0
     bytes: int = 0
@@ -293,7 +293,7 @@ def run_with_release_on_demand(
 ) -> tuple[CommandResult, Sent]:
     """Run an agent operation that may ask for files of the release (`{"need": ID, "files":
     [lines]}` on stdout, see agent.push_locked); stdin carries the agent, then `before`, then
-    the offer (bundle.offer), then the archive of the files asked for, only if asked."""
+    the offer (bundle.offer), then the files asked for (bundle.files_payload), only if asked."""
     gate = _PayloadGate(timeout)
     asked: dict[str, Any] = {}
 
@@ -304,9 +304,9 @@ def run_with_release_on_demand(
             except (ValueError, RemoteStepError) as err:
                 asked["error"] = err if isinstance(err, RemoteStepError) else RemoteStepError(
                     f"{transport.host_name}: push: an unreadable request for files: {quoted(line)}")
-                gate.finish()  # nothing sent: the agent fails on an empty archive
+                gate.finish()  # nothing sent: the agent fails on the missing files
                 return
-            gate.open_(lambda: bundle.files_archive(asked["lines"]))
+            gate.open_(lambda: bundle.files_payload(asked["lines"]))
         elif line.startswith("{"):
             gate.finish()
 
@@ -321,12 +321,12 @@ def run_with_release_on_demand(
     finally:
         gate.finish()
     if gate.error is not None:
-        raise gate.error  # the archive could not be made here: that, not the host's reply
+        raise gate.error  # the files could not be read here: that, not the host's reply
     if "error" in asked:
         raise asked["error"]
     if not gate.opened:
         return result, Sent()
-    return result, Sent(files=len(asked["lines"]), bytes=len(bundle.files_archive(asked["lines"])))
+    return result, Sent(files=len(asked["lines"]), bytes=len(bundle.files_payload(asked["lines"])))
 
 
 def push_outcome(host: Host, bundle: ReleaseBundle, reply: dict[str, Any], sent: Sent) -> PushOutcome:
@@ -354,7 +354,7 @@ class PushPlan:
     action: str  # upload | assemble | activate | unchanged
     previous: Optional[str]
     workdir: str
-    bytes_to_send: int  # the archive of the files the host lacks
+    bytes_to_send: int  # the files the host lacks, as sent (compressed)
     files_to_send: int = 0
     files_to_reuse: int = 0  # held intact on the host (hashed there for this plan)
     reuse_rejected: tuple[str, ...] = ()  # "<id>/<relpath>: why" a held copy would not be used
@@ -379,7 +379,7 @@ def plan_push(transport: Transport, host: Host, bundle: ReleaseBundle, *, keep: 
     return PushPlan(
         release_id=bundle.release_id, action=action,
         previous=check_optional_host_id(host.name, IdKind.RELEASE, reply.get("previous"), "push plan: previous"),
-        workdir=reply["workdir"], bytes_to_send=len(bundle.files_archive(lines)) if lines else 0,
+        workdir=reply["workdir"], bytes_to_send=len(bundle.files_payload(lines)) if lines else 0,
         files_to_send=len(lines), files_to_reuse=len(bundle.files) - len(lines) if action in ("upload", "assemble") else 0,
         reuse_rejected=tuple(str(r) for r in reply.get("reuse_rejected", ())),
         pruned=tuple(check_host_id(host.name, IdKind.RELEASE, p, "push plan: pruned") for p in reply.get("pruned", ())),

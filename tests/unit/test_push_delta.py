@@ -3,14 +3,13 @@ from what it holds (each copy hashed as it is written), and stays atomic: on the
 transport, with the bytes that went to the agent's stdin read back as the tar they were."""
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
 import json
 import os
 import stat
 import sys
-import tarfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -57,16 +56,19 @@ class RecordingTransport(LocalTransport):
 
 
 def files_on_the_wire(stdin: bytes) -> list[str]:
-    """Names of the files a push's stdin carried: past the agent (length-prefixed) and the
-    offer line, whatever follows is the tar of the files sent."""
+    """The files a push's stdin carried, named by their content: past the agent (length-
+    prefixed) and the offer line, a zlib stream of `<size>\n<bytes>` per file; each file's
+    sha256 is looked up in the offered manifest."""
     size, _, rest = bytes(stdin).partition(b"\n")
     rest = rest[int(size):]
     offer, _, payload = rest.partition(b"\n")
-    assert "manifest" in json.loads(offer)
-    if not payload:
-        return []
-    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(payload))) as tar:
-        return tar.getnames()
+    by_digest = {line[:64]: line[66:] for line in json.loads(offer)["manifest"].splitlines()}
+    stream, names = zlib.decompress(payload) if payload else b"", []
+    while stream:
+        length, _, stream = stream.partition(b"\n")
+        data, stream = stream[:int(length)], stream[int(length):]
+        names.append(by_digest[hashlib.sha256(data).hexdigest()])
+    return names
 
 
 def tree_hashes(root: Path) -> dict[str, str]:
@@ -98,7 +100,7 @@ def test_a_host_with_an_older_release_is_sent_only_the_changed_file(tmp_path):
     assert (outcome.action, outcome.previous) == (PushAction.UPLOADED, old.release_id)
     assert (outcome.files_sent, outcome.files_reused, outcome.reuse_rejected) == (1, len(new.files) - 1, ())
     changed_line = [f.relpath for f in new.files].index("src/ddtree/__init__.py")
-    assert outcome.bytes_sent == len(new.files_archive((changed_line,)))
+    assert outcome.bytes_sent == len(new.files_payload((changed_line,)))
     current = tmp_path / "w" / "current"
     assert os.readlink(current) == f"releases/{new.release_id}"
     assert tree_hashes(current) == {**{f.relpath: f.sha256 for f in new.files},
@@ -206,3 +208,33 @@ def test_an_offer_whose_manifest_is_not_the_release_is_refused(tmp_path):
     with pytest.raises(RemoteStepError, match="does not start with the release offer"):
         call_agent(transport, host, "push", one.release_id, "5", "5", "1", payload=io.BytesIO(b"junk\n"))
     assert not (tmp_path / "w" / "current").exists()
+
+
+def frames(files: list[bytes]) -> bytes:
+    return b"".join(b"%d\n" % len(data) + data for data in files)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda files: zlib.compress(frames(files[:-1] + [files[-1] + b"#"])), "arrived with the wrong sha256"),
+    (lambda files: zlib.compress(frames(files))[:-9], "the files sent end inside"),
+    (lambda files: zlib.compress(frames(files[:-1])), "the files sent break off before"),
+    (lambda files: zlib.compress(frames(files) + b"3\nabc"), "more was sent than the 2 file"),
+    (lambda files: frames(files), "not a zlib stream"),
+])
+def test_files_that_are_not_what_was_asked_for_install_nothing(tmp_path, damage, message):
+    """The agent reads exactly the files it asked for: altered, cut short, missing or followed
+    by more, nothing is installed and the previous release stays active."""
+    from ddtree_ops.remote_layout import call_agent
+
+    host, transport = local_host(tmp_path / "w"), LocalTransport("local")
+    old = build_bundle(make_checkout(tmp_path / "a", "1"))
+    ensure_release(transport, host, old)
+    root = make_checkout(tmp_path / "b", "2", smoke=False)
+    (root / "src" / "ddtree" / "tree.py").write_text("X = 2\n")
+    new = build_bundle(root)  # two files, neither held: both asked for
+    files = [f.source.read_bytes() for f in new.files]
+    with pytest.raises(RemoteStepError, match=message):
+        call_agent(transport, host, "push", new.release_id, "5", "5", "1",
+                   payload=io.BytesIO(new.offer() + damage(files)))
+    assert os.readlink(tmp_path / "w" / "current") == f"releases/{old.release_id}"
+    assert sorted(os.listdir(tmp_path / "w" / "releases")) == [old.release_id]
