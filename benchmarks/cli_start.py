@@ -2,11 +2,12 @@
 and everything the CLI needs to parse its options; what the verb then does is its own work).
 
     .venv/bin/python benchmarks/cli_start.py [--repeat 15] [--imports 5] [--target 0.12]
+    .venv/bin/python benchmarks/cli_start.py --compare /path/to/other-checkout/.venv/bin/python
 
-The checkout's bytecode is compiled first, as an installed package's is (with
-PYTHONDONTWRITEBYTECODE=1 in the environment, an editable checkout would otherwise compile every
-module from source on every start). Each figure is a whole `ddtree-ops` process (interpreter
-start included), in interleaved rounds:
+Every command runs once untimed first, its bytecode kept as an installed package's is
+(benchmarks/bytecode.py). `--compare PYTHON` times that interpreter's `ddtree-ops` (another
+checkout's, say `main`) in the same rounds, for a ratio measured under the same load. Each
+figure is a whole `ddtree-ops` process (interpreter start included), in interleaved rounds:
 wall time and the process's CPU time (user + system, from its rusage), min / median / max. The
 CPU time and the minimum suffer least from other work on the machine; the load average is
 printed with them. A second table lists the modules whose imports cost the most during
@@ -26,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_args import positive_int  # noqa: E402
+from bytecode import bytecode_env  # noqa: E402
 
 CLI = str(Path(sys.executable).with_name("ddtree-ops"))
 VERBS = ("push", "smoke", "collect", "report", "bench", "deploy", "rollback", "hosts list", "hosts check",
@@ -35,12 +37,15 @@ HEAVY = ("torch", "paramiko", "typer.rich_utils", "rich.markdown", "rich.syntax"
          "markdown_it", "pydantic", "yaml")
 
 
+ENV = bytecode_env()
+
+
 def one_run(argv: list[str]) -> tuple[float, float]:
     """(wall s, CPU s) of one process."""
     import time
 
     started = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
     stderr = proc.stderr.read()
     _, status, usage = os.wait4(proc.pid, 0)
     elapsed = time.perf_counter() - started
@@ -56,7 +61,7 @@ def import_costs(runs: int) -> tuple[dict[str, tuple[int, int]], set[str]]:
     loaded: set[str] = set()
     for _ in range(runs):
         done = subprocess.run([sys.executable, "-X", "importtime", "-m", "ddtree_ops", "--help"],
-                              capture_output=True, text=True, check=True)
+                              capture_output=True, text=True, check=True, env=ENV)
         for line in done.stderr.splitlines():
             if not line.startswith("import time:") or "|" not in line or "self [us]" in line:
                 continue
@@ -69,13 +74,6 @@ def import_costs(runs: int) -> tuple[dict[str, tuple[int, int]], set[str]]:
     return best, loaded
 
 
-def compile_checkout() -> None:
-    """Bytecode for the checkout's packages (what `pip install` does for an installed one)."""
-    root = Path(__file__).resolve().parents[1]
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(root / "ddtree_ops"), str(root / "src")],
-                   check=True, stdout=subprocess.DEVNULL)
-
-
 def spread(values: list[float]) -> str:
     return f"{min(values) * 1000:.0f} / {statistics.median(values) * 1000:.0f} / {max(values) * 1000:.0f}"
 
@@ -85,11 +83,20 @@ def main() -> None:
     parser.add_argument("--repeat", type=positive_int, default=15, help="interleaved rounds")
     parser.add_argument("--imports", type=positive_int, default=5, help="-X importtime runs (smallest kept)")
     parser.add_argument("--target", type=float, default=0.12, help="seconds a start should take at most")
+    parser.add_argument("--compare", metavar="PYTHON",
+                        help="also time the ddtree-ops beside this interpreter (another checkout's venv)")
     args = parser.parse_args()
-    commands = [("ddtree-ops --help", [CLI, "--help"])] + [
-        (f"ddtree-ops {verb} --help", [CLI, *verb.split(), "--help"]) for verb in VERBS]
+    clis = [("", CLI)]
+    if args.compare:
+        other = Path(args.compare).with_name("ddtree-ops")
+        if not other.is_file():
+            parser.error(f"--compare: no ddtree-ops beside {args.compare}")
+        clis.append((f"[{args.compare}] ", str(other)))
+    commands = [(f"{tag}ddtree-ops {' '.join(words)}".rstrip(), [cli, *words])
+                for words in [["--help"]] + [[*verb.split(), "--help"] for verb in VERBS] for tag, cli in clis]
     baseline = ("python -c pass (the interpreter alone)", [sys.executable, "-c", "pass"])
-    compile_checkout()
+    for _, argv in [baseline, *commands]:
+        one_run(argv)  # untimed: writes the bytecode the timed runs read
     load_before = os.getloadavg()
     samples: dict[str, list[tuple[float, float]]] = {}
     for _ in range(args.repeat):  # interleaved: load from other work hits every row alike
@@ -105,7 +112,13 @@ def main() -> None:
     print("|---|---|---|---|")
     for name, _ in [baseline, *commands]:
         walls, cpus = [s[0] for s in samples[name]], [s[1] for s in samples[name]]
-        verdict = "-" if name == baseline[0] else ("met" if statistics.median(walls) < args.target else "MISSED")
+        if name == baseline[0]:
+            verdict = "-"
+        elif name.startswith("["):  # the compared checkout: its median against this one's, same rounds
+            ours = [s[0] for s in samples[name.split("] ", 1)[1]]]
+            verdict = f"{statistics.median(walls) / statistics.median(ours):.2f}x this checkout's"
+        else:
+            verdict = "met" if statistics.median(walls) < args.target else "MISSED"
         print(f"| {name} | {spread(walls)} | {spread(cpus)} | {verdict} |")
     print()
     print(f"Costliest imports of `ddtree-ops --help` (smallest of {args.imports} `-X importtime` runs, ms):")

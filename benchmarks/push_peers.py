@@ -3,6 +3,7 @@ sshd processes, in one interleaved run.
 
     .venv/bin/python benchmarks/push_peers.py [--hosts 1,8,64] [--repeat 3] [--parallel 32]
     .venv/bin/python benchmarks/push_peers.py --login-user ddtree-bench --host-python /opt/bench-venv/bin/python
+    .venv/bin/python benchmarks/push_peers.py --compare /path/to/other-checkout/.venv/bin/python
 
 Needs sshd, rsync, scp and parallel-ssh: `apt-get install openssh-server openssh-client rsync pssh`
 (Debian names the pssh tools `parallel-ssh`, `parallel-scp`; scripts/bootstrap.sh installs the
@@ -19,7 +20,9 @@ machine to each selected host, at most `--parallel` hosts at once (push's defaul
   `-O`: the classic protocol, as the loopback sshd runs no SFTP subsystem);
 - parallel-ssh: `tar c TREE | parallel-ssh -I 'mkdir -p DEST && tar x -C DEST'` (the hosts share
   one filesystem and one account here, so parallel-scp's one remote path cannot give each its
-  own folder; `$HOME` does: each loopback host has its own).
+  own folder; `$HOME` does: each loopback host has its own);
+- with `--compare PYTHON`, also the `ddtree-ops push` beside that interpreter (another
+  checkout's, say `main`), as one more tool.
 
 Three workloads per host count: cold (empty destinations), nothing changed (the same tree again),
 one file changed (a line added to one module, new every round). Rounds are interleaved (each
@@ -56,13 +59,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import yaml  # noqa: E402
 
 from bench_args import positive_int  # noqa: E402
+from bytecode import bytecode_env  # noqa: E402
 from fanout import openssh, stage_bundle_files  # noqa: E402
 from sshd_fleet import SshdFleet, SshdHost, descendants, sshd_available  # noqa: E402
 
 CLI = str(Path(sys.executable).with_name("ddtree-ops"))
-TOOLS = ("ddtree-ops", "rsync", "scp", "parallel-ssh")
+PEERS = ("rsync", "scp", "parallel-ssh")
+COMPARED = "ddtree-ops (compared)"
 WORKLOADS = ("cold", "nothing changed", "one file changed")
 CHANGED_FILE = "src/ddtree/__init__.py"  # the file a "one file changed" round edits
+ENV = bytecode_env()
 
 
 @dataclass
@@ -79,8 +85,9 @@ def host_counts(text: str) -> list[int]:
 
 
 class Bench:
-    def __init__(self, fleet: SshdFleet, tree: Path, parallel: int, base: Path):
+    def __init__(self, fleet: SshdFleet, tree: Path, parallel: int, base: Path, compared_cli: Optional[str]):
         self.fleet, self.tree, self.parallel, self.base = fleet, tree, parallel, base
+        self.clis = {"ddtree-ops": CLI, **({COMPARED: compared_cli} if compared_cli else {})}
         self.ssh = openssh(fleet)
         self.expected: dict[str, str] = {}
 
@@ -88,23 +95,26 @@ class Bench:
 
     def dest(self, tool: str, host: SshdHost, tag: str) -> Path:
         """The folder on `host` that holds the tree after `tool` ran (push: its active release)."""
-        if tool == "ddtree-ops":
-            return host.directory / f"push-{tag}" / "current"
+        if tool in self.clis:
+            return self.workdir(tool, host, tag) / "current"
         return host.directory / f"{tool}-{tag}"
 
-    def inventory(self, hosts: list[SshdHost], tag: str) -> Path:
-        doc = self.fleet.inventory_dict(host_overrides={h.name: {"workdir": str(h.directory / f"push-{tag}")}
+    def workdir(self, tool: str, host: SshdHost, tag: str) -> Path:
+        return host.directory / f"push-{'compared-' if tool == COMPARED else ''}{tag}"
+
+    def inventory(self, tool: str, hosts: list[SshdHost], tag: str) -> Path:
+        doc = self.fleet.inventory_dict(host_overrides={h.name: {"workdir": str(self.workdir(tool, h, tag))}
                                                         for h in self.fleet.hosts})
         doc["hosts"] = {h.name: doc["hosts"][h.name] for h in hosts}
-        path = self.base / f"hosts-{tag}-{len(hosts)}.yaml"
+        path = self.base / f"hosts-{tool == COMPARED}-{tag}-{len(hosts)}.yaml"
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         return path
 
     # ------------------------------------------------------------ the tools
 
     def run_tool(self, tool: str, hosts: list[SshdHost], tag: str) -> None:
-        if tool == "ddtree-ops":
-            self.each([[CLI, "push", "-i", str(self.inventory(hosts, tag)), "--source", str(self.tree),
+        if tool in self.clis:
+            self.each([[self.clis[tool], "push", "-i", str(self.inventory(tool, hosts, tag)), "--source", str(self.tree),
                         "--parallel", str(self.parallel)]])
         elif tool == "rsync":
             self.each([["rsync", "-a", "--delete", "-e", f"{self.ssh} -p {h.port}", f"{self.tree}/",
@@ -129,7 +139,7 @@ class Bench:
     def each(self, commands: list[list[str]], cwd: Optional[Path] = None) -> None:
         """Run the commands, at most --parallel at once; every one must succeed."""
         def one(argv: list[str]) -> None:
-            done = subprocess.run(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            done = subprocess.run(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
             if done.returncode != 0:
                 raise SystemExit(f"{' '.join(argv[:3])}...: exit {done.returncode}\n{done.stderr.decode()[-1500:]}")
 
@@ -186,6 +196,19 @@ class Bench:
         self.snapshot()
 
 
+def tools_of(args: argparse.Namespace) -> tuple[str, ...]:
+    return ("ddtree-ops", *PEERS, *((COMPARED,) if args.compare else ()))
+
+
+def compared_cli(python: Optional[str]) -> Optional[str]:
+    if python is None:
+        return None
+    cli = Path(python).with_name("ddtree-ops")
+    if not cli.is_file():
+        raise SystemExit(f"--compare: no ddtree-ops beside {python}")
+    return str(cli)
+
+
 def run(args: argparse.Namespace) -> tuple[dict[tuple[int, str, str], list[Sample]], int]:
     base = Path(tempfile.mkdtemp(prefix="ddtree-push-peers-"))
     fleet = None
@@ -195,10 +218,13 @@ def run(args: argparse.Namespace) -> tuple[dict[tuple[int, str, str], list[Sampl
         fleet.start(max(args.hosts))
         tree = base / "tree"
         files = stage_bundle_files(tree)
-        bench = Bench(fleet, tree, args.parallel, base)
+        bench = Bench(fleet, tree, args.parallel, base, compared_cli(args.compare))
         bench.snapshot()
+        for cli in bench.clis:  # untimed: writes the bytecode the timed runs read
+            bench.run_tool(cli, fleet.hosts[:1], "bytecode")
+        every = tools_of(args)
         for round_ in range(args.repeat):
-            tools = TOOLS[round_ % len(TOOLS):] + TOOLS[:round_ % len(TOOLS)]  # rotating order
+            tools = every[round_ % len(every):] + every[:round_ % len(every)]  # rotating order
             for count in args.hosts:
                 hosts = fleet.hosts[:count]
                 for tool in tools:  # cold: folders never used before
@@ -216,7 +242,7 @@ def run(args: argparse.Namespace) -> tuple[dict[tuple[int, str, str], list[Sampl
                 for tool in tools:  # the cold copies are not needed again
                     for host in hosts:
                         root = bench.dest(tool, host, f"r{round_}-n{count}")
-                        shutil.rmtree(root.parent if tool == "ddtree-ops" else root, ignore_errors=True)
+                        shutil.rmtree(root.parent if tool in bench.clis else root, ignore_errors=True)
         return samples, files
     finally:
         if fleet is not None:
@@ -244,7 +270,7 @@ def report(samples: dict[tuple[int, str, str], list[Sample]], args: argparse.Nam
     for count in args.hosts:
         for workload in WORKLOADS:
             ours = median((count, workload, "ddtree-ops"), lambda s: s.wall)
-            for tool in TOOLS:
+            for tool in tools_of(args):
                 key = (count, workload, tool)
                 walls = [s.wall for s in samples[key]]
                 loads = [s.load for s in samples[key]]
@@ -252,7 +278,7 @@ def report(samples: dict[tuple[int, str, str], list[Sample]], args: argparse.Nam
                 print(f"| {count} | {workload} | {tool} | {spread(walls)} | {ratio} | "
                       f"{median(key, lambda s: s.client_cpu) * 1000:.0f} | {median(key, lambda s: s.host_cpu) * 1000:.0f} "
                       f"| {min(loads):.1f}-{max(loads):.1f} |")
-            peers = {tool: median((count, workload, tool), lambda s: s.wall) for tool in TOOLS[1:]}
+            peers = {tool: median((count, workload, tool), lambda s: s.wall) for tool in PEERS}
             fastest = min(peers, key=peers.get)
             if count == 1:
                 bound = 1.2 * peers["rsync"]
@@ -275,13 +301,14 @@ def main() -> None:
     parser.add_argument("--parallel", type=positive_int, default=32, help="hosts at once, for every tool")
     parser.add_argument("--login-user", help="log in to the loopback hosts as this existing account (root only)")
     parser.add_argument("--host-python", default=sys.executable, help="the hosts' `python:` (readable by that account)")
+    parser.add_argument("--compare", metavar="PYTHON",
+                        help="also time the ddtree-ops push beside this interpreter (another checkout's venv)")
     args = parser.parse_args()
+    compared_cli(args.compare)  # a wrong path fails here, before the fleet starts
     missing = [t for t in ("rsync", "scp", "parallel-ssh", "tar") if not shutil.which(t)]
     if not sshd_available() or missing:
         raise SystemExit(f"needs sshd and ssh-keygen, rsync, scp, parallel-ssh, tar (missing: "
                          f"{', '.join(missing) or 'sshd'}): apt-get install openssh-server openssh-client rsync pssh")
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "ddtree_ops"), str(ROOT / "src")],
-                   check=True, stdout=subprocess.DEVNULL)  # bytecode, as an installed package has it
     load_before = os.getloadavg()
     samples, files = run(args)
     report(samples, args, files, load_before)
