@@ -288,6 +288,15 @@ def asked_lines(host_name: str, bundle: ReleaseBundle, reply: dict[str, Any]) ->
     return tuple(lines)
 
 
+def _need_line(line: str) -> dict[str, Any]:
+    import json
+
+    found = json.loads(line)
+    if not isinstance(found, dict):
+        raise ValueError("not an object")
+    return found
+
+
 def run_with_release_on_demand(
     transport: Transport, argv: list[str], bundle: ReleaseBundle, *, before: bytes = b"", timeout: float,
 ) -> tuple[CommandResult, Sent]:
@@ -298,17 +307,21 @@ def run_with_release_on_demand(
     asked: dict[str, Any] = {}
 
     def on_line(line: str) -> None:
-        if line.startswith('{"need"') and not gate.decided.is_set():  # the first request counts
-            try:
-                asked["lines"] = asked_lines(transport.host_name, bundle, json.loads(line))
-            except (ValueError, RemoteStepError) as err:
-                asked["error"] = err if isinstance(err, RemoteStepError) else RemoteStepError(
-                    f"{transport.host_name}: push: an unreadable request for files: {quoted(line)}")
-                gate.finish()  # nothing sent: the agent fails on the missing files
-                return
-            gate.open_(lambda: bundle.files_payload(asked["lines"]))
-        elif line.startswith("{"):
+        """Opens the gate on the agent's request for files, closes it on its reply; never
+        raises (the host's word: a request that is not one fails the push, after the run)."""
+        if not line.startswith("{"):
+            return
+        if not line.startswith('{"need"') or gate.decided.is_set():  # the first request counts
             gate.finish()
+            return
+        try:
+            asked["lines"] = asked_lines(transport.host_name, bundle, _need_line(line))
+        except Exception as err:  # noqa: BLE001 - told to the caller, after the run
+            asked["error"] = err if isinstance(err, RemoteStepError) else RemoteStepError(
+                f"{transport.host_name}: push: an unreadable request for files: {quoted(line)}")
+            gate.finish()  # nothing sent: the agent fails on the missing files
+            return
+        gate.open_(lambda: bundle.files_payload(asked["lines"]))
 
     try:
         result = transport.run(

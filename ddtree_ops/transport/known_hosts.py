@@ -36,36 +36,24 @@ class KnownHosts:
 
 def read_known_hosts(path: str, host_name: str) -> KnownHosts:
     """Parse a known_hosts file; a line that is not one is a ConfigError naming file:line."""
-    if not os.path.lexists(path):
-        return KnownHosts((), frozenset())
-    if not os.path.isfile(path):
-        raise ConfigError(f"{path}: known_hosts of host {host_name}: not a file")
-    try:
-        with open(path, "rb") as handle:
-            content = handle.read()
-        cached = _parsed.get(path)
-        if cached is not None and cached[0] == content:
-            return cached[1]  # every host of a fan-out reads the same file: parsed once, not once per host
-        lines = content.decode("utf-8").splitlines()
-    except (OSError, ValueError) as err:
-        reason = getattr(err, "strerror", None) or str(err).splitlines()[0]
-        raise ConfigError(f"{path}: known_hosts of host {host_name}: cannot read it: {reason}") from None
-    known = _parse(path, host_name, lines)
-    _parsed[path] = (content, known)
-    return known
-
-
-# path -> (its bytes when last parsed, what they held): read every time, parsed again only
-# when they changed (a key trusted on first use appended, an edit)
-_parsed: dict[str, tuple[bytes, KnownHosts]] = {}
-
-
-def _parse(path: str, host_name: str, lines: list[str]) -> KnownHosts:
     from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
 
     def bad(lineno: int, reason: str) -> ConfigError:
         return ConfigError(f"{path}:{lineno}: known_hosts of host {host_name}: {reason}")
 
+    if not os.path.lexists(path):
+        return KnownHosts((), frozenset())
+    if not os.path.isfile(path):
+        raise ConfigError(f"{path}: known_hosts of host {host_name}: not a file")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except (OSError, ValueError) as err:
+        reason = getattr(err, "strerror", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{path}: known_hosts of host {host_name}: cannot read it: {reason}") from None
+    cached = _parsed.get(path)
+    if cached is not None and cached[0] == lines:
+        return cached[1]  # every host of a fan-out reads the same file: parsed once, not once per host
     parsed: list[tuple[Optional[str], object]] = []
     for lineno, raw in enumerate(lines, 1):
         line = raw.strip()
@@ -87,7 +75,14 @@ def _parse(path: str, host_name: str, lines: list[str]) -> KnownHosts:
     entries = tuple(
         (name, e.key) for m, e in parsed if m is None and e.key.get_base64() not in revoked for name in e.hostnames
     )
-    return KnownHosts(entries, revoked)
+    known = KnownHosts(entries, revoked)
+    _parsed[path] = (lines, known)
+    return known
+
+
+# path -> (its lines when last parsed, what they held): read every time, parsed again only when
+# they changed (a key trusted on first use appended, an edit)
+_parsed: dict[str, tuple[list[str], KnownHosts]] = {}
 
 
 def check_known_hosts(host: Host) -> None:

@@ -238,3 +238,37 @@ def test_files_that_are_not_what_was_asked_for_install_nothing(tmp_path, damage,
                    payload=io.BytesIO(new.offer() + damage(files)))
     assert os.readlink(tmp_path / "w" / "current") == f"releases/{old.release_id}"
     assert sorted(os.listdir(tmp_path / "w" / "releases")) == [old.release_id]
+
+
+class AskingTransport(LocalTransport):
+    """Runs nothing: says `line` as the agent's stdout, then reads its stdin to the end (as an
+    agent waiting for files would) and exits 1. A unit test of the layer above the agent."""
+
+    def __init__(self, line: str):
+        super().__init__("h")
+        self.line, self.read = line, b""
+
+    def run(self, argv, *, stdin=None, on_stdout_line=None, **kwargs):
+        from ddtree_ops.transport.base import CommandResult
+
+        on_stdout_line(self.line)
+        self.read = stdin.read()
+        return CommandResult("h", tuple(argv), 1, self.line + "\n", "", 0.0)
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"need": "x", "files": [7]}', r"asked for files by \[7\], not lines of the 3-line manifest"),
+    ('{"need": "x", "files": "all"}', "asked for files by 'all'"),
+    ('{"need": [[[' + "[" * 100_000, "an unreadable request for files"),
+    ('{"need" nonsense', "an unreadable request for files"),
+])
+def test_a_request_for_files_that_is_not_one_fails_the_push_and_sends_nothing(tmp_path, line, message):
+    """The host's request is read on the transport's thread: whatever it holds, nothing is sent
+    and the push fails at once with what was wrong (never a wait for the command's timeout)."""
+    from ddtree_ops.remote_layout import run_with_release_on_demand
+
+    bundle = build_bundle(make_checkout(tmp_path / "a"))
+    transport = AskingTransport(line)
+    with pytest.raises(RemoteStepError, match=message):
+        run_with_release_on_demand(transport, ["agent"], bundle, timeout=300)
+    assert transport.read.endswith(bundle.offer())  # the agent and the offer, and no file
