@@ -51,10 +51,10 @@ def read_known_hosts(path: str, host_name: str) -> KnownHosts:
     except (OSError, ValueError) as err:
         reason = getattr(err, "strerror", None) or str(err).splitlines()[0]
         raise ConfigError(f"{path}: known_hosts of host {host_name}: cannot read it: {reason}") from None
+    parsed: list[tuple[Optional[str], object]] = []
     cached = _parsed.get(path)
     if cached is not None and cached[0] == lines:
         return cached[1]  # every host of a fan-out reads the same file: parsed once, not once per host
-    parsed: list[tuple[Optional[str], object]] = []
     for lineno, raw in enumerate(lines, 1):
         line = raw.strip()
         if not line or line.startswith("#"):
