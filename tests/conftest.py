@@ -30,6 +30,7 @@ LONGEST_FILES = (
     "tests/sglang_server/test_cpu_server_e2e.py",  # five real SGLang servers on CPU
     "tests/integration/test_deploy_sglang.py",
     "tests/integration/test_deploy_lifecycle.py",
+    "tests/integration/test_deploy_steps.py",
     "tests/property/test_core_parity.py",
     "tests/integration/test_smoke_fleet.py",
     "tests/unit/test_decode_lossless.py",

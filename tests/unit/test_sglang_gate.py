@@ -313,3 +313,46 @@ def test_a_tampered_optimized_cache_and_an_unreadable_one_are_found(copied_packa
     assert run_gate(copied_package).findings == []
     optimized.write_bytes(_pyc(hooked, None)[:16] + b"\xff\x00garbage")  # a fresh header, no valid code
     assert [f.kind for f in run_gate(copied_package).findings] == [FindingKind.BYTECODE_MISMATCH]
+
+
+@pytest.mark.slow
+def test_the_gate_reads_each_file_once_and_reports_what_it_read(copied_package, monkeypatch):
+    """Every check of one run sees the same bytes (#49 item 6): a file is read once, hashed,
+    parsed and compiled from those bytes, and `checked_sha256` holds what was read: every
+    pinned and named file and every file the worker's facts read (logits_processor.py among
+    them), as the probe then imports them."""
+    import hashlib
+    import os
+
+    from ddtree.sglang import manifest
+
+    opened: list[str] = []
+    real_open = os.open
+    monkeypatch.setattr(os, "open", lambda path, *a, **k: (opened.append(str(path)), real_open(path, *a, **k))[1])
+    report = run_gate(copied_package)
+    monkeypatch.undo()
+    sources = [p for p in opened if p.endswith(".py")]
+    assert sources and len(sources) == len(set(sources)), [p for p in sources if sources.count(p) > 1][:3]
+    assert report.ok and set(report.file_sha256) <= set(report.checked_sha256)
+    assert "srt/layers/logits_processor.py" in report.checked_sha256
+    for rel, digest in report.checked_sha256.items():
+        assert hashlib.sha256((copied_package / rel).read_bytes()).hexdigest() == digest, rel
+    assert report.to_dict()["checked_sha256"] == report.checked_sha256
+    assert manifest.SOURCE_READ_MAX >= max((copied_package / r).stat().st_size for r in report.checked_sha256)
+
+
+def test_a_fifo_or_an_oversized_file_at_a_pinned_path_is_a_finding_not_a_hang(copied_package, monkeypatch):
+    import os
+
+    from ddtree.sglang import manifest
+
+    pinned = copied_package / "srt/speculative/spec_info.py"
+    pinned.unlink()
+    os.mkfifo(pinned)  # opened for reading, a FIFO with no writer would block for ever
+    report = run_gate(copied_package)
+    assert f"{pinned}: missing-file: not a plain file" in [f.line() for f in report.findings]
+    pinned.unlink()
+    pinned.write_bytes(b"x = 1\n" * 100)
+    monkeypatch.setattr(manifest, "SOURCE_READ_MAX", 64)
+    report = run_gate(copied_package)
+    assert any(f.line().startswith(f"{pinned}: missing-file: larger than 64 bytes") for f in report.findings)

@@ -29,11 +29,10 @@ from ddtree.sglang.manifest import (
     PARSED_TEXTS_KEPT,
     Manifest,
     RequiredName,
+    SourceSnapshot,
     definition_digest,
     describe_static,
     find_definition,
-    parse_file,
-    sha256_file,
     version_key,
 )
 from ddtree.sglang.manifests import newest
@@ -85,6 +84,9 @@ class GateReport:
     findings: list[GateFinding] = field(default_factory=list)
     file_sha256: dict[str, str] = field(default_factory=dict)  # the pinned files as installed
     qualified_by: dict[str, Any] | None = None  # the qualification entry that vouches for drifted pins
+    # every file the gate read (pinned, named, the worker's facts), as it read it: the probe
+    # imports these files only from bytes with these hashes
+    checked_sha256: dict[str, str] = field(default_factory=dict)
 
     def of(self, evidence: Evidence) -> list[GateFinding]:
         return [f for f in self.findings if f.kind.evidence is evidence]
@@ -133,6 +135,7 @@ class GateReport:
             "manifest_version": self.manifest_version,
             "broken_hooks": self.broken_hooks,
             "file_sha256": self.file_sha256,
+            "checked_sha256": self.checked_sha256,
             "findings": [
                 {"kind": f.kind.value, "evidence": f.kind.evidence.value, "file": f.file, "detail": f.detail,
                  "name": f.name}
@@ -185,13 +188,13 @@ def _changed_definitions(tree: ast.Module | None, names: list[RequiredName]) -> 
         or definition_digest(node) != r.ast_sha256)]
 
 
-def drift_detail(path: Path, manifest: Manifest, rel: str) -> str:
+def drift_detail(files: SourceSnapshot, manifest: Manifest, rel: str) -> str:
     """Where a drifted file changed: in the definitions the plugin hooks, or elsewhere."""
     hooked = [r for r in manifest.names if r.file == rel]
     if not hooked:
         return "no hooked definition in this file"
     try:
-        tree: ast.Module | None = parse_file(path)
+        tree: ast.Module | None = files.tree(rel)
     except (OSError, SyntaxError, UnicodeDecodeError):
         tree = None
     changed = _changed_definitions(tree, hooked)
@@ -200,38 +203,43 @@ def drift_detail(path: Path, manifest: Manifest, rel: str) -> str:
     return "changed only outside the hooked definitions"
 
 
-def check_files(package_dir: Path, manifest: Manifest) -> tuple[list[GateFinding], dict[str, str]]:
+def check_files(package_dir: Path, manifest: Manifest,
+                files: SourceSnapshot | None = None) -> tuple[list[GateFinding], dict[str, str]]:
+    files = files or SourceSnapshot(package_dir)
     findings: list[GateFinding] = []
     hashes: dict[str, str] = {}
     for rel, expected in manifest.file_sha256.items():
         path = package_dir / rel
-        if not path.is_file():
-            findings.append(GateFinding(FindingKind.MISSING_FILE, str(path), "not found", rel))
+        why = files.unreadable(rel)
+        if why is not None:
+            findings.append(GateFinding(FindingKind.MISSING_FILE, str(path), why, rel))
             continue
-        actual = hashes[rel] = sha256_file(path)
+        actual = hashes[rel] = files.sha256(rel)
         if actual != expected:
             findings.append(
                 GateFinding(
                     FindingKind.HASH_MISMATCH,
                     str(path),
                     f"sha256 {actual[:16]}..., sglang {manifest.sglang_version} has {expected[:16]}...; "
-                    + drift_detail(path, manifest, rel),
+                    + drift_detail(files, manifest, rel),
                 )
             )
     return findings, hashes
 
 
-def check_names(package_dir: Path, manifest: Manifest) -> list[GateFinding]:
+def check_names(package_dir: Path, manifest: Manifest, files: SourceSnapshot | None = None) -> list[GateFinding]:
+    files = files or SourceSnapshot(package_dir)
     findings: list[GateFinding] = []
     parsed: dict[str, ast.Module | None] = {}
     for required in manifest.names:
         path = package_dir / required.file
         if required.file not in parsed:
             try:
-                parsed[required.file] = parse_file(path)
-            except FileNotFoundError:
+                parsed[required.file] = files.tree(required.file)
+            except OSError:
                 parsed[required.file] = None
-                findings.append(GateFinding(FindingKind.MISSING_FILE, str(path), "not found", required.file))
+                findings.append(GateFinding(FindingKind.MISSING_FILE, str(path), files.unreadable(required.file) or
+                                            "not found", required.file))
             except (SyntaxError, UnicodeDecodeError) as err:
                 parsed[required.file] = None
                 findings.append(GateFinding(FindingKind.UNPARSABLE, str(path), str(err), required.file))
@@ -272,7 +280,7 @@ def _compiled(source: bytes, level: int) -> types.CodeType:
     return compile(source, "<gated>", "exec", dont_inherit=True, optimize=level)
 
 
-def check_bytecode(package_dir: Path, manifest: Manifest) -> list[GateFinding]:
+def check_bytecode(package_dir: Path, manifest: Manifest, files: SourceSnapshot | None = None) -> list[GateFinding]:
     """The gate reads sources, but Python runs a cached .pyc when its header says it is fresh
     (and never looks at the source again): each gated file's caches that would run must hold
     exactly the code its source compiles to. Code objects compare by bytecode, constants,
@@ -280,14 +288,15 @@ def check_bytecode(package_dir: Path, manifest: Manifest) -> list[GateFinding]:
     import importlib.util
     import marshal
 
+    files = files or SourceSnapshot(package_dir)
     findings: list[GateFinding] = []
     if sys.implementation.cache_tag is None:
         return findings  # this interpreter neither writes nor reads bytecode caches
     for rel in sorted(set(manifest.file_sha256) | {r.file for r in manifest.names}):
         path = package_dir / rel
-        if not path.is_file():
+        if not files.is_file(rel):
             continue  # reported by the other checks
-        source = path.read_bytes()
+        source = files.read(rel)
         for tag, level in OPTIMIZATION_LEVELS:
             cache = Path(importlib.util.cache_from_source(str(path), optimization=tag))
             try:
@@ -307,11 +316,12 @@ def check_bytecode(package_dir: Path, manifest: Manifest) -> list[GateFinding]:
     return findings
 
 
-def check_worker_facts(package_dir: Path, worker: str | None, tree_round: str | None = None) -> list[GateFinding]:
+def check_worker_facts(package_dir: Path, worker: str | None, tree_round: str | None = None,
+                       files: SourceSnapshot | None = None) -> list[GateFinding]:
     if worker is None:
         return [GateFinding(FindingKind.WORKER_FACT, str(package_dir),
                             "the worker's source is not available to check its facts", "worker.py")]
-    report = check_worker(package_dir, worker, tree_round)
+    report = check_worker(package_dir, worker, tree_round, files)
     return [GateFinding(FindingKind.WORKER_FACT, str(package_dir / fact.file), f"{fact.name}: {fact.detail}", fact.name)
             for fact in report.broken]
 
@@ -365,21 +375,22 @@ def _run_gate(package_dir: Path, manifests: dict[str, Manifest] | None, qualific
         )
         manifest = newest(manifests)
     hashes: dict[str, str] = {}
+    files = SourceSnapshot(package_dir)  # every check reads the same bytes
     if manifest is None:
         findings.append(GateFinding(FindingKind.NAME_MISMATCH, str(package_dir),
                                     "no manifest is shipped: the structure cannot be checked", "manifest"))
     else:
-        file_findings, hashes = check_files(package_dir, manifest)
-        facts = check_worker_facts(package_dir, worker_source() if worker is True else worker, tree_round) \
+        file_findings, hashes = check_files(package_dir, manifest, files)
+        facts = check_worker_facts(package_dir, worker_source() if worker is True else worker, tree_round, files) \
             if worker is not False else []
-        for finding in file_findings + check_names(package_dir, manifest) + facts \
-                + check_bytecode(package_dir, manifest):
+        for finding in file_findings + check_names(package_dir, manifest, files) + facts \
+                + check_bytecode(package_dir, manifest, files):
             if not any(f.file == finding.file and (f.kind is FindingKind.MISSING_FILE or (f.kind, f.name) ==
                        (finding.kind, finding.name)) for f in findings):  # each file/hook reported once
                 findings.append(finding)
     report = GateReport(package_dir=str(package_dir), version=version,
                         manifest_version=manifest.sglang_version if manifest else None,
-                        findings=findings, file_sha256=hashes)
+                        findings=findings, file_sha256=hashes, checked_sha256=files.checked_sha256)
     if not report.pinned and qualifications:
         pinned = manifest.file_sha256 if manifest is not None else {}
         entry = find_qualification(qualifications, version, hashes, pinned)

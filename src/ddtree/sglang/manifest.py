@@ -118,6 +118,86 @@ def parse_file(path: Path) -> ast.Module:
     return parse_text(path.read_text(encoding="utf-8"))
 
 
+SOURCE_READ_MAX = 16 << 20  # bytes; SGLang's largest source file is under 1 MB
+
+
+class SourceSnapshot:
+    """The files of one SGLang installation, each read once (a plain file, never a FIFO or a
+    device, at most SOURCE_READ_MAX bytes): one gate run hashes, parses and compiles the same
+    bytes, so a file changed during the run cannot pass one check with old bytes and another
+    with new ones. `checked_sha256` is what the run read; the probe imports exactly those
+    bytes (ddtree.sglang.probe), so nothing changes between the check and the import."""
+
+    def __init__(self, package_dir: Path):
+        self.package_dir = Path(package_dir)
+        self._read: dict[str, bytes | OSError] = {}
+
+    def read(self, rel: str) -> bytes:
+        """The file's bytes (OSError as from reading it; FileNotFoundError when it is absent)."""
+        if rel not in self._read:
+            try:
+                self._read[rel] = read_plain_file(self.package_dir / rel)
+            except OSError as err:
+                self._read[rel] = err
+        found = self._read[rel]
+        if isinstance(found, OSError):
+            raise found
+        return found
+
+    def is_file(self, rel: str) -> bool:
+        return self.unreadable(rel) is None
+
+    def unreadable(self, rel: str) -> str | None:
+        """Why the file cannot be read ("not found", "not a plain file", ...), or None."""
+        try:
+            self.read(rel)
+        except FileNotFoundError:
+            return "not found"
+        except OSError as err:
+            return err.strerror or str(err)
+        return None
+
+    def sha256(self, rel: str) -> str:
+        return hashlib.sha256(self.read(rel)).hexdigest()
+
+    def tree(self, rel: str) -> ast.Module:
+        """The parsed file, as parse_file reads it (UTF-8, universal newlines)."""
+        text = self.read(rel).decode("utf-8")
+        return parse_text(text.replace("\r\n", "\n").replace("\r", "\n"))
+
+    @property
+    def checked_sha256(self) -> dict[str, str]:
+        return {rel: hashlib.sha256(data).hexdigest() for rel, data in sorted(self._read.items())
+                if isinstance(data, bytes)}
+
+
+def read_plain_file(path: Path) -> bytes:
+    """A plain file's bytes, never blocking on a FIFO or reading past SOURCE_READ_MAX (OSError naming it)."""
+    import errno
+    import os
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO must not block the gate
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a plain file", str(path))
+        if st.st_size > SOURCE_READ_MAX:
+            raise OSError(errno.EFBIG, f"larger than {SOURCE_READ_MAX} bytes", str(path))
+        chunks, size = [], 0
+        while size <= SOURCE_READ_MAX:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > SOURCE_READ_MAX:
+            raise OSError(errno.EFBIG, f"larger than {SOURCE_READ_MAX} bytes", str(path))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
