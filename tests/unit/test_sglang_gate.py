@@ -346,10 +346,17 @@ def test_a_fifo_or_an_oversized_file_at_a_pinned_path_is_a_finding_not_a_hang(co
 
     from ddtree.sglang import manifest
 
+    import threading
+
     pinned = copied_package / "srt/speculative/spec_info.py"
     pinned.unlink()
     os.mkfifo(pinned)  # opened for reading, a FIFO with no writer would block for ever
-    report = run_gate(copied_package)
+    reports: list[gate.GateReport] = []
+    worker = threading.Thread(target=lambda: reports.append(run_gate(copied_package)), daemon=True)
+    worker.start()
+    worker.join(timeout=120)  # a wide margin: the gate takes about a second
+    assert reports, "the gate blocked on a FIFO at a pinned path"
+    report = reports[0]
     assert f"{pinned}: missing-file: not a plain file" in [f.line() for f in report.findings]
     pinned.unlink()
     pinned.write_bytes(b"x = 1\n" * 100)
