@@ -5,7 +5,7 @@ qualify  on each host (whose SGLang keeps the structure the plugin hooks): deplo
          for qualification (drifted hashes allowed, recorded), run the `plugin` stage (and
          `sglang-e2e` on a GPU host), and record each host that passed in the qualification
          file next to the inventory: version, file hashes, run id. `deploy` then accepts it.
-diff     what changed between two SGLang installations in the files the plugin hooks, by hook.
+diff     what changed between two SGLang installations in every file the gate checks, by hook.
 
 Exit codes: 0 ok · 2 bad arguments · 3 bad inventory or qualification file · 4 unreachable ·
 5 refused or a stage failed · 6 some hosts qualified, others not.
@@ -152,7 +152,7 @@ def diff(
     b: Annotated[str, typer.Argument(help="Newer SGLang: package folder, site-packages or a python.")],
     json_out: JsonOpt = False,
 ) -> int:
-    """What changed between two SGLang installations in the files the plugin hooks, by hook."""
+    """What changed between two SGLang installations in every file the gate checks, by hook."""
     from ddtree.sglang.diff import diff_installations
     from ddtree.sglang.manifests import SUPPORTED, newest
 
@@ -168,7 +168,7 @@ def diff(
             lines.append(f"  {f.file}: {f.state}")
             continue
         touched = f.hooks_touched
-        lines.append(f"  {f.file}: changed: {len(touched)} of {len(f.hooks)} hooked definitions"
+        lines.append(f"  {f.file} ({f.checked_as.value}): changed: {len(touched)} of {len(f.hooks)} hooked definitions"
                      + (f", {len(f.elsewhere)} other definitions" if f.elsewhere else "")
                      + (" (comments or formatting only)" if not touched and not f.elsewhere else ""))
         for hook in touched:

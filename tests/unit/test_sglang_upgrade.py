@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ddtree.sglang import gate, manifest_tool, structure
-from ddtree.sglang.diff import Change, diff_installations
+from ddtree.sglang.diff import Change, diff_installations, hooked_files
 from ddtree.sglang.gate import Evidence, FindingKind, run_gate
 from ddtree_ops.hostside.sglang_install import gate_refusal
 from ddtree.sglang.manifest import Manifest
@@ -273,6 +273,12 @@ def test_diff_by_hook_between_0_5_22_and_0_5_23(old_package, new_package):
     signature_changes = {h.qualname for h in by_name.values() if h.change is Change.SIGNATURE}
     assert signature_changes == {"draft_tp_context", "KVIndexTranslator.plan", "DFlashVerifyInput.prepare_for_verify"}
     assert json.loads(json.dumps(result.to_dict()))["version_b"] == SGLANG_VERSION
+    # #49 item 10: every file the gate checks is covered, not only the pinned and named ones:
+    # logits_processor.py is read by the worker's facts (LogitsProcessor.is_deferred_shard, ...)
+    states = {f.file: (f.state, f.checked_as.value) for f in result.files}
+    assert states["srt/layers/logits_processor.py"] == ("changed", "worker facts")
+    checked = set(run_gate(old_package).checked_sha256) | set(run_gate(new_package).checked_sha256)
+    assert checked <= set(states)
 
 
 @pytest.mark.slow
@@ -282,3 +288,19 @@ def test_diff_of_a_comment_touches_no_hook(commented_copy, new_package):
     changed = [f for f in result.files if f.state == "changed"]
     assert [f.file for f in changed] == ["srt/speculative/dflash_utils.py"]
     assert changed[0].hooks_touched == [] and changed[0].elsewhere == [] and result.hooks_touched == []
+
+
+@pytest.mark.slow
+def test_diff_names_a_changed_file_that_only_the_worker_facts_read(tmp_path, new_package, capsys):
+    """A file neither pinned nor named (tp_worker.py, whose forward_batch_generation the worker
+    calls with keywords) changes: `sglang diff` names it and what changed in it."""
+    from ddtree_ops.cli.app import main
+
+    package = copy_gate_files(tmp_path / "site-packages")
+    changed = package / "srt/managers/tp_worker.py"
+    assert "srt/managers/tp_worker.py" not in hooked_files(newest(SUPPORTED))
+    changed.write_text(changed.read_text() + "\n\ndef added_by_a_patch():\n    return 1\n")
+    assert main(["sglang", "diff", str(new_package), str(package)]) == 0
+    out = capsys.readouterr().out
+    assert "  srt/managers/tp_worker.py (worker facts): changed: 0 of 0 hooked definitions, 1 other definitions" in out
+    assert "    elsewhere: added_by_a_patch" in out

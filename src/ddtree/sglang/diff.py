@@ -1,9 +1,11 @@
-"""What changed between two SGLang installations in the files the plugin hooks, by hook.
+"""What changed between two SGLang installations in the files the gate checks, by hook.
 
-For each file a shipped manifest pins or names: unchanged, or changed and how: each hooked
-definition whose signature or code changed (code: its syntax tree, so comments and
-formatting do not count), and the other definitions of that file that changed. A reviewer
-sees at a glance whether an upgrade touches what the plugin depends on. Stdlib only.
+For every file the gate reads in either installation (the files a shipped manifest pins or
+names, and those the worker's structural facts read, such as logits_processor.py):
+unchanged, or changed and how: each hooked definition whose signature or code changed (code:
+its syntax tree, so comments and formatting do not count), and the other definitions of that
+file that changed. A reviewer sees at a glance whether an upgrade touches what the plugin
+depends on. Stdlib only.
 """
 from __future__ import annotations
 
@@ -40,12 +42,21 @@ class HookChange:
     detail: str = ""
 
 
+class CheckedAs(Enum):
+    """How the gate checks a file (the first that applies)."""
+
+    PINNED = "pinned"  # its sha256 is pinned
+    NAMED = "hooked names"  # names the plugin hooks or calls are checked in it
+    WORKER_FACTS = "worker facts"  # the worker's structural facts read it
+
+
 @dataclass
 class FileDiff:
     file: str
     state: str  # "same", "changed", "only in A", "only in B", "in neither"
     hooks: list[HookChange] = field(default_factory=list)
     elsewhere: list[str] = field(default_factory=list)  # other definitions that changed
+    checked_as: CheckedAs = CheckedAs.PINNED
 
     @property
     def hooks_touched(self) -> list[HookChange]:
@@ -67,7 +78,7 @@ class SglangDiff:
     def to_dict(self) -> dict[str, Any]:
         return {"a": self.a, "b": self.b, "version_a": self.version_a, "version_b": self.version_b,
                 "hooks_touched": self.hooks_touched,
-                "files": [{"file": f.file, "state": f.state, "elsewhere": f.elsewhere,
+                "files": [{"file": f.file, "state": f.state, "checked_as": f.checked_as.value, "elsewhere": f.elsewhere,
                            "hooks": [{"name": h.qualname, "change": h.change.value, "detail": h.detail}
                                      for h in f.hooks]} for f in self.files]}
 
@@ -147,7 +158,27 @@ def hooked_files(manifest: Manifest) -> list[str]:
     return list(dict.fromkeys([*manifest.file_sha256, *(r.file for r in manifest.names)]))
 
 
+def checked_files(a: Path, b: Path, manifest: Manifest) -> dict[str, CheckedAs]:
+    """Every file the gate reads in `a` or in `b` (pinned and named files first, in the
+    manifest's order, then the worker's facts' files by name), and how it checks each."""
+    from ddtree.sglang.gate import run_gate
+
+    found = {rel: CheckedAs.PINNED for rel in manifest.file_sha256}
+    for rel in hooked_files(manifest):
+        found.setdefault(rel, CheckedAs.NAMED)
+    read = set()
+    for package in (a, b):
+        read |= set(run_gate(package, {manifest.sglang_version: manifest}).checked_sha256)
+    for rel in sorted(read):
+        found.setdefault(rel, CheckedAs.WORKER_FACTS)
+    return found
+
+
 def diff_installations(a: Path, b: Path, manifest: Manifest) -> SglangDiff:
     """`a`, `b`: two `sglang` package directories."""
-    return SglangDiff(str(a), str(b), read_installed_version(a), read_installed_version(b),
-                      [diff_file(a, b, rel, manifest) for rel in hooked_files(manifest)])
+    files = []
+    for rel, checked_as in checked_files(a, b, manifest).items():
+        diff = diff_file(a, b, rel, manifest)
+        diff.checked_as = checked_as
+        files.append(diff)
+    return SglangDiff(str(a), str(b), read_installed_version(a), read_installed_version(b), files)
