@@ -892,8 +892,9 @@ def gate_refusal(gate):
         files = "%d pinned file(s) differ from sglang %s: %s%s" % (len(drifted), against, what, tail)
     else:
         files = "its pinned files match sglang %s" % against
-    return ("sglang %s: %s: %s; qualify it with `ddtree-ops sglang qualify`, or --force deploys anyway"
-            " (recorded)" % (version, gate.get("verdict", "not pinned"), files))
+    note = "; %s" % gate["qualification_note"] if gate.get("qualification_note") else ""
+    return ("sglang %s: %s: %s%s; qualify it with `ddtree-ops sglang qualify`, or --force deploys anyway"
+            " (recorded)" % (version, gate.get("verdict", "not pinned"), files, note))
 
 
 def op_plan(workdir, release_id, mode, sources, allow_shared_env=False):

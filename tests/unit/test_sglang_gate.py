@@ -88,7 +88,12 @@ def test_a_tampered_hooked_file_is_refused_naming_it(copied_package):
     assert not report.ok and report.structure_ok and not report.pinned
     assert [(f.kind, f.file) for f in report.findings] == [(FindingKind.HASH_MISMATCH, str(worker))]
     assert "dflash_worker_v2.py: hash-mismatch: sha256" in report.findings[0].line()
+    assert report.findings[0].detail.endswith("; comments or formatting only (its code is the pinned code)")
+    assert report.code_changed == []
+    worker.write_text(worker.read_text() + "LOCAL_PATCH = 1\n")  # code, outside the hooked definitions
+    report = run_gate(copied_package)
     assert report.findings[0].detail.endswith("; changed only outside the hooked definitions")
+    assert report.code_changed == ["srt/speculative/dflash_worker_v2.py"]
 
 
 @pytest.mark.slow

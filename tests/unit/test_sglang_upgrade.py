@@ -55,8 +55,10 @@ def commented_copy(tmp_path) -> tuple[Path, Path]:
     return package, hooked
 
 
-def qualification_for(report: gate.GateReport, run: str = "20261201-220000-abcd") -> Qualification:
-    return Qualification(sglang=report.version or "", files=report.file_sha256, run=run, host="h0")
+def qualification_for(report: gate.GateReport, run: str = "20261201-220000-abcd", **stages: str) -> Qualification:
+    """An entry for the report's files; `stages` as recorded (default: plugin and sglang-e2e passed)."""
+    return Qualification(sglang=report.version or "", files=report.file_sha256, run=run, host="h0",
+                         stages=stages or {"plugin": "pass", "sglang-e2e": "pass"})
 
 
 def test_the_upstream_evidence_for_each_differing_hook(old_package, new_package):
@@ -175,10 +177,10 @@ def test_a_comment_in_a_hooked_file_is_structure_ok_hashes_drifted_not_qualified
     assert report.verdict() == "structure ok, hashes drifted, not qualified"
     (finding,) = report.findings
     assert (finding.kind, finding.file) == (FindingKind.HASH_MISMATCH, str(hooked))
-    assert finding.detail.endswith("; changed only outside the hooked definitions")
+    assert finding.detail.endswith("; comments or formatting only (its code is the pinned code)")
     refusal = gate_refusal(report.to_dict())
     assert refusal == (f"sglang 0.5.23: structure ok, hashes drifted, not qualified: 1 pinned file(s) differ from "
-                       f"sglang 0.5.23: {hooked}: changed only outside the hooked definitions; qualify it with "
+                       f"sglang 0.5.23: {hooked}: comments or formatting only (its code is the pinned code); qualify it with "
                        f"`ddtree-ops sglang qualify`, or --force deploys anyway (recorded)")
 
 
@@ -201,6 +203,27 @@ def test_a_qualification_with_the_same_hashes_vouches_for_the_drift(commented_co
     assert run_gate(package, qualifications=[other_version]).qualified_by is None
     hooked.write_text(hooked.read_text() + "# and one more line\n")  # not what was qualified
     assert run_gate(package, qualifications=[entry]).qualified_by is None
+
+
+@pytest.mark.slow
+def test_a_static_qualification_vouches_only_for_unchanged_code(commented_copy):
+    """#49 item 9: an entry whose run passed only `plugin` (a static check) vouches for a build
+    whose pinned files differ in comments alone; once code changed, only an entry whose
+    sglang-e2e passed does, and the refusal says why."""
+    package, hooked = commented_copy
+    static = qualification_for(run_gate(package), plugin="pass")
+    assert run_gate(package, qualifications=[static]).ok  # a comment: the code is the pinned code
+    hooked.write_text(hooked.read_text().replace("    # reviewed locally\n", "    attn_backend = attn_backend\n"))
+    report = run_gate(package)
+    assert report.code_changed == ["srt/speculative/dflash_utils.py"]
+    static = qualification_for(report, plugin="pass")
+    refused = run_gate(package, qualifications=[static])
+    assert refused.qualified_by is None and not refused.ok
+    assert refused.qualification_note == (
+        f"the qualification by run {static.run} (plugin pass) does not vouch for it: code changed in "
+        "srt/speculative/dflash_utils.py, which needs sglang-e2e to have passed (a GPU host, or the CPU test server)")
+    assert refused.qualification_note in gate_refusal(refused.to_dict())
+    assert run_gate(package, qualifications=[qualification_for(report)]).ok
 
 
 @pytest.mark.slow

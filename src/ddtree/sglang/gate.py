@@ -33,6 +33,7 @@ from ddtree.sglang.manifest import (
     definition_digest,
     describe_static,
     find_definition,
+    module_digest,
     version_key,
 )
 from ddtree.sglang.manifests import newest
@@ -87,6 +88,10 @@ class GateReport:
     # every file the gate read (pinned, named, the worker's facts), as it read it: the probe
     # imports these files only from bytes with these hashes
     checked_sha256: dict[str, str] = field(default_factory=dict)
+    # pinned files whose code (not only comments or layout) differs from the manifest's: a
+    # qualification of such a build needs an end-to-end pass (QUALIFICATION_NEEDS_E2E)
+    code_changed: list[str] = field(default_factory=list)
+    qualification_note: str | None = None  # why a matching qualification entry does not vouch
 
     def of(self, evidence: Evidence) -> list[GateFinding]:
         return [f for f in self.findings if f.kind.evidence is evidence]
@@ -136,6 +141,8 @@ class GateReport:
             "broken_hooks": self.broken_hooks,
             "file_sha256": self.file_sha256,
             "checked_sha256": self.checked_sha256,
+            "code_changed": self.code_changed,
+            "qualification_note": self.qualification_note,
             "findings": [
                 {"kind": f.kind.value, "evidence": f.kind.evidence.value, "file": f.file, "detail": f.detail,
                  "name": f.name}
@@ -188,8 +195,21 @@ def _changed_definitions(tree: ast.Module | None, names: list[RequiredName]) -> 
         or definition_digest(node) != r.ast_sha256)]
 
 
+def code_unchanged(files: SourceSnapshot, manifest: Manifest, rel: str) -> bool:
+    """Whether a pinned file's code is the manifest's (only comments or layout differ). False
+    when unsure: no digest in the manifest, an unparsable file, or another Python whose syntax
+    trees print differently from the one that made the manifest (3.11)."""
+    expected = manifest.file_ast_sha256.get(rel)
+    try:
+        return expected is not None and module_digest(files.tree(rel)) == expected
+    except (OSError, SyntaxError, UnicodeDecodeError, RecursionError):
+        return False
+
+
 def drift_detail(files: SourceSnapshot, manifest: Manifest, rel: str) -> str:
     """Where a drifted file changed: in the definitions the plugin hooks, or elsewhere."""
+    if code_unchanged(files, manifest, rel):
+        return "comments or formatting only (its code is the pinned code)"
     hooked = [r for r in manifest.names if r.file == rel]
     if not hooked:
         return "no hooked definition in this file"
@@ -391,12 +411,33 @@ def _run_gate(package_dir: Path, manifests: dict[str, Manifest] | None, qualific
     report = GateReport(package_dir=str(package_dir), version=version,
                         manifest_version=manifest.sglang_version if manifest else None,
                         findings=findings, file_sha256=hashes, checked_sha256=files.checked_sha256)
+    if manifest is not None:
+        report.code_changed = [rel for rel in manifest.file_sha256 if rel in hashes
+                               and hashes[rel] != manifest.file_sha256[rel] and not code_unchanged(files, manifest, rel)]
     if not report.pinned and qualifications:
         pinned = manifest.file_sha256 if manifest is not None else {}
         entry = find_qualification(qualifications, version, hashes, pinned)
         if entry is not None:
-            report.qualified_by = {k: v for k, v in entry.to_dict().items() if k != "files"}
+            report.qualification_note = e2e_missing(entry, report.code_changed)
+            if report.qualification_note is None:
+                report.qualified_by = {k: v for k, v in entry.to_dict().items() if k != "files"}
     return report
+
+
+QUALIFICATION_NEEDS_E2E = "sglang-e2e"  # the stage that must have passed when pinned code changed
+
+
+def e2e_missing(entry: Qualification, code_changed: list[str]) -> str | None:
+    """Why `entry` cannot vouch for a build whose pinned code changed (None: it can): the
+    `plugin` stage only checks structure and that the hooks take, statically on a host without
+    a GPU; changed code (eagle_sample's accept logic, a helper it calls) needs the tokens
+    served end to end and compared, on a GPU or the CPU test server."""
+    if not code_changed or entry.stages.get(QUALIFICATION_NEEDS_E2E) == "pass":
+        return None
+    shown = ", ".join(code_changed[:3]) + (f" (+{len(code_changed) - 3} more)" if len(code_changed) > 3 else "")
+    return (f"the qualification by run {entry.run} ({', '.join(f'{k} {v}' for k, v in entry.stages.items()) or 'no stages'})"
+            f" does not vouch for it: code changed in {shown}, which needs {QUALIFICATION_NEEDS_E2E} to have passed"
+            " (a GPU host, or the CPU test server)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -71,10 +71,14 @@ class Manifest:
     sglang_version: str
     file_sha256: dict[str, str] = field(default_factory=dict)  # relative path -> hex digest
     names: tuple[RequiredName, ...] = ()
+    # relative path -> module_digest() of each pinned file: a file whose bytes drifted but whose
+    # code did not (comments, formatting) is told apart from one whose code changed. Empty in an
+    # older manifest: then every drifted file counts as changed code.
+    file_ast_sha256: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
         document = {"sglang_version": self.sglang_version, "file_sha256": self.file_sha256,
-                    "names": [r.to_dict() for r in self.names]}
+                    "file_ast_sha256": self.file_ast_sha256, "names": [r.to_dict() for r in self.names]}
         return json.dumps(document, indent=1) + "\n"
 
     @classmethod
@@ -83,8 +87,9 @@ class Manifest:
         try:
             data = json.loads(text)
             return cls(str(data["sglang_version"]), {str(k): str(v) for k, v in data["file_sha256"].items()},
-                       tuple(RequiredName.from_dict(r) for r in data["names"]))
-        except (KeyError, TypeError, AttributeError) as err:
+                       tuple(RequiredName.from_dict(r) for r in data["names"]),
+                       {str(k): str(v) for k, v in data.get("file_ast_sha256", {}).items()})
+        except (KeyError, TypeError, AttributeError, RecursionError) as err:
             raise ValueError(f"malformed manifest: {type(err).__name__}: {err}") from None
 
 
@@ -97,6 +102,11 @@ def definition_digest(node: ast.AST) -> str:
     """sha256 of a definition's syntax tree: comments, blank lines and line numbers do not
     count, any change to the code does."""
     return hashlib.sha256(ast.dump(node, include_attributes=False).encode("utf-8")).hexdigest()
+
+
+def module_digest(tree: ast.Module) -> str:
+    """sha256 of a whole file's syntax tree: what its code is, comments and layout aside."""
+    return definition_digest(tree)
 
 
 # One gate run reads a file in several checks, and a process (the operator's, a deploy's)
