@@ -317,3 +317,40 @@ def test_a_pinned_file_changed_between_the_gate_and_the_probe_is_never_imported(
         if site_listing(python) != before:  # leave the module's environment as it was
             main(["rollback", "-i", str(fleet.write_inventory()), "--source", str(snapshot), "--force"])
         racing.unlink()
+
+
+LOAD_PLUGINS = """
+import json, sys, types, importlib.util
+spec = importlib.util.find_spec("sglang")
+pkg = types.ModuleType("sglang"); pkg.__path__ = list(spec.submodule_search_locations); sys.modules["sglang"] = pkg
+from sglang.srt.plugins import load_plugins
+from sglang.srt.plugins.hook_registry import HookRegistry
+load_plugins()
+print("SERVING", json.dumps(sorted(HookRegistry._hooks)))
+"""
+
+
+@pytest.mark.parametrize("depth", [20_000, 100_000])
+def test_a_deployed_defaults_file_nested_deep_stops_a_strict_server(host, env, capsys, depth):
+    """#49 item 7: the payload's server-defaults file nested `depth` deep. register() let
+    RecursionError out, SGLang's load_plugins() logged and swallowed it, and a server with
+    DDTREE_ENABLE=1 DDTREE_STRICT=1 served plain DFlash. Now SGLang's own loader, in a fresh
+    interpreter of the deployed environment, stops with one line naming the file."""
+    python, snapshot = env
+    code, doc = cli(capsys, host, snapshot, "deploy", "--budget", "8")
+    assert code == 0, doc
+    defaults = Path(json.loads(Path(doc["hosts"]["h0"]["result"]["record"]).read_text())["payload_dir"]) \
+        / "ddtree_server_defaults.json"
+    original = defaults.read_bytes()
+    defaults.write_text("[" * depth + "]" * depth)
+    try:
+        done = subprocess.run([str(python), "-c", LOAD_PLUGINS], capture_output=True, text=True, cwd="/", timeout=120,
+                              env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1", "DDTREE_ENABLE": "1",
+                                   "DDTREE_STRICT": "1"})
+    finally:
+        defaults.write_bytes(original)
+    assert done.returncode != 0 and "SERVING" not in done.stdout, done.stdout + done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    why = "nested too deep" if depth == 20_000 else "larger than 65536 bytes"
+    assert last == f"ddtree.sglang.errors.PluginConfigError: {defaults}: unreadable server defaults: {why}", last
+    assert cli(capsys, host, snapshot, "rollback")[0] == 0

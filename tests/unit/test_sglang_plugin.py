@@ -219,3 +219,38 @@ def test_a_bad_variable_with_the_plugin_off_leaves_the_server_alone():
     # an unreadable DDTREE_ENABLE says nothing about intent: it stops the server
     result = _load({"DDTREE_ENABLE": "maybe"})
     assert result["error"] == "PluginConfigError: DDTREE_ENABLE: expected one of 1/0/true/false/yes/no/on/off, got 'maybe'"
+
+
+# register() failing for a reason of its own: one of its modules cannot import (as a broken
+# install or a missing dependency would make it). SGLang's load_plugins() catches and only
+# logs what a plugin raises (sglang/srt/plugins/__init__.py:131-137 in 0.5.23).
+BROKEN_TARGETS = "import sys\nsys.modules['ddtree.sglang.targets'] = None\n"
+LOAD_ONLY = BYPASS_SGLANG_INIT + BROKEN_TARGETS + """
+from sglang.srt.plugins import load_plugins
+from sglang.srt.plugins.hook_registry import HookRegistry
+load_plugins()
+print("SERVING", sorted(HookRegistry._hooks))
+"""
+
+
+@pytest.mark.slow
+def test_any_failure_of_register_stops_a_strict_server_with_one_line():
+    """#49 item 7: in strict mode (the default) a register() that fails stops the process at
+    SGLang's own load_plugins(), naming the failure; the server never serves plain DFlash."""
+    done = run_python(LOAD_ONLY, env={"DDTREE_ENABLE": "1", "DDTREE_STRICT": "1"})
+    assert done.returncode != 0 and "SERVING" not in done.stdout, done.stdout
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ddtree.sglang.errors.PluginRegisterError: DDTree plugin: register() failed: "
+                           "ModuleNotFoundError: import of ddtree.sglang.targets halted"), last
+    assert last.endswith("(DDTREE_STRICT=1: stopping instead of serving plain DFlash; DDTREE_STRICT=0 serves "
+                         "without DDTree)")
+
+
+@pytest.mark.slow
+def test_a_failed_register_with_strict_off_serves_without_ddtree_and_says_so():
+    done = run_python(LOAD_ONLY, env={"DDTREE_ENABLE": "1", "DDTREE_STRICT": "0"})
+    assert done.returncode == 0 and "SERVING []" in done.stdout, done.stderr[-2000:]
+    assert "DDTree plugin: register() failed: ModuleNotFoundError" in done.stderr
+    assert "(DDTREE_STRICT=0: serving without DDTree)" in done.stderr
+    done = run_python(LOAD_ONLY, env={})  # not enabled: nothing to stop, nothing said loudly
+    assert done.returncode == 0 and "SERVING []" in done.stdout, done.stderr[-2000:]
