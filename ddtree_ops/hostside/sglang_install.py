@@ -151,22 +151,82 @@ def write_json(path, document):
     write_atomic(path, (json.dumps(document, indent=1, sort_keys=True) + "\n").encode("utf-8"))
 
 
-def read_json(path):
-    """A record or journal (never read through a link), or None when there is none."""
+READ_MAX = 16 << 20  # bytes: a record is tens of kilobytes
+
+
+def read_bounded(path, follow=True):
+    """A plain file's bytes (at most READ_MAX, never blocking on a FIFO; with follow=False
+    never through a link), None when it is absent; OSError naming it otherwise."""
+    import errno
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW))
     except FileNotFoundError:
         return None
     with os.fdopen(fd, "rb") as handle:
-        return json.loads(handle.read().decode("utf-8"))
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise OSError(errno.EINVAL, "not a plain file", path)
+        data = handle.read(READ_MAX + 1)
+    if len(data) > READ_MAX:
+        raise OSError(errno.EFBIG, "larger than %d bytes" % READ_MAX, path)
+    return data
+
+
+def read_json(path):
+    """A record or journal (never read through a link), or None when there is none. One that
+    deploy did not write (not JSON, nested past the stack, fields of other types) is refused
+    naming the file: nothing is removed on the word of a file we cannot read."""
+    try:
+        data = read_bounded(path, follow=False)
+        if data is None:
+            return None
+        document = json.loads(data.decode("utf-8"))
+    except OSError as err:
+        raise InstallError("corrupt", "%s: %s; not a record deploy wrote, so nothing was changed: move it out of"
+                                      " the way" % (path, err.strerror or err))
+    except (ValueError, RecursionError) as err:
+        raise InstallError("corrupt", "%s: not JSON deploy wrote (%s); nothing was changed: move it out of the way"
+                                      % (path, type(err).__name__))
+    problem = document_problem(document)
+    if problem is not None:
+        raise InstallError("corrupt", "%s: %s: not a record deploy wrote; nothing was changed: move it out of the"
+                                      " way" % (path, problem))
+    return document
+
+
+def document_problem(document, where="", depth=0):
+    """Why a record or journal is not one deploy writes (its fields' types), or None."""
+    def strings(value):
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+    def string_map(value):
+        return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+    if not isinstance(document, dict):
+        return "%sexpected an object" % where
+    checks = (("release", lambda v: isinstance(v, str)), ("files", lambda v: string_map(v) or strings(v)),
+              ("dirs", strings), ("payload_dir", lambda v: isinstance(v, str)),
+              ("payload_files", lambda v: v is None or string_map(v)),
+              ("server_defaults", lambda v: v is None or string_map(v)),
+              ("previous", lambda v: v is None or isinstance(v, dict)))
+    for key, ok in checks:
+        if key in document and not ok(document[key]):
+            return "%s%s: not what deploy writes" % (where, key)
+    if document.get("previous") is not None:
+        if depth > 2:
+            return "%sprevious: nested deeper than deploy writes" % where
+        return document_problem(document["previous"], "%sprevious." % where, depth + 1)
+    return None
 
 
 def read_text(path):
+    """A small text file deploy reads (a .pth, a dist-info's INSTALLER or RECORD), or None when
+    it is absent or not a plain file of at most READ_MAX bytes (never blocking on a FIFO)."""
     try:
-        with open(path, "rb") as handle:
-            return handle.read().decode("utf-8", "replace")
+        data = read_bounded(path)
     except OSError:
         return None
+    return None if data is None else data.decode("utf-8", "replace")
 
 
 def os_error_line(err):
@@ -447,7 +507,9 @@ def defaults_of(document):
         return None
     if "server_defaults" in document:
         return document["server_defaults"] or {}
-    path = os.path.join(document.get("payload_dir") or "", DEFAULTS_FILE_NAME)
+    if not document.get("payload_dir"):
+        return None
+    path = os.path.join(document["payload_dir"], DEFAULTS_FILE_NAME)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:

@@ -354,3 +354,26 @@ def test_a_deployed_defaults_file_nested_deep_stops_a_strict_server(host, env, c
     why = "nested too deep" if depth == 20_000 else "larger than 65536 bytes"
     assert last == f"ddtree.sglang.errors.PluginConfigError: {defaults}: unreadable server defaults: {why}", last
     assert cli(capsys, host, snapshot, "rollback")[0] == 0
+
+
+@pytest.mark.parametrize("record", [b"not json", b"[" * 20_000 + b"]" * 20_000, b'{"release": "x", "files": 5}',
+                                    b'{"release": "x", "files": {}, "dirs": [], "previous": 7}'])
+def test_a_record_deploy_did_not_write_is_refused_naming_it_and_nothing_changes(host, env, capsys, record):
+    """A hostile or broken record.json (not JSON, nested past the stack, fields of other types)
+    is refused with one line naming it, by rollback and by deploy; the environment stays."""
+    python, snapshot = env
+    assert cli(capsys, host, snapshot, "deploy")[0] == 0
+    with_plugin = site_listing(python)
+    path = next((host.h0.workdir / "deployments").glob("*/record.json"))
+    original = path.read_bytes()
+    path.write_bytes(record)
+    try:
+        for verb in ("rollback", "deploy"):
+            code, doc = cli(capsys, host, snapshot, verb)
+            error = doc["hosts"]["h0"]["error"]
+            assert code == 5 and f"{path}: " in error, (verb, error)
+            assert "not a record deploy wrote" in error or "not JSON deploy wrote" in error, (verb, error)
+            assert "\n" not in error and site_listing(python) == with_plugin, verb
+    finally:
+        path.write_bytes(original)
+    assert cli(capsys, host, snapshot, "rollback")[0] == 0

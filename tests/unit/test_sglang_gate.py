@@ -368,3 +368,31 @@ def test_a_fifo_or_an_oversized_file_at_a_pinned_path_is_a_finding_not_a_hang(co
     monkeypatch.setattr(manifest, "SOURCE_READ_MAX", 64)
     report = run_gate(copied_package)
     assert any(f.line().startswith(f"{pinned}: missing-file: larger than 64 bytes") for f in report.findings)
+
+
+@pytest.mark.parametrize("text", ["x = " + "+".join(["a"] * 200_000), "x = " + "-" * 200_000 + "a"])
+def test_a_checked_file_nested_past_the_parser_is_a_finding_not_a_crash(copied_package, text):
+    """A hostile host's 'SGLang file' that ast.parse cannot take (RecursionError, MemoryError)
+    is an unparsable file like any other, on the host and where the operator side reads it."""
+    named = copied_package / "srt/speculative/dflash_utils.py"
+    named.write_text(text + "\n")
+    report = run_gate(copied_package)
+    assert not report.structure_ok
+    lines = [f.line() for f in report.findings]
+    assert f"{named}: unparsable: nested too deep to parse" in lines, lines
+    assert str(named) in {f.file for f in report.findings if f.kind is FindingKind.HASH_MISMATCH}
+
+
+def test_version_files_a_host_can_forge_read_as_no_version(copied_package):
+    """A dist-info METADATA that is a FIFO, a _version.py that does not parse or whose
+    __version__ is not a literal: the version is unreadable (a finding), never a hang or a crash."""
+    import os
+
+    metadata = next(copied_package.parent.glob("sglang-*.dist-info")) / "METADATA"
+    metadata.unlink()
+    os.mkfifo(metadata)
+    for text in ("__version__ = (", "__version__ = make_version()", "__version__ = " + "(" * 150 + "1" + ")" * 150):
+        (copied_package / "_version.py").write_text(text + "\n")
+        assert gate.read_installed_version(copied_package) is None, text
+    (copied_package / "_version.py").write_text('__version__ = "0.5.23"\n')
+    assert gate.read_installed_version(copied_package) == "0.5.23"

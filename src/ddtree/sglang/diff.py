@@ -19,10 +19,9 @@ from ddtree.sglang.gate import read_installed_version
 from ddtree.sglang.manifest import (
     Manifest,
     NameKind,
+    SourceSnapshot,
     definition_digest,
     find_definition,
-    parse_file,
-    sha256_file,
     signature_from_ast,
 )
 
@@ -53,7 +52,7 @@ class CheckedAs(Enum):
 @dataclass
 class FileDiff:
     file: str
-    state: str  # "same", "changed", "only in A", "only in B", "in neither"
+    state: str  # "same", "changed", "only in A", "only in B", "in neither", "unreadable in A: why" (or B)
     hooks: list[HookChange] = field(default_factory=list)
     elsewhere: list[str] = field(default_factory=list)  # other definitions that changed
     checked_as: CheckedAs = CheckedAs.PINNED
@@ -101,9 +100,9 @@ def definitions(tree: ast.Module) -> dict[str, ast.AST]:
     return found
 
 
-def _parse(path: Path) -> ast.Module | None:
+def _parse(files: SourceSnapshot, rel: str) -> ast.Module | None:
     try:
-        return parse_file(path)
+        return files.tree(rel)
     except (OSError, SyntaxError, UnicodeDecodeError):
         return None
 
@@ -130,15 +129,21 @@ def _hook_change(tree_a: ast.Module, tree_b: ast.Module, qualname: str, kind: Na
     return HookChange(qualname, Change.SAME)
 
 
-def diff_file(a: Path, b: Path, rel: str, manifest: Manifest) -> FileDiff:
-    path_a, path_b = a / rel, b / rel
-    if not path_a.is_file() or not path_b.is_file():
-        state = "in neither" if not (path_a.is_file() or path_b.is_file()) else \
-            "only in B" if path_b.is_file() else "only in A"
-        return FileDiff(rel, state)
-    if sha256_file(path_a) == sha256_file(path_b):
+def diff_file(a: Path, b: Path, rel: str, manifest: Manifest,
+              files_a: SourceSnapshot | None = None, files_b: SourceSnapshot | None = None) -> FileDiff:
+    """How `rel` differs between the installations `a` and `b` (read through SourceSnapshot:
+    a FIFO, a device or a huge file is unreadable, never a hang)."""
+    files_a, files_b = files_a or SourceSnapshot(a), files_b or SourceSnapshot(b)
+    why_a, why_b = files_a.unreadable(rel), files_b.unreadable(rel)
+    if why_a == why_b == "not found":
+        return FileDiff(rel, "in neither")
+    if why_a == "not found" or why_b == "not found":
+        return FileDiff(rel, "only in B" if why_a else "only in A")
+    if why_a or why_b:
+        return FileDiff(rel, f"unreadable in {'A' if why_a else 'B'}: {why_a or why_b}")
+    if files_a.sha256(rel) == files_b.sha256(rel):
         return FileDiff(rel, "same")
-    tree_a, tree_b = _parse(path_a), _parse(path_b)
+    tree_a, tree_b = _parse(files_a, rel), _parse(files_b, rel)
     if tree_a is None or tree_b is None:
         return FileDiff(rel, "changed", elsewhere=["(a file does not parse)"])
     required = [r for r in manifest.names if r.file == rel]
@@ -176,9 +181,9 @@ def checked_files(a: Path, b: Path, manifest: Manifest) -> dict[str, CheckedAs]:
 
 def diff_installations(a: Path, b: Path, manifest: Manifest) -> SglangDiff:
     """`a`, `b`: two `sglang` package directories."""
-    files = []
+    files, files_a, files_b = [], SourceSnapshot(a), SourceSnapshot(b)
     for rel, checked_as in checked_files(a, b, manifest).items():
-        diff = diff_file(a, b, rel, manifest)
+        diff = diff_file(a, b, rel, manifest, files_a, files_b)
         diff.checked_as = checked_as
         files.append(diff)
     return SglangDiff(str(a), str(b), read_installed_version(a), read_installed_version(b), files)

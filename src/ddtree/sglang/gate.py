@@ -34,6 +34,8 @@ from ddtree.sglang.manifest import (
     describe_static,
     find_definition,
     module_digest,
+    parse_text,
+    read_plain_file,
     version_key,
 )
 from ddtree.sglang.manifests import newest
@@ -164,19 +166,25 @@ def _metadata_field(text: str, name: str) -> str | None:
 def read_installed_version(package_dir: Path) -> str | None:
     """The version of the sglang distribution that owns `package_dir`, read from files."""
     for dist in sorted(package_dir.parent.glob("sglang-*.dist-info")):
-        metadata = dist / "METADATA"
-        if metadata.is_file():
-            text = metadata.read_text(encoding="utf-8", errors="replace")
-            if (_metadata_field(text, "Name") or "").lower() == "sglang":
-                return _metadata_field(text, "Version")
-    version_file = package_dir / "_version.py"
-    if version_file.is_file():
-        tree = ast.parse(version_file.read_text(encoding="utf-8"))
+        try:
+            text = read_plain_file(dist / "METADATA").decode("utf-8", errors="replace")
+        except OSError:
+            continue  # absent, not a plain file, too large: not a distribution to read
+        if (_metadata_field(text, "Name") or "").lower() == "sglang":
+            return _metadata_field(text, "Version")
+    try:
+        tree = parse_text(read_plain_file(package_dir / "_version.py").decode("utf-8", errors="replace"))
+    except (OSError, SyntaxError):
+        tree = None
+    if tree is not None:
         for stmt in tree.body:
             if isinstance(stmt, ast.Assign) and any(
                 isinstance(t, ast.Name) and t.id == "__version__" for t in stmt.targets
             ):
-                value = ast.literal_eval(stmt.value)
+                try:
+                    value = ast.literal_eval(stmt.value)
+                except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+                    return None  # not a literal: no version we can read
                 return value if isinstance(value, str) else None
     return None
 
@@ -202,7 +210,7 @@ def code_unchanged(files: SourceSnapshot, manifest: Manifest, rel: str) -> bool:
     expected = manifest.file_ast_sha256.get(rel)
     try:
         return expected is not None and module_digest(files.tree(rel)) == expected
-    except (OSError, SyntaxError, UnicodeDecodeError, RecursionError):
+    except (OSError, SyntaxError, UnicodeDecodeError):
         return False
 
 
@@ -327,7 +335,7 @@ def check_bytecode(package_dir: Path, manifest: Manifest, files: SourceSnapshot 
                 continue  # stale or foreign: Python recompiles from the (gated) source
             try:
                 same = marshal.loads(pyc[16:]) == _compiled(source, level)
-            except (ValueError, EOFError, TypeError, SyntaxError):
+            except (ValueError, EOFError, TypeError, SyntaxError, RecursionError, MemoryError):
                 same = False
             if not same:
                 findings.append(GateFinding(FindingKind.BYTECODE_MISMATCH, str(cache),

@@ -118,8 +118,13 @@ PARSED_TEXTS_KEPT = 128
 
 @lru_cache(maxsize=PARSED_TEXTS_KEPT)
 def parse_text(text: str) -> ast.Module:
-    """`ast.parse(text)`, remembered by content (the tree is shared: do not modify it)."""
-    return ast.parse(text)
+    """`ast.parse(text)`, remembered by content (the tree is shared: do not modify it). A text
+    nested past what the parser's stack or memory takes (a hostile host's "SGLang file") is a
+    SyntaxError like any other unparsable file, never a RecursionError or MemoryError."""
+    try:
+        return ast.parse(text)
+    except (RecursionError, MemoryError):
+        raise SyntaxError("nested too deep to parse") from None
 
 
 def parse_file(path: Path) -> ast.Module:
