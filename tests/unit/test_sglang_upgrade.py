@@ -327,3 +327,21 @@ def test_diff_names_a_changed_file_that_only_the_worker_facts_read(tmp_path, new
     out = capsys.readouterr().out
     assert "  srt/managers/tp_worker.py (worker facts): changed: 0 of 0 hooked definitions, 1 other definitions" in out
     assert "    elsewhere: added_by_a_patch" in out
+
+
+def test_diff_reads_a_fifo_or_a_huge_file_as_unreadable_never_hangs(tmp_path, new_package):
+    import os
+    import threading
+
+    package = copy_gate_files(tmp_path / "site-packages")
+    pinned = package / "srt/speculative/spec_info.py"
+    pinned.unlink()
+    os.mkfifo(pinned)
+    results: list = []
+    worker = threading.Thread(target=lambda: results.append(diff_installations(new_package, package,
+                                                                                newest(SUPPORTED))), daemon=True)
+    worker.start()
+    worker.join(timeout=120)  # wide: a diff takes a few seconds
+    assert results, "sglang diff blocked on a FIFO"
+    states = {f.file: f.state for f in results[0].files}
+    assert states["srt/speculative/spec_info.py"] == "unreadable in B: not a plain file"
