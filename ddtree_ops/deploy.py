@@ -218,7 +218,7 @@ class RollbackOutcome:
 
     @property
     def step(self) -> str:
-        undone = f"release {self.release}{_defaults_note(self.release_defaults)}"
+        undone = f"release {self.release}{_defaults_note(self.release_defaults)}" if self.release else "the deployment"
         back = (f"release {self.restored}{_defaults_note(self.restored_defaults)} is deployed again"
                 if self.restored else "the plugin is removed")
         if self.action == "recovered" and self.release:

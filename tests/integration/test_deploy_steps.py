@@ -241,12 +241,18 @@ def waiting_on(path: Path, timeout_s: float = 60.0) -> int:
     raise AssertionError(f"no process opened {path} within {timeout_s}s")
 
 
-def test_a_deploy_that_waited_for_the_lock_reads_the_environment_as_the_first_left_it(host, env, capsys, tmp_path):
-    """#49 item 5: A deployed; two deploys of B at once. The second reads site-packages (whose
-    .pth still names A's payload) at its start, then waits for the lock while the first puts
-    B in place. Once it holds the lock it must see B's deployment (`unchanged`), not refuse
-    A's payload, which B keeps for rollback, as "another `ddtree` package". The first deploy
-    is the installer run directly while the test holds the host lock, so the order is certain."""
+@pytest.mark.parametrize("first_op, first_action, second_action", [
+    ("install", "replaced", "unchanged"),  # two deploys of B at once
+    ("rollback", "rolled-back", "installed"),  # a deploy of B during a rollback of A
+])
+def test_a_deploy_that_waited_for_the_lock_reads_the_environment_as_the_other_left_it(
+        host, env, capsys, tmp_path, first_op, first_action, second_action):
+    """#49 item 5: A deployed; a deploy of B reads site-packages (whose .pth names A's payload)
+    at its start, then waits for the lock while another step holds it: a deploy of B (which
+    keeps A's payload for rollback) or a rollback of A. Once it holds the lock it must see the
+    environment as that step left it (B `unchanged`; B `installed` on a clean environment),
+    never refuse A's payload as "another `ddtree` package". The other step is the installer
+    run directly while the test holds the host lock, so the order is certain."""
     import fcntl
 
     from ddtree_ops.deploy import installer_stdin
@@ -261,24 +267,26 @@ def test_a_deploy_that_waited_for_the_lock_reads_the_environment_as_the_first_le
     capsys.readouterr()
     cli_path = REPO / ".venv" / "bin" / "ddtree-ops"
     lock = host.h0.workdir / "lock"
+    argv = [str(python), "-c", BOOTSTRAP, first_op, str(host.h0.workdir)] + \
+        ([bundle.release_id, "0"] if first_op == "install" else [])
     with open(lock, "r+b") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         second = subprocess.Popen([str(cli_path) if cli_path.exists() else "ddtree-ops", "deploy", "-i",
                                    str(host.inventory), "--source", str(other), "--json"],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            waiting_on(lock)  # the second deploy's agent is up, past its start, waiting for the lock
-            first = subprocess.run([str(python), "-c", BOOTSTRAP, "install", str(host.h0.workdir), bundle.release_id,
-                                    "0"], input=installer_stdin(bundle, "install"), capture_output=True, cwd="/",
+            waiting_on(lock)  # the deploy's agent is up, past its start, waiting for the lock
+            first = subprocess.run(argv, input=installer_stdin(bundle, first_op), capture_output=True, cwd="/",
                                    env={"PATH": "/usr/bin:/bin"}, timeout=300)
         finally:
             fcntl.flock(held, fcntl.LOCK_UN)
         out, err = second.communicate(timeout=300)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
-    assert json.loads(first.stdout.decode().strip().splitlines()[-1])["action"] == "replaced"
+    reply = json.loads(first.stdout.decode().strip().splitlines()[-1])
+    assert (reply.get("action") or reply.get("rollback", {}).get("action")) == first_action, reply
     doc = json.loads(out)
     assert second.returncode == 0, (doc, err[-2000:])
-    assert doc["hosts"]["h0"]["result"]["action"] == "unchanged"
+    assert doc["hosts"]["h0"]["result"]["action"] == second_action
 
 
 def site_packages(python: Path) -> Path:
