@@ -66,12 +66,12 @@ def bench(
     from ddtree_ops.cli.console import say
     from ddtree_ops.results import new_run_id
 
+    options = build_options(budgets, batch_sizes, repeat, seed, settings)  # refused before anything is made
     if plot is not None:  # before the sweep, not after it
         from ddtree_ops.local_dirs import ensure_output_dir
 
         ensure_output_dir(plot, "--plot")
     run_id = new_run_id()
-    options = build_options(budgets, batch_sizes, repeat, seed, settings)
     # the thorough sweep: every point gets `--repeat` calls, however long that takes
     options.setdefault("extra", {}).setdefault("tree_bench_seconds", 0)
     code = run_smoke(

@@ -298,13 +298,17 @@ StageTimeoutOpt = Annotated[float, typer.Option(
 SetOpt = Annotated[Optional[list[str]], typer.Option(
     "--set", metavar="KEY=VALUE",
     help="A stage knob (options.extra, see docs/smoke.md), repeatable: e.g. --set strict=true "
-         "--set max_new_tokens=64; VALUE is read as JSON, else taken as a string.",
+         "--set max_new_tokens=64; VALUE is read as JSON, else taken as a string. An unknown knob or "
+         "a bad value is refused before anything runs.",
     show_default=False)]
 
 
 def parse_extra(settings: Optional[list[str]]) -> dict[str, Any]:
-    """`--set key=value` pairs -> options.extra (JSON values, else strings)."""
+    """`--set key=value` pairs -> options.extra (JSON values, else strings), checked against
+    the stages' knob table (the one the runner checks with) before anything is allocated or
+    pushed: an unknown knob or a bad value is a usage error naming it."""
     from ddtree_ops.errors import UsageError
+    from ddtree_ops.hostside.protocol import check_knobs
 
     extra: dict[str, Any] = {}
     for setting in settings or []:
@@ -319,7 +323,10 @@ def parse_extra(settings: Optional[list[str]]) -> dict[str, Any]:
         if isinstance(value, float) and not math.isfinite(value):
             raise UsageError(f"--set {key}: expected a finite value, got {raw!r}")
         extra[key] = value
-    return extra
+    try:
+        return check_knobs(extra)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
 
 
 def build_options(budgets: Optional[str], batch_sizes: Optional[str], repeat: Optional[int],

@@ -314,10 +314,12 @@ def test_stage_names_are_spelled_as_the_runner_spells_them():
 def test_stage_knobs_reach_the_stages(env, capsys):
     """--set fills options.extra, which the stages read (here tree-bench's vocabulary)."""
     code, doc = run_json(["smoke", "--stages", "tree-bench", "--budgets", "4", "--batch-sizes", "1",
-                          "--repeat", "1", "--set", "vocab=500", "--set", "note=plain text"], capsys)
+                          "--repeat", "1", "--set", "vocab=500", "--set", "sglang_attention_backend=plain text",
+                          "--set", "sglang_concurrency=1,2"], capsys)
     assert code == 0, doc["failures"]
     run = json.loads((env / "runs" / doc["run_id"] / "local" / "run.json").read_text())
-    assert run["options"]["extra"] == {"vocab": 500, "note": "plain text"}
+    assert run["options"]["extra"] == {"vocab": 500, "sglang_attention_backend": "plain text",
+                                       "sglang_concurrency": [1, 2]}
 
 
 def test_a_fleet_baseline_on_a_run_of_some_hosts_checks_only_those(env, capsys, tmp_path):
@@ -333,13 +335,25 @@ def test_a_fleet_baseline_on_a_run_of_some_hosts_checks_only_those(env, capsys, 
     assert "not checked" in captured.out and "host(s) gpu-elsewhere not in this run" in captured.err
 
 
-def test_a_bad_stage_knob_is_refused_before_any_stage_runs(env, capsys):
-    code, doc = run_json(["smoke", "--stages", "env,tree-bench", "--set", "vocab=abc"], capsys)
-    assert code == 2 and doc["exit_code"] == 2
-    assert doc["hosts"]["local"]["outcome"] == "refused"
-    assert doc["failures"] == [{"host": "local", "stage": "-", "detail": None,
-                                "reason": "--set vocab: expected an integer >= 1, got 'abc'"}]
-    assert doc["hosts"]["local"]["stages"] == {}  # nothing ran
+@pytest.mark.parametrize("command", ["smoke", "bench"])
+@pytest.mark.parametrize("setting, message", [
+    ("max_new_token=64", "--set max_new_token: unknown knob (did you mean max_new_tokens?); known knobs: "),
+    ("vocab=abc", "--set vocab: expected an integer >= 1, got 'abc'"),
+])
+def test_a_bad_or_unknown_knob_is_refused_before_anything_is_allocated_or_pushed(env, capsys, command, setting,
+                                                                                  message):
+    """Issue #47: `--set max_new_token=64` (a typo) ran and exited 0; a bad value was refused
+    only after a run id was allocated and the release pushed (and became the latest run)."""
+    code = main([command, "--set", setting, "--plot" if command == "bench" else "--keep-going",
+                 *([str(env / "charts")] if command == "bench" else [])])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"error: {message}" in err and len(err.strip().splitlines()) == 1
+    if "unknown" in message:
+        assert "max_new_tokens, max_prompts, near_tie_gap" in err  # the known ones, listed
+    assert not (env / "runs").exists() and not (env / "wd").exists() and not (env / "charts").exists()
+    code, doc = run_json([command, "--set", setting], capsys)
+    assert code == 2 and doc["exit_code"] == 2 and doc["error"].startswith(message)
 
 
 def test_collect_names_the_run_hosts_it_cannot_reach_through_the_inventory(env, capsys):

@@ -308,6 +308,15 @@ def test_bad_options_are_a_usage_error(release, tmp_path):
     assert "budgets: expected an integer >= 0, got -3" in stderr
 
 
+def test_an_unknown_knob_is_a_usage_error_on_the_host_too(release, tmp_path):
+    """A release older than the operator (--no-push) meets a knob it does not have: refused
+    naming it, never ignored."""
+    code, records, stderr = run_runner(release, tmp_path, "ok", "--options", '{"extra": {"max_new_token": 64}}')
+    assert code == 2
+    assert "--set max_new_token: unknown knob (did you mean max_new_tokens?)" in stderr
+    assert records[-1]["event"] == "run_end" and records[-1]["status"] == "error"
+
+
 def test_stop_interrupts_a_running_run_and_keeps_what_arrived(release, tmp_path):
     argv = [sys.executable, str(release / "ddtree_ops" / "hostside" / "runner.py"), "run", "--run-id", "r9",
             "--workdir", str(tmp_path), "--release-root", str(release), "--stages",
