@@ -25,12 +25,11 @@ STOP_TIMEOUT_S = 15.0
 
 def check_stages_in_bundle(stages: list[str], relpaths: set[str]) -> None:
     from ddtree_ops.errors import UsageError
-
+    from ddtree_ops.hostside.protocol import stage_names
     from ddtree_ops.release import STAGES_DIR
 
-    available = sorted(p[len(STAGES_DIR) + 1:-3].replace("_", "-") for p in relpaths
-                       if p.startswith(STAGES_DIR + "/") and p.endswith(".py")
-                       and not p.rsplit("/", 1)[1].startswith("_"))
+    available = stage_names(p[len(STAGES_DIR) + 1:-3] for p in relpaths
+                            if p.startswith(STAGES_DIR + "/") and p.endswith(".py") and "/" not in p[len(STAGES_DIR) + 1:])
     unknown = [s for s in stages if s not in available]  # `parse_stages` spelled them; `__init__` is no stage
     if unknown:
         raise UsageError(f"--stages: unknown stage(s) {', '.join(unknown)} "

@@ -271,9 +271,19 @@ def run_smoke(
 
 # ----------------------------------------------------------------------------- the command
 
-StagesOpt = Annotated[Optional[str], typer.Option(
-    "--stages", help="Comma-separated stages, in order (default: the release's stages in the default order, all but the long lossless-full).",
-    show_default=False)]
+def stages_help() -> str:
+    """--stages' help, naming the stages this checkout ships (the stage modules and STAGE_ORDER:
+    a stage added there shows here)."""
+    from ddtree_ops.hostside.protocol import STAGE_ORDER, stage_names, stages_dir
+
+    names = stage_names(p.stem for p in stages_dir().glob("*.py"))
+    default = [s for s in names if s in STAGE_ORDER]
+    others = [s for s in names if s not in STAGE_ORDER]
+    return ("Comma-separated stages, run in the order given. Default: " + ", ".join(default)
+            + (f". Only when named: {', '.join(others)}." if others else "."))
+
+
+StagesOpt = Annotated[Optional[str], typer.Option("--stages", help=stages_help(), show_default=False)]
 BudgetsOpt = Annotated[Optional[str], typer.Option(
     "--budgets", help="Tree budgets for the sweeps (default: 16,32,64,128,256,512,1024).",
     show_default=False)]

@@ -97,6 +97,18 @@ def stage_module_name(stage: str) -> str:
     return stage.replace("-", "_")
 
 
+def stages_dir() -> Path:
+    """The stage modules of this release (or checkout)."""
+    return Path(__file__).resolve().parent / "stages"
+
+
+def stage_names(module_stems: Any) -> list[str]:
+    """The stages whose modules have these file stems (`tree_bench`; `_private` ones are none):
+    those of STAGE_ORDER first, in that order, then the others (e.g. `lossless-full`) by name."""
+    names = {stem.replace("_", "-") for stem in module_stems if not stem.startswith("_")}
+    return [s for s in STAGE_ORDER if s in names] + sorted(names - set(STAGE_ORDER))
+
+
 @dataclass
 class SmokeOptions:
     """What the operator chose for this run; stages read what concerns them."""

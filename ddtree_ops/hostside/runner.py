@@ -90,6 +90,8 @@ from ddtree_ops.hostside.protocol import (  # noqa: E402
     jsonable,
     make_event,
     stage_module_name,
+    stage_names,
+    stages_dir,
 )
 from ddtree_ops.hostside.signals import Redelivery  # noqa: E402
 
@@ -119,10 +121,6 @@ STOP_GRACE_S = 10.0
 
 # ----------------------------------------------------------------------------- stage catalogue
 
-def stages_dir() -> Path:
-    return Path(__file__).resolve().parent / "stages"
-
-
 def available_stages() -> list[str]:
     """Stages in STAGE_ORDER whose module exists in this release."""
     folder = stages_dir()
@@ -138,7 +136,7 @@ def resolve_stages(requested: list[str] | None) -> list[str]:
     unknown = [s for s in requested
                if not s or s.startswith("_") or not (folder / f"{stage_module_name(s)}.py").is_file()]
     if unknown:
-        every = sorted(p.stem.replace("_", "-") for p in folder.glob("*.py") if not p.name.startswith("_"))
+        every = stage_names(p.stem for p in folder.glob("*.py"))
         raise ValueError(f"unknown stage(s) {', '.join(map(repr, unknown))}; this release has: {', '.join(every)}")
     seen: set[str] = set()
     return [s for s in requested if not (s in seen or seen.add(s))]
