@@ -229,8 +229,10 @@ def run_smoke(
     command: str = "smoke",
     run_id: Optional[str] = None,
     rollout: Any = None,
+    plot: Optional[Path] = None,
 ) -> int:
-    """`smoke` and `bench`: the run (ddtree_ops.smoke) with a live view, then the report."""
+    """`smoke` and `bench`: the run (ddtree_ops.smoke) with a live view, then the report (and
+    its charts in `plot`), then the final line: nothing is left to do once it is printed."""
     from ddtree_ops.cli.console import emit_json, stdout_console
     from ddtree_ops.cli.options import select_hosts
     from ddtree_ops.cli.report import render_report
@@ -248,22 +250,33 @@ def run_smoke(
     refused = run.refused
     report = build_report(store.load(plan.run_id))
     code = ExitCode.INTERRUPTED if interrupted else report.exit_code
+    store.update_run(plan.run_id, exit_code=int(code))
     if refused and not interrupted:
         say(f"the runner refused the plan: {refused[0]}")  # the report's exit code is 2
+    plots: list[str] = []
+    if plot is not None:  # drawn before the final line (matplotlib's first start takes a while)
+        from ddtree_ops.report.plots import plot_run
+
+        plots = [str(p) for p in plot_run(report, plot)]
     if json_out:
         document = report.to_dict()
         document["exit_code"] = int(code)
         document["command"] = command
         if batches is not None and batches.planned > 1:
             document["rollout"] = batches.to_dict()
+        if plot is not None:
+            document["plots"] = plots
         emit_json(document)
     else:
         render_report(report, stdout_console())
         if batches is not None and batches.stopped:
             say(f"{command}: rollout stopped after {batches.stopped}; not started: {', '.join(batches.not_started)}")
+        for path in plots:
+            say(f"wrote {path}")
+        if plot is not None and not plots:
+            say("no tree-bench or decode-bench results in this run: nothing to plot")
         say(f"{command} run {plan.run_id}: exit {int(code)} "
             f"({time.time() - started:.1f}s; `ddtree-ops report {plan.run_id}` to see it again)")
-    store.update_run(plan.run_id, exit_code=int(code))
     return int(code)
 
 

@@ -210,13 +210,19 @@ def test_collect_is_idempotent_and_adopts_missing_records(env, capsys):
     assert report["hosts"]["local"]["stages"]["golden"]["status"] == "pass"
 
 
-def test_bench_runs_the_sweep_and_plots(env, capsys, tmp_path):
-    code, doc = run_json(["bench", "--budgets", "16", "--batch-sizes", "1", "--repeat", "1",
-                          "--plot", str(tmp_path / "p")], capsys)
-    assert code == 0 and doc["command"] == "bench"
+def test_bench_runs_the_sweep_and_plots_before_its_final_line(env, capsys, tmp_path):
+    """Issue #47: bench printed its final "exit 0" line, then drew the charts (~25 s)."""
+    code = main(["bench", "--budgets", "16", "--batch-sizes", "1", "--repeat", "1", "--plot", str(tmp_path / "p")])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 0
+    assert lines[-1].startswith("ddtree-ops: bench run ") and ": exit 0 (" in lines[-1]
+    assert f"ddtree-ops: wrote {tmp_path / 'p' / 'tree-build-vs-budget-bs1.png'}" in lines[:-1]
+    code, doc = run_json(["report"], capsys)
+    assert code == 0
     assert set(doc["hosts"]["local"]["stages"]) >= {"env", "tree-bench"}
     assert {r["builder"] for r in doc["sweep"]} == {"heap", "public", "batched", "floor"}
     assert (tmp_path / "p" / "tree-build-vs-budget-bs1.png").is_file()
+    assert doc["hosts"]["local"]["outcome"] == "pass"
     record = json.loads((env / "runs" / doc["run_id"] / "local" / "stages" / "tree-bench.json").read_text())
     assert record["metrics"]["time_budget_s"] == 0  # the thorough sweep: no time budget
 
