@@ -123,6 +123,14 @@ def record_field_error(record: dict[str, Any]) -> str | None:
             return str(err)
     elif kind == "log" and not isinstance(record.get("message"), (str, type(None))):
         return f"log.message: expected a string, got {quoted(record.get('message'))}"
+    elif kind == "heartbeat" and not isinstance(record.get("last_output"), (str, type(None))):
+        return f"heartbeat.last_output: expected a string, got {quoted(record.get('last_output'))}"
+    elif kind == "output":
+        lines, file = record.get("lines"), record.get("file")
+        if not (isinstance(lines, list) and all(isinstance(line, str) for line in lines)):
+            return f"output.lines: expected a list of strings, got {quoted(lines)}"
+        if not isinstance(file, (str, type(None))):
+            return f"output.file: expected a file name, got {quoted(file)}"
     elif kind == "run_end":
         for name, ok, expected in (
                 ("status", lambda v: isinstance(v, (str, type(None))), "a string"),
@@ -185,6 +193,14 @@ class HostRecorder:
             return record
         if record is not None and record_owner_error(record, self.run_id, self.host) is not None:
             record = None  # another run's or host's record: kept as stray output, never as ours
+        if record is not None and record.get("event") == "output":
+            # `-v`: shown, not kept (the host's log files are the record; `collect` fetches them),
+            # and not counted against the stage's records
+            error = record_field_error(record)
+            if error is not None and self.record_error is None:
+                self.record_error = f"a record was refused: {error}"
+                self.note(record_error=self.record_error)
+            return None if error is not None else record
         if record is not None:
             refused = record_field_error(record) or self._past_stage_budget(record)
             if refused is not None:

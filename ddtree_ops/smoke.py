@@ -66,6 +66,7 @@ class SmokePlan:
     keep_going: bool
     stage_timeout_s: float
     release_id: Optional[str]  # what was pushed (None with --no-push)
+    stream_output: bool = False  # `-v`: the runner streams what each stage writes
 
 
 def runner_control_argv(host: "Host", workdir: str, run_id: str, subcommand: str) -> list[str]:
@@ -87,6 +88,8 @@ def runner_argv(host: "Host", workdir: str, plan: SmokePlan, subcommand: str = "
         argv += ["--stages", ",".join(plan.stages)]
     if plan.keep_going:
         argv.append("--keep-going")
+    if plan.stream_output:
+        argv.append("--stream-output")
     return argv
 
 
@@ -146,6 +149,7 @@ def execute_smoke(
     command: str = "smoke",
     run_id: Optional[str] = None,
     rollout: Any = None,
+    stream_output: bool = False,
 ) -> SmokeRun:
     """Push (unless `push` is False), run the runner on every selected host, keep every record
     under the run folder as it arrives, settle each host's outcome; stop the runners and keep
@@ -173,7 +177,7 @@ def execute_smoke(
         stages = stages or default_stages(relpaths)
     plan = SmokePlan(run_id=run_id or new_run_id(), stages=stages, options=options,
                      keep_going=keep_going, stage_timeout_s=stage_timeout_s,
-                     release_id=bundle.release_id if bundle else None)
+                     release_id=bundle.release_id if bundle else None, stream_output=stream_output)
     store = RunStore(runs_root(runs_dir))
     started = time.time()
     store.create_run(plan.run_id, {

@@ -24,6 +24,7 @@ from ddtree_ops.cli.smoke import (
     SourceOpt,
     SetOpt,
     StageTimeoutOpt,
+    VerboseOpt,
     build_options,
     run_smoke,
 )
@@ -61,6 +62,7 @@ def bench(
     parallel: ParallelOpt = DEFAULT_PARALLEL,
     accept_new_host_keys: AcceptNewHostKeysOpt = False,
     settings: SetOpt = None,
+    verbose: VerboseOpt = False,
 ) -> int:
     """Run the budget sweeps on the hosts (more repetitions than smoke) and report them."""
     options = build_options(budgets, batch_sizes, repeat, seed, settings)  # refused before anything is made
@@ -75,7 +77,7 @@ def bench(
         options=options, keep_going=True,
         json_out=json_out, push=not no_push, source=source, stage_timeout_s=stage_timeout,
         runs_dir=runs_dir, parallel=parallel, accept_new_host_keys=accept_new_host_keys,
-        command="bench", plot=plot)
+        command="bench", plot=plot, verbose=verbose)
 
 
 def register(app: typer.Typer) -> None:

@@ -60,7 +60,11 @@ class EventKind(str, Enum):
     STAGE_START stage, index
     LOG         stage, message
     METRIC      stage, name, value
-    HEARTBEAT   stage (or null), elapsed_s (in the current stage)
+    HEARTBEAT   stage (or null), elapsed_s (in the current stage), last_output (the last line
+                the stage or a log in its artifacts folder wrote, or null)
+    OUTPUT      stage, file (null: the stage's log; else the name of a *.log in its artifacts
+                folder), lines [str]: what it wrote since the last one; only with the runner's
+                --stream-output, and never written to events.jsonl (the log files are the record)
     STAGE_END   stage, index, status, reason, duration_s, metrics {..}, tables {name: [rows]},
                 traceback (str|null), output_tail (str|null: the stage's last output when it
                 crashed or hung), load (timed stages: {before, after} host-load samples, see
@@ -74,6 +78,7 @@ class EventKind(str, Enum):
     LOG = "log"
     METRIC = "metric"
     HEARTBEAT = "heartbeat"
+    OUTPUT = "output"
     STAGE_END = "stage_end"
     RUN_END = "run_end"
 

@@ -24,6 +24,10 @@ EXTRA_STAGES = {
               'def run(ctx):\n    raise RuntimeError("broken on purpose")\n',
     "hang": 'NAME = "hang"\nDESCRIPTION = "hangs"\nimport time\n'
             'def run(ctx):\n    print("hanging now", flush=True)\n    time.sleep(3600)\n',
+    "quiet": 'NAME = "quiet"\nDESCRIPTION = "says one thing, then works quietly for 3 s"\nNEEDS_TORCH = False\n'
+             'import time\ndef run(ctx):\n    from ddtree_ops.hostside.protocol import StageResult\n'
+             '    print("a line of output", flush=True)\n    ctx.log("halfway there")\n    time.sleep(3)\n'
+             '    return StageResult.passed("done")\n',
 }
 
 
@@ -257,6 +261,24 @@ def test_ctrl_c_stops_the_runner_and_keeps_what_arrived(env, checkout):
     # the runner is gone: its pid file was removed when it stopped
     assert not (hang_log.parent.parent / "runner.pid").exists()
     assert list(runs.iterdir())
+
+
+def test_long_work_speaks_in_piped_output_and_verbose_streams_the_stage_log(env, checkout):
+    """Issue #47: a stage silent in a pipe for 499 s. With the interval shortened to 0.5 s (the
+    variable the docs name), a 3 s stage gets `still running` lines naming host, stage, elapsed
+    time and its last words; `-v` streams its output, host-prefixed."""
+    argv = [sys.executable, "-m", "ddtree_ops", "smoke", "--source", str(checkout), "--stages", "quiet", "-v"]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=env, timeout=300,
+                          env={**os.environ, "DDTREE_OPS_PROGRESS_EVERY_S": "0.5"})
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    still = [line for line in lines if line.startswith("ddtree-ops: smoke: local: quiet: still running (")]
+    assert len(still) >= 2, done.stderr  # ~5 expected in 3 s; 2 leaves a wide margin for a busy machine
+    assert all(line.endswith('s; last: "halfway there")') for line in still), still
+    assert "ddtree-ops: local: quiet | a line of output" in lines
+    assert "ddtree-ops: local: quiet | [quiet] halfway there" in lines
+    assert lines.index("ddtree-ops: local: quiet | a line of output") < lines.index(still[0])
+    assert any(line.startswith("ddtree-ops: smoke: local: quiet: pass (") for line in lines)
 
 
 def test_no_push_tests_the_active_release(env, capsys):
