@@ -193,16 +193,11 @@ class HostRecorder:
             return record
         if record is not None and record_owner_error(record, self.run_id, self.host) is not None:
             record = None  # another run's or host's record: kept as stray output, never as ours
-        if record is not None and record.get("event") == "output":
-            # `-v`: shown, not kept (the host's log files are the record; `collect` fetches them),
-            # and not counted against the stage's records
-            error = record_field_error(record)
-            if error is not None and self.record_error is None:
-                self.record_error = f"a record was refused: {error}"
-                self.note(record_error=self.record_error)
-            return None if error is not None else record
         if record is not None:
-            refused = record_field_error(record) or self._past_stage_budget(record)
+            # `-v`'s output records are shown, not kept (the host's log files are the record;
+            # `collect` fetches them), so they do not count against the stage's records
+            refused = record_field_error(record) or (
+                None if record.get("event") == "output" else self._past_stage_budget(record))
             if refused is not None:
                 if self.record_error is None:
                     self.record_error = f"a record was refused: {refused}"
@@ -213,9 +208,11 @@ class HostRecorder:
                 with self._stray.open("a", encoding="utf-8") as out:
                     out.write(line.rstrip("\n") + "\n")
             return None
+        kind = record.get("event")
+        if kind == "output":
+            return record
         self._events.write(line.strip() + "\n")  # verbatim: the raw event log
         self._events.flush()
-        kind = record.get("event")
         stage = record.get("stage")
         if kind == "run_start":
             self.planned = list(record.get("stages") or [])

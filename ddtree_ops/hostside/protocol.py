@@ -194,7 +194,10 @@ KNOBS: dict[str, Knob] = {
 
 
 def _comma_ints(value: Any) -> Any:
-    """`--set sglang_concurrency=1,8,32` arrives as the string "1,8,32": the list it spells."""
+    """`--set sglang_concurrency=1,8,32` arrives as the string "1,8,32", and `...=8` as the
+    number 8: the list each spells."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
     if not isinstance(value, str):
         return value
     try:

@@ -117,3 +117,19 @@ def test_the_host_table_says_each_step_its_hosts_report():
     table.on_progress("c", HostState.CONNECTING, "root@c:22")
     table.on_progress("c", HostState.OK, "")
     assert [(a.host, a.phase) for a in table.activities()] == [("a", "connecting to root@a:22"), ("b", "deploying")]
+
+
+def test_verbose_lines_are_host_prefixed_and_inert(capsys):
+    """`-v`: a host's output reaches the terminal as one inert line per line, and only with -v."""
+    from ddtree_ops.cli.smoke import SmokeView
+
+    record = {"event": "output", "stage": "sglang-e2e", "file": "server-b8.log",
+              "lines": ["Uvicorn running", "\x1b]0;pwned\x07\x1b[2J cleared"]}
+    SmokeView("smoke", ["h1"], quiet=True).record("h1", record)
+    assert capsys.readouterr().err == ""
+    SmokeView("smoke", ["h1"], quiet=True, verbose=True).record("h1", record)
+    assert capsys.readouterr().err.splitlines() == [
+        "ddtree-ops: h1: sglang-e2e/server-b8.log | Uvicorn running",
+        "ddtree-ops: h1: sglang-e2e/server-b8.log | \\x1b]0;pwned\\x07\\x1b[2J cleared"]
+    SmokeView("smoke", ["h1"], quiet=True, verbose=True).record("h1", {**record, "file": None, "lines": ["x"]})
+    assert capsys.readouterr().err == "ddtree-ops: h1: sglang-e2e | x\n"
