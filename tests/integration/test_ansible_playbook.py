@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from ddtree_ops.cli.app import main
 from ddtree_ops.release import RUNNER_RELPATH
 
 PLAYBOOK = Path(__file__).resolve().parents[2] / "docs" / "ansible" / "smoke.yml"
-ANSIBLE_PLAYBOOK = shutil.which("ansible-playbook")
+ANSIBLE_PLAYBOOK = shutil.which("ansible-playbook", path=str(Path(sys.executable).parent)) or shutil.which("ansible-playbook")
 pytestmark = [
     pytest.mark.sshd, pytest.mark.slow,
     pytest.mark.skipif(ANSIBLE_PLAYBOOK is None, reason="ansible-playbook (ansible-core) is not installed"),
