@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import json
 import urllib.request
 
 import pytest
@@ -76,3 +77,46 @@ def test_metrics_endpoint_carries_the_plugins_counters_next_to_sglangs(served):
     assert value(px.TREE_BUILD_SECONDS + "_sum") == pytest.approx(sum(s["build_ms_total"] for s in snapshots) / 1e3,
                                                                   rel=1e-9)
     assert value(px.BUDGET) == BUDGET
+
+
+@pytest.mark.sshd
+def test_status_reads_the_live_acceptance_over_ssh_and_holds_it_against_the_hosts_reference(
+        served, sshd_fleet, tmp_path, capsys):
+    from ddtree_ops.cli.app import main
+    from fixtures.e2e_runs import e2e_row, write_e2e_run
+    from sshd_fleet import free_port
+
+    server, _, python = served
+    snapshots = metrics_snapshots(server.log_text())
+    requests = sum(s["requests"] for s in snapshots)
+    accepted = sum(length * n for s in snapshots for length, n in enumerate(s["acceptance_histogram"]))
+    live = accepted / requests  # the plugin's own figure, from its log lines
+    silent = free_port()
+    fleet = sshd_fleet(2)  # h0 serves (its python: the CPU server's environment), h1 serves nothing
+    inventory = fleet.write_inventory(host_overrides={"h0": {"python": str(python), "sglang_port": server.port},
+                                                      "h1": {"sglang_port": silent}})
+    runs = tmp_path / "runs"
+    write_e2e_run(runs, "20240101-000000-aaaa", "h0", [e2e_row("no-spec", None), e2e_row("ddtree-b8", live + 0.3)],
+                  command="qualify")
+    argv = ["status", "-i", str(inventory), "--runs-dir", str(runs), "--min-request-rounds", "20", "--json"]
+
+    code = main(argv)
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0, doc
+    h0, h1 = doc["hosts"]["h0"]["result"], doc["hosts"]["h1"]["result"]
+    assert h0["sglang"] == "0.5.23" and h0["server"] == {"state": "running", "port": server.port}
+    assert h0["ddtree"] == {"enabled": True, "budget": BUDGET, "from": "the server"}
+    assert h0["live"]["request_rounds"] == requests >= 20
+    assert h0["live"]["acceptance_length"] == pytest.approx(live, rel=1e-12)
+    assert h0["reference"]["run_id"] == "20240101-000000-aaaa" and h0["reference"]["command"] == "qualify"
+    assert (h0["verdict"], h0["note"]) == ("ok", "within 0.5 of qualification run 20240101-000000-aaaa")
+    assert (h1["server"]["state"], h1["note"]) == ("not-running", f"no server running on port {silent}")
+
+    # A newer passing sglang-e2e that accepted far more at this budget: the live figure is below it.
+    write_e2e_run(runs, "20240102-000000-aaaa", "h0", [e2e_row("ddtree-b8", live + 2.0)])
+    code = main([*argv, "-H", "h0"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 5, doc
+    assert doc["hosts"]["h0"]["error"] == (
+        f"h0: live acceptance {live:.3f} at budget {BUDGET} is below {live + 2.0:.3f} of sglang-e2e run "
+        f"20240102-000000-aaaa by more than 0.5")
