@@ -2,7 +2,7 @@
 
 SGLang serves `/metrics` in prometheus_client's multi-process mode: the launcher points
 PROMETHEUS_MULTIPROC_DIR at a fresh folder before it starts the scheduler processes
-(sglang/srt/entrypoints/engine.py:1941-1942 -> srt/utils/common.py:2825-2840), every process
+(sglang/srt/entrypoints/engine.py:1940-1942 -> srt/utils/common.py:2825-2840), every process
 writes its metric values to memory-mapped files there, and the HTTP server's `/metrics`
 collects all of them with a MultiProcessCollector (srt/utils/common.py:2843-2853, mounted at
 srt/entrypoints/http_server.py:314-315). SGLang's own scheduler series are made the same way,
