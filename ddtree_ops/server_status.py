@@ -101,19 +101,23 @@ def deployed_ddtree(deployed: dict[str, Any]) -> dict[str, Any]:
     variables = deployed.get("server_defaults") or {}
     try:
         config = config_from_variables(variables) if isinstance(variables, dict) else DDTreeConfig()
-    except PluginConfigError:
+    except (PluginConfigError, AttributeError, TypeError):  # the host's file, read there: not ours to trust
         config = DDTreeConfig()
     return {"enabled": config.enabled, "budget": config.budget,
             "from": "deploy --budget" if variables else "the plugin's defaults"}
 
 
-def host_status(host: Host, reply: dict[str, Any]) -> HostStatus:
-    """The facts of one reply, before any judging."""
-    sglang = reply.get("sglang") or {}
-    deployed = reply.get("deployed") if isinstance(reply.get("deployed"), dict) else {"record": None}
-    server = reply.get("server") if isinstance(reply.get("server"), dict) else {"state": "error"}
-    status = HostStatus(sglang=sglang.get("version") if sglang.get("installed") else None,
-                        deployed=deployed, server={k: v for k, v in server.items() if k != "metrics"})
+def host_status(host: Host, port: int, reply: dict[str, Any]) -> HostStatus:
+    """The facts of one reply, before any judging (a reply of the wrong shape reads as nothing known)."""
+    def part(name: str, empty: dict[str, Any]) -> dict[str, Any]:
+        value = reply.get(name)
+        return value if isinstance(value, dict) else empty
+
+    sglang, deployed = part("sglang", {}), part("deployed", {"record": None})
+    server = part("server", {"state": "error", "error": "no server facts in the host's reply"})
+    version = sglang.get("version") if sglang.get("installed") else None
+    status = HostStatus(sglang=version if isinstance(version, str) else None, deployed=deployed,
+                        server={**{k: v for k, v in server.items() if k != "metrics"}, "port": port})
     if server.get("state") == "running":
         status.live = parse_metrics(host.name, str(server.get("metrics") or ""))
         status.ddtree = {"enabled": status.live.ddtree, "budget": status.live.budget, "from": "the server"}

@@ -92,7 +92,7 @@ def status(
     def task(ctx: Any) -> Any:
         where = port or ctx.host.sglang_port
         ctx.report(f"reading 127.0.0.1:{where}/metrics on the host")
-        found = host_status(ctx.host, fetch(ctx.transport, ctx.host, where))
+        found = host_status(ctx.host, where, fetch(ctx.transport, ctx.host, where))
         live = found.live
         reference = reference_for(ctx.host.name, live.budget) if live and live.ddtree and live.budget else None
         return judge(found, ctx.host.name, reference, tolerance, min_request_rounds)

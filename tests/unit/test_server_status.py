@@ -12,7 +12,8 @@ from ddtree.sglang.prometheus_export import PrometheusExport
 from ddtree.sglang.round_metrics import RoundMetrics
 from ddtree_ops.errors import ExitCode, RemoteStepError
 from ddtree_ops.live_metrics import parse_metrics
-from ddtree_ops.server_status import AcceptanceDropped, HostStatus, Verdict, find_reference, judge
+from ddtree_ops.inventory import load_inventory
+from ddtree_ops.server_status import AcceptanceDropped, HostStatus, Verdict, find_reference, host_status, judge
 from fixtures.e2e_runs import e2e_row, write_e2e_run
 
 
@@ -80,11 +81,24 @@ def test_a_live_acceptance_below_the_reference_fails_naming_host_budget_and_both
     assert judge(running(text), "h0", reference, tolerance=1.0, min_request_rounds=100).verdict == Verdict.OK
 
 
-def test_what_cannot_be_judged_says_why():
-    few = judge(running(exposition([[2, 3]] * 10)), "h0", None, 0.5, 100)
-    assert (few.verdict, few.note) == (Verdict.NOT_JUDGED, "no passing sglang-e2e at budget 8 for this host in the "
-                                       "run store (ddtree-ops smoke -H h0 --stages sglang-e2e --budgets 8)")
+def test_what_cannot_be_judged_says_why(tmp_path):
+    none = judge(running(exposition([[2, 3]] * 60)), "h0", None, 0.5, 100)
+    assert (none.verdict, none.note) == (Verdict.NOT_JUDGED, "no passing sglang-e2e at budget 8 for this host in the "
+                                         "run store (ddtree-ops smoke -H h0 --stages sglang-e2e --budgets 8)")
+    write_e2e_run(tmp_path, "20240101-000000-aaaa", "h0", [e2e_row("ddtree-b8", 3.4)])
+    few = judge(running(exposition([[1, 1]] * 10)), "h0", find_reference(tmp_path, "h0", 8), 0.5, 100)
+    assert (few.verdict, few.note) == (Verdict.NOT_JUDGED, "20 request-rounds so far; judged from 100")
     down = HostStatus(sglang=None, deployed={"record": None}, server={"state": "not-running", "port": 31234})
     assert judge(down, "h0", None, 0.5, 100).note == "no server running on port 31234"
     plain = running("# TYPE sglang:gen_throughput gauge\nsglang:gen_throughput 3.0\n")
     assert judge(plain, "h0", None, 0.5, 100).note.startswith("DDTree is off in the server on port 30000")
+
+
+def test_a_reply_of_the_wrong_shape_reads_as_nothing_known():
+    host = load_inventory(None).hosts["local"]
+    odd = host_status(host, 30000, {"sglang": ["0.5.23"], "deployed": {"record": "/r.json", "server_defaults": {
+        "DDTREE_ENABLE": 1}}, "server": {"state": "not-running", "port": 1}})
+    assert odd.sglang is None and odd.server == {"state": "not-running", "port": 30000}  # the port asked for, not the host's
+    assert odd.ddtree == {"enabled": False, "budget": 32, "from": "deploy --budget"}
+    bare = host_status(host, 30000, {})
+    assert bare.server["state"] == "error" and judge(bare, "local", None, 0.5, 100).note.startswith("port 30000: ")
