@@ -53,6 +53,9 @@ class Reference:
         kind = "qualification" if self.command == "qualify" else E2E_STAGE
         return f"{kind} run {self.run_id}"
 
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "described": self.described}
+
 
 @dataclass
 class HostStatus:
@@ -69,7 +72,7 @@ class HostStatus:
     def to_dict(self) -> dict[str, Any]:
         return {"sglang": self.sglang, "deployed": self.deployed, "server": self.server, "ddtree": self.ddtree,
                 "live": self.live.to_dict() if self.live else None,
-                "reference": self.reference.__dict__ if self.reference else None,
+                "reference": self.reference.to_dict() if self.reference else None,
                 "verdict": self.verdict, "note": self.note}
 
 

@@ -39,12 +39,13 @@ def row(facts: dict[str, Any]) -> list[str]:
         on += f" (as deployed: {ddtree.get('from')})"
     acceptance = (f"{_number(live.get('acceptance_length'))} over {live.get('request_rounds')} request-rounds"
                   if live.get("ddtree") else "-")
-    described = ("qualification" if reference.get("command") == "qualify" else "sglang-e2e") + f" {reference.get('run_id')}"
     verdict = facts.get("verdict") or "-"
     if facts.get("note") and verdict != "below reference":  # a failed host's error column says why
         verdict += f": {facts['note']}"
-    return [facts.get("sglang") or "absent", plugin, on, f":{server.get('port')} {str(server.get('state', '?')).replace('-', ' ')}",
-            acceptance, f"{_number(reference.get('acceptance_length'))} ({described})" if reference else "-", verdict]
+    state = str(server.get("state", "?")).replace("-", " ")
+    return [facts.get("sglang") or "absent", plugin, on, f":{server.get('port')} {state}", acceptance,
+            f"{_number(reference.get('acceptance_length'))} ({reference.get('described')})" if reference else "-",
+            verdict]
 
 
 def status(

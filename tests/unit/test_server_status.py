@@ -65,8 +65,10 @@ def test_the_reference_is_the_newest_passing_sglang_e2e_at_that_budget(tmp_path)
 
 
 def running(text: str) -> HostStatus:
-    return HostStatus(sglang="0.5.23", deployed={"record": None}, server={"state": "running", "port": 30000},
-                      live=parse_metrics("h0", text))
+    """What a host's reply with a running server whose /metrics is `text` reads as."""
+    return host_status(load_inventory(None).hosts["local"], 30000, {
+        "sglang": {"installed": True, "version": "0.5.23"}, "deployed": {"record": None},
+        "server": {"state": "running", "port": 30000, "metrics": text}})
 
 
 def test_a_live_acceptance_below_the_reference_fails_naming_host_budget_and_both_numbers(tmp_path):
@@ -102,3 +104,22 @@ def test_a_reply_of_the_wrong_shape_reads_as_nothing_known():
     assert odd.ddtree == {"enabled": False, "budget": 32, "from": "deploy --budget"}
     bare = host_status(host, 30000, {})
     assert bare.server["state"] == "error" and judge(bare, "local", None, 0.5, 100).note.startswith("port 30000: ")
+
+
+def test_the_table_row_says_what_the_json_says(tmp_path):
+    from ddtree_ops.cli.status import COLUMNS, row
+
+    write_e2e_run(tmp_path, "20240101-000000-aaaa", "h0", [e2e_row("ddtree-b8", 2.6)], command="qualify")
+    judged = judge(running(exposition([[2, 3]] * 60)), "h0", find_reference(tmp_path, "h0", 8), 0.5, 100)
+    cells = dict(zip(COLUMNS, row(judged.to_dict())))
+    assert cells == {"sglang": "0.5.23", "plugin": "none", "ddtree": "on, budget 8", "server": ":30000 running",
+                     "live acceptance": "2.500 over 120 request-rounds",
+                     "reference": "2.600 (qualification run 20240101-000000-aaaa)",
+                     "verdict": "ok: within 0.5 of qualification run 20240101-000000-aaaa"}
+    deployed = HostStatus(sglang=None, deployed={"record": "/wd/deployments/x/record.json", "release": "0da44e92",
+                                                 "deployed_at": "2026-12-01T10:00:00Z"},
+                          server={"state": "not-running", "port": 30000},
+                          ddtree={"enabled": True, "budget": 64, "from": "deploy --budget"})
+    cells = dict(zip(COLUMNS, row(judge(deployed, "h0", None, 0.5, 100).to_dict())))
+    assert (cells["plugin"], cells["ddtree"], cells["server"]) == \
+        ("0da44e92 (2026-12-01T10:00:00Z)", "on, budget 64 (as deployed: deploy --budget)", ":30000 not running")
