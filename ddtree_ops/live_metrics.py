@@ -66,7 +66,9 @@ def parse_metrics(host: str, text: str) -> LiveReading:
             for sample in family.samples:
                 value = float(sample.value)
                 if not math.isfinite(value) or value < 0:
-                    raise ValueError(f"{sample.name}: {value!r} is not a count")
+                    if sample.name.startswith("ddtree_"):  # ours are counts; SGLang's gauges may be NaN
+                        raise ValueError(f"{sample.name}: {value!r} is not a count")
+                    continue
                 if sample.name == px.BUDGET:
                     budgets.add(value)
                 sums[sample.name] = sums.get(sample.name, 0.0) + value
@@ -86,6 +88,6 @@ def parse_metrics(host: str, text: str) -> LiveReading:
         branching_trees=count(px.BRANCHING_TREES + "_total"),
         build_rounds=count(px.TREE_BUILD_SECONDS + "_count"),
         build_seconds=sums.get(px.TREE_BUILD_SECONDS + "_sum", 0.0),
-        gen_throughput=sums.get(GEN_THROUGHPUT) if GEN_THROUGHPUT in seen else None,
-        running_requests=sums.get(RUNNING_REQUESTS) if RUNNING_REQUESTS in seen else None,
+        gen_throughput=sums.get(GEN_THROUGHPUT),  # None: not served (or not a number)
+        running_requests=sums.get(RUNNING_REQUESTS),
     )

@@ -34,7 +34,8 @@ def test_the_live_figures_are_the_plugins_sums():
     assert live.acceptance_length == pytest.approx(14 / 6)
     assert (live.mean_tree_size, live.branching_trees, live.mean_build_ms) == (9.0, 2, pytest.approx(1.5))
     assert live.gen_throughput is None  # SGLang's own series were not in this text
-    off = parse_metrics("h0", "# TYPE sglang:gen_throughput gauge\nsglang:gen_throughput{model_name=\"m\"} 12.5\n")
+    off = parse_metrics("h0", "# TYPE sglang:gen_throughput gauge\nsglang:gen_throughput{model_name=\"m\"} 12.5\n"
+                              "# TYPE sglang:fwd_occupancy gauge\nsglang:fwd_occupancy NaN\n")  # SGLang serves NaN there
     assert (off.ddtree, off.budget, off.acceptance_length, off.gen_throughput) == (False, None, None, 12.5)
 
 
