@@ -94,7 +94,9 @@ def _withdraw_hooks() -> None:
 
         for target, hooks in list(HookRegistry._hooks.items()):
             kept = [h for h in hooks if getattr(h[1], "__module__", "") != "ddtree.sglang.hooks"]
-            if len(kept) != len(hooks):
+            if not kept:
+                del HookRegistry._hooks[target]  # apply_hooks would still resolve (import) the target
+            elif len(kept) != len(hooks):
                 HookRegistry._hooks[target] = kept
     except Exception as err:  # noqa: BLE001 - best effort: the failure is already logged
         logger.error("DDTree plugin: could not withdraw its hooks: %s: %s", type(err).__name__, _one_line(err))
