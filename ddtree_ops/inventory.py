@@ -18,7 +18,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic_core import PydanticCustomError
 
 from ddtree_ops.errors import ConfigError, quoted
-from ddtree_ops.host_patterns import ALL_HOSTS, select_names
+from ddtree_ops.host_patterns import ALL_HOSTS, select_names, unaddressable
 
 INVENTORY_ENV = "DDTREE_OPS_INVENTORY"
 DEFAULT_INVENTORY_NAME = "hosts.yaml"
@@ -320,6 +320,8 @@ def _resolve_host(name: str, entry: HostEntry, defaults: _HostKeys, source: str,
         raise ConfigError(
             f"{source}: hosts.{quoted(name)}: invalid host name (no commas, no '/', no outer spaces, not '.', '..' or 'all')"
         )
+    if (why := unaddressable(name)) is not None:
+        raise ConfigError(f"{source}: hosts.{quoted(name)}: no -H pattern can select this host alone: {why}; rename it")
 
     def pick(key: str) -> Any:
         own = getattr(entry, key)
@@ -337,6 +339,9 @@ def _resolve_host(name: str, entry: HostEntry, defaults: _HostKeys, source: str,
     for group in entry.groups:
         if not group or "," in group or group == ALL_HOSTS:
             raise ConfigError(f"{source}: hosts.{name}.groups: invalid group name {quoted(group)}")
+        if (why := unaddressable(group)) is not None:
+            raise ConfigError(f"{source}: hosts.{name}.groups: no -H pattern can select the group {quoted(group)}: "
+                              f"{why}; rename it")
 
     def local_path(key: str) -> Optional[str]:
         value = pick(key)

@@ -62,14 +62,20 @@ QUALIFYING_STAGES = ("plugin", "sglang-e2e")  # what a qualification may run; `p
 
 
 def entry_from_run(run: "RunRecord", host: str, stages: list[str], release: str, now: str, *,
-                   version: Optional[str], hashes: dict[str, str], pinned: list[str]) -> tuple[Optional[Qualification], str]:
+                   version: Optional[str], hashes: dict[str, str], pinned: list[str],
+                   code_changed: Optional[list[str]] = None) -> tuple[Optional[Qualification], str]:
     """The qualification one host's run earns (None and why not): every stage passed, the
     structure held, and the files are the ones ddtree-ops hashed itself (`hashes`, from
     ddtree_ops.pinned_files), covering every file the manifest pins (`pinned`). What the host's
-    plugin stage reported is only checked against them, never recorded."""
+    plugin stage reported is only checked against them, never recorded. `code_changed`: the
+    pinned files whose code changed, as the host's gate saw them: then sglang-e2e must have
+    passed too (the gate applies the same rule to the entry: ddtree.sglang.gate.e2e_missing)."""
     record = run.hosts.get(host)
     if record is None:
         return None, "no results in the run"
+    if code_changed and QUALIFYING_STAGES[1] not in stages:
+        return None, (f"code changed in {', '.join(code_changed[:3])}: a static check (plugin) cannot vouch for "
+                      f"it; {QUALIFYING_STAGES[1]} must pass too")
     statuses = {name: (record.stages[name].status.value if name in record.stages else "not_run") for name in stages}
     failed = [f"{name} {status}" for name, status in statuses.items() if status != "pass"]
     if failed:

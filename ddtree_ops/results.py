@@ -63,6 +63,42 @@ def check_host_dir_name(path: Path, name: Any) -> str:
     return name
 
 
+STORE_FILE = ".ddtree-ops-store.json"  # {"id": this run store's id, "last": the last run's sequence number}
+STORE_LOCK = ".ddtree-ops-store.lock"
+FUTURE_SLACK_S = 86400.0  # a run named up to a day ahead of this clock is clock skew, not the future
+_SMALL_JSON_MAX = 1 << 20
+
+
+def run_id_time(run_id: str) -> float | None:
+    """When a run id made by new_run_id says it was made (UTC), or None for another name."""
+    import calendar
+
+    try:
+        return float(calendar.timegm(time.strptime(run_id[:15], "%Y%m%d-%H%M%S")))
+    except ValueError:
+        return None
+
+
+def _small_json(path: Path) -> Any:
+    """A small JSON file's value, or None for anything else (absent, large, not a plain file,
+    not UTF-8 JSON, nested too deep): for ordering runs, where one bad file costs only itself."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, _SMALL_JSON_MAX + 1)
+        return json.loads(data.decode("utf-8")) if len(data) <= _SMALL_JSON_MAX else None
+    except (OSError, ValueError, RecursionError):
+        return None
+    finally:
+        os.close(fd)
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -286,8 +322,55 @@ class RunStore:
     def create_run(self, run_id: str, meta: dict[str, Any]) -> Path:
         path = self.run_dir(run_id)
         path.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path / "run.json", {"run_id": run_id, **meta})
+        write_json_atomic(path / "run.json", {"run_id": run_id, **meta, "created": self._next_sequence()})
         return path
+
+    def _next_sequence(self) -> dict[str, Any]:
+        """{"store": this store's id, "seq": n}: the n-th run this store created. "Newest" is the
+        order runs were created in here, which no clock set ahead and no folder name moves."""
+        import fcntl
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / STORE_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # two operators creating runs at once each get their own number
+            state = self._store_state() or {"id": secrets.token_hex(8), "last": 0}
+            state["last"] += 1
+            write_json_atomic(self.root / STORE_FILE, state)
+            return {"store": state["id"], "seq": state["last"]}
+        finally:
+            os.close(fd)
+
+    def _store_state(self) -> dict[str, Any] | None:
+        """{"id", "last"} of this store, or None when it has none (yet, or it is unreadable)."""
+        state = _small_json(self.root / STORE_FILE)
+        if isinstance(state, dict) and isinstance(state.get("id"), str) and type(state.get("last")) is int:
+            return state
+        return None
+
+    def runs_newest_first(self) -> tuple[list[str], list[str]]:
+        """(run ids, newest first; ["RUN: why it is left out"]). Runs this store created come
+        first, in the order it created them; then runs it did not (an older ddtree-ops, a copy
+        from elsewhere, a folder renamed by hand: its run.json names another run), newest name
+        first, except one whose name is dated in the future, which is left out, named: its
+        name says nothing about when it was made."""
+        store = (self._store_state() or {}).get("id")
+        ours: list[tuple[int, str]] = []
+        others, left_out = [], []
+        for run_id in self.list_runs():
+            meta = _small_json(self.root / run_id / "run.json")
+            created = meta.get("created") if isinstance(meta, dict) else None
+            if store and isinstance(created, dict) and created.get("store") == store \
+                    and type(created.get("seq")) is int and meta.get("run_id") == run_id:
+                ours.append((created["seq"], run_id))
+                continue
+            dated = run_id_time(run_id)
+            if dated is not None and dated > time.time() + FUTURE_SLACK_S:
+                left_out.append(f"{run_id}: dated {time.strftime('%Y-%m-%d', time.gmtime(dated))}, in the future "
+                                "(a clock set ahead, or a folder named by hand), and not created by this run store")
+            else:
+                others.append(run_id)
+        return [r for _, r in sorted(ours, reverse=True)] + sorted(others, reverse=True), left_out
 
     def update_run(self, run_id: str, **fields: Any) -> None:
         path = self.run_dir(run_id) / "run.json"
@@ -306,11 +389,13 @@ class RunStore:
                       if p.is_dir() and (p / "run.json").is_file() and is_safe_id(p.name))
 
     def latest_run(self) -> str:
-        runs = self.list_runs()
+        """The newest run (see runs_newest_first)."""
+        runs, left_out = self.runs_newest_first()
         if not runs:
-            raise UsageError(f"no runs under {self.root} (run `ddtree-ops smoke` first, or "
+            why = f" ({'; '.join(left_out[:3])})" if left_out else ""
+            raise UsageError(f"no runs under {self.root}{why} (run `ddtree-ops smoke` first, or "
                              f"point --runs-dir / ${RUNS_DIR_ENV} at your runs)")
-        return runs[-1]
+        return runs[0]
 
     def load(self, run_id: str | None = None) -> "RunRecord":
         run_id = self.latest_run() if run_id is None else run_id  # "" is a bad id, not "latest"

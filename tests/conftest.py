@@ -31,6 +31,7 @@ LONGEST_FILES = (
     "tests/sglang_server/test_metrics_and_status.py",  # one more (about 100 s idle), shared by its tests
     "tests/integration/test_deploy_sglang.py",
     "tests/integration/test_deploy_lifecycle.py",
+    "tests/integration/test_deploy_steps.py",  # a deploy and a rollback killed at every step (about 100 s idle)
     "tests/integration/test_ansible_playbook.py",  # three ansible-playbook runs (about 80 s)
     "tests/property/test_core_parity.py",
     "tests/integration/test_smoke_fleet.py",
