@@ -65,7 +65,10 @@ def latest_recommendation(runs_root: Path, host: str, level: int) -> tuple[str, 
 
     store = RunStore(runs_root)
     for run_id in reversed(store.list_runs()):
-        run = store.load(run_id)
+        try:
+            run = store.load(run_id)
+        except ConfigError:
+            continue  # an unreadable run record decides nothing, and hides no other run
         record = run.hosts.get(host)
         stage = record.stages.get(LOAD_STAGE) if record is not None else None
         rows = stage.tables.get(LOAD_TABLE, []) if stage is not None else []

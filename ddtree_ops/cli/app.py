@@ -169,6 +169,12 @@ def _run_command(args: list[str]) -> tuple[int, Optional[str]]:
             say(f"error: {message}")
         return ExitCode.USAGE, message
     except Exception as err:  # noqa: BLE001 - the boundary: a bug, reported in one line
+        from ddtree.bounded_files import FileRefused  # here: `--help` imports neither
+        from ddtree_ops.hostside.safe_write import WriteRefused
+
+        if isinstance(err, (FileRefused, WriteRefused)):  # a file handed to us, or a place to write, refused
+            say(f"error: {err}")
+            return ExitCode.CONFIG, str(err)
         log = _record_traceback()
         where = f" (traceback in {log})" if log else ""
         message = f"unexpected error: {type(err).__name__}: {err}{where}"

@@ -39,7 +39,6 @@ def plot_decode(report: Report, out_dir: Path,
     if not rows:
         return []
     plt = _pyplot()
-    out_dir.mkdir(parents=True, exist_ok=True)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     for axis, key, label in ((axes[0], "tau", "acceptance length tau"),
                              (axes[1], "speedup", "speedup over autoregressive")):
@@ -64,10 +63,7 @@ def plot_decode(report: Report, out_dir: Path,
         axis.legend(unique.values(), unique.keys(), fontsize=7)
     fig.suptitle(f"DDTree decode vs budget · run {report.run_id}")
     fig.tight_layout()
-    path = out_dir / "decode-vs-budget.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return [path]
+    return [_save(plt, fig, out_dir, "decode-vs-budget.png")]
 
 
 def plot_sweep(report: Report, out_dir: Path) -> list[Path]:
@@ -76,7 +72,6 @@ def plot_sweep(report: Report, out_dir: Path) -> list[Path]:
     if not report.sweep:
         return []
     plt = _pyplot()
-    out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for batch_size in sorted({r.get("batch_size") for r in report.sweep}):
         rows = [r for r in report.sweep if r.get("batch_size") == batch_size]
@@ -100,11 +95,28 @@ def plot_sweep(report: Report, out_dir: Path) -> list[Path]:
         axis.grid(True, which="both", alpha=0.3)
         axis.legend(fontsize=7, title=NOISY_LEGEND, title_fontsize=7)
         fig.tight_layout()
-        path = out_dir / f"tree-build-vs-budget-bs{batch_size}.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(plt, fig, out_dir, f"tree-build-vs-budget-bs{batch_size}.png"))
     return written
+
+
+def _save(plt: Any, fig: Any, out_dir: Path, name: str) -> Path:
+    """The chart as `out_dir/name`, written whole and never through a link at that name (a
+    link there is replaced: hostside.safe_write.write_file); ConfigError naming the path if the
+    folder cannot take it."""
+    import io
+
+    from ddtree_ops.errors import ConfigError
+    from ddtree_ops.hostside.safe_write import WriteRefused, write_file
+
+    png = io.BytesIO()
+    try:
+        fig.savefig(png, dpi=120, format="png")
+    finally:
+        plt.close(fig)
+    try:
+        return write_file(out_dir, name, png.getvalue())
+    except WriteRefused as err:
+        raise ConfigError(str(err)) from None
 
 
 NOISY_LEGEND = "hollow marker: noisy; band: min-max"

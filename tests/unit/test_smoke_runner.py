@@ -161,7 +161,7 @@ def release(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("release")
     (root / "ddtree_ops" / "hostside" / "stages").mkdir(parents=True)
     shutil.copy(REPO / "ddtree_ops" / "__init__.py", root / "ddtree_ops" / "__init__.py")
-    for name in ("__init__.py", "agent.py", "protocol.py", "release_check.py", "runner.py", "signals.py"):
+    for name in ("__init__.py", "agent.py", "protocol.py", "release_check.py", "runner.py", "safe_write.py", "signals.py"):
         shutil.copy(REPO / "ddtree_ops" / "hostside" / name, root / "ddtree_ops" / "hostside" / name)
     shutil.copy(REPO / "ddtree_ops" / "hostside" / "stages" / "__init__.py", root / "ddtree_ops" / "hostside" / "stages")
     shutil.copy(REPO / "ddtree_ops" / "hostside" / "stages" / "env.py", root / "ddtree_ops" / "hostside" / "stages")
