@@ -59,16 +59,21 @@ def explicit_defaults(budget: int) -> ServerDefaults:
                           f"DDTree enabled, budget {budget} (--budget)")
 
 
-def latest_recommendation(runs_root: Path, host: str, level: int) -> tuple[str, Recommendation] | None:
-    """(run id, verdict) from the newest run whose record for `host` has load rows at `level`."""
+def latest_recommendation(runs_root: Path, host: str, level: int,
+                          skipped: list[str] | None = None) -> tuple[str, Recommendation] | None:
+    """(run id, verdict) from the newest run whose record for `host` has load rows at `level`.
+    A run whose record cannot be read decides nothing and hides no other run: it is passed
+    over, and its error appended to `skipped` (the deploy says so)."""
     from ddtree_ops.results import RunStore
 
     store = RunStore(runs_root)
     for run_id in reversed(store.list_runs()):
         try:
             run = store.load(run_id)
-        except ConfigError:
-            continue  # an unreadable run record decides nothing, and hides no other run
+        except ConfigError as err:
+            if skipped is not None:
+                skipped.append(str(err))
+            continue
         record = run.hosts.get(host)
         stage = record.stages.get(LOAD_STAGE) if record is not None else None
         rows = stage.tables.get(LOAD_TABLE, []) if stage is not None else []
@@ -82,10 +87,12 @@ def latest_recommendation(runs_root: Path, host: str, level: int) -> tuple[str, 
 def auto_defaults(runs_root: Path, host: str, level: int) -> ServerDefaults:
     """The host's server defaults at `level`, or ConfigError naming what to run."""
     measure = f"`ddtree-ops smoke -H {host} --stages sglang-e2e --set sglang_concurrency={level}`"
-    found = latest_recommendation(runs_root, host, level)
+    skipped: list[str] = []
+    found = latest_recommendation(runs_root, host, level, skipped)
+    passed_over = f" (passed over {len(skipped)} unreadable run(s): {skipped[0]})" if skipped else ""
     if found is None:
         raise ConfigError(f"{host}: --budget auto: no sglang-e2e measurement at {level} concurrent under "
-                          f"{runs_root}; run {measure} first")
+                          f"{runs_root}; run {measure} first{passed_over}")
     run_id, verdict = found
     if verdict.choice is Choice.UNDECIDED:
         raise ConfigError(f"{host}: --budget auto: run {run_id} cannot decide at {level} concurrent "
@@ -94,8 +101,11 @@ def auto_defaults(runs_root: Path, host: str, level: int) -> ServerDefaults:
     if problem:  # recommend refuses such a row already; what is written to a host is checked here too
         raise ConfigError(f"{host}: --budget auto: run {run_id}: the recommended budget {problem}")
     provenance = {"source": "--budget auto", "run": run_id, "concurrency": level, "choice": verdict.choice.value}
+    if skipped:
+        provenance["passed_over"] = skipped
     if verdict.choice is Choice.DDTREE:
         return ServerDefaults({ENV_ENABLE: "1", ENV_BUDGET: str(verdict.budget)}, provenance,
-                              f"DDTree enabled, budget {verdict.budget} (run {run_id}, {level} concurrent)")
+                              f"DDTree enabled, budget {verdict.budget} (run {run_id}, {level} concurrent){passed_over}")
     return ServerDefaults({ENV_ENABLE: "0"}, provenance,
-                          f"DDTree does not pay at {level} concurrent on {host}: deployed disabled (run {run_id})")
+                          f"DDTree does not pay at {level} concurrent on {host}: deployed disabled (run {run_id})"
+                          f"{passed_over}")

@@ -60,9 +60,10 @@ class UnsafeMember(Exception):
 
 
 def held_files(root: Path, relpath: list[str] | None = None) -> dict[str, list[Any]]:
-    """{relpath: [size, sha256]} of the regular files under root/relpath (links, temporary and
-    partial files are not held: they are fetched again). The walk follows no link below root:
-    a folder there that is a link is neither entered nor reported."""
+    """{relpath: [size, sha256]} of the regular files under root/relpath (links are not held:
+    they are fetched again, replacing the link). What an interrupted receive left (a partial or
+    temporary file) is removed. The walk follows no link below root: a folder there that is a
+    link is neither entered nor reported."""
     held: dict[str, list[Any]] = {}
     try:
         top = open_folder(root, relpath)
@@ -72,6 +73,10 @@ def held_files(root: Path, relpath: list[str] | None = None) -> dict[str, list[A
         for dirpath, _, filenames, folder in os.fwalk(".", dir_fd=top, follow_symlinks=False):
             for name in filenames:
                 if name.endswith(PART_SUFFIX) or is_temporary(name):
+                    try:
+                        os.unlink(name, dir_fd=folder)
+                    except OSError:
+                        pass
                     continue
                 digest = _regular_file_digest(folder, name)
                 if digest is not None:

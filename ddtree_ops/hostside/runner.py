@@ -91,7 +91,7 @@ from ddtree_ops.hostside.protocol import (  # noqa: E402
     make_event,
     stage_module_name,
 )
-from ddtree_ops.hostside.safe_write import make_folders, open_append, write_file  # noqa: E402
+from ddtree_ops.hostside.safe_write import WriteRefused, make_folders, open_append, write_file  # noqa: E402
 from ddtree_ops.hostside.signals import Redelivery  # noqa: E402
 
 # The release this runner belongs to, `current` resolved as the run starts (a push may switch
@@ -647,7 +647,11 @@ def command_run(args: argparse.Namespace) -> int:
     run_dir = workdir / "runs" / args.run_id
     release_root = Path(os.path.expanduser(args.release_root)) if args.release_root \
         else OWN_RELEASE_ROOT
-    sink = EventSink(workdir, args.run_id, args.host)
+    try:
+        sink = EventSink(workdir, args.run_id, args.host)
+    except WriteRefused as err:  # e.g. a link planted at runs/<run-id>: nothing is written through it
+        print(f"runner: {err}", file=sys.stderr)
+        return EXIT_USAGE
     signal.signal(signal.SIGTERM, _raise_interrupted)
     signal.signal(signal.SIGINT, _raise_interrupted)
     _REDELIVERY.install()

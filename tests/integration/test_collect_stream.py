@@ -234,7 +234,7 @@ def test_an_existing_local_link_is_never_written_through(local_env, tmp_path, ca
     (host_dir / "remote" / "logs").symlink_to(outside)
     code, doc = collect_json(capsys)
     assert code == 5
-    assert "is a link or not a folder" in doc["hosts"]["local"]["error"]
+    assert f"{host_dir / 'remote' / 'logs'}: a link on the way to a file we write: refused" in doc["hosts"]["local"]["error"]
     assert list(outside.iterdir()) == []
 
 
