@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from test_collect_stream import make_local_run
 
 from ddtree_ops.cli.app import main
 
@@ -28,16 +29,6 @@ def host_run(workdir: Path, run_id: str, host: str) -> None:
     (run / "authorized_keys").write_text(PAYLOAD)
     (run / "stages" / "env.json").write_text(json.dumps({"run_id": run_id, "host": host, "stage": "env",
                                                          "status": "pass"}))
-
-
-def local_run(runs: Path, run_id: str, workdirs: dict[str, Path]) -> Path:
-    run = runs / run_id
-    run.mkdir(parents=True)
-    (run / "run.json").write_text(json.dumps({"run_id": run_id, "hosts": sorted(workdirs)}))
-    for name, workdir in workdirs.items():
-        (run / name).mkdir()
-        (run / name / "run.json").write_text(json.dumps({"host": name, "workdir": str(workdir)}))
-    return run
 
 
 def fake_ssh_dir(path: Path) -> dict[str, str]:
@@ -73,7 +64,7 @@ def test_collect_never_writes_through_a_linked_run_host_or_remote_folder(sshd_fl
     # 1. `ln -s ~/.ssh runs/RUN/h0/remote`: h0 is refused, h1 collected as usual.
     ssh_dir = tmp_path / "home" / ".ssh"
     ssh_before = before = fake_ssh_dir(ssh_dir)
-    run_a = local_run(runs, RUN_A, workdirs)
+    run_a = make_local_run(runs, workdirs, RUN_A)
     (run_a / "h0" / "remote").symlink_to(ssh_dir)
     code, doc = collect(capsys, RUN_A, inventory)
     assert code == 6  # partial: one host refused, the other collected
@@ -83,7 +74,7 @@ def test_collect_never_writes_through_a_linked_run_host_or_remote_folder(sshd_fl
     assert tree(ssh_dir) == before  # nothing written there (and nothing of it hashed for the host)
 
     # 2. The host folder itself linked (`runs/RUN/h1 -> ~/.ssh`, run.json copied in to look right).
-    run_b = local_run(runs, RUN_B, workdirs)
+    run_b = make_local_run(runs, workdirs, RUN_B)
     linked_host = tmp_path / "home2" / ".ssh"
     fake_ssh_dir(linked_host)
     (linked_host / "run.json").write_bytes((run_b / "h1" / "run.json").read_bytes())

@@ -41,11 +41,11 @@ def make_host_run(workdir: Path, host: str = "local") -> Path:
     return run_dir
 
 
-def make_local_run(runs: Path, hosts: dict[str, Path]) -> Path:
+def make_local_run(runs: Path, hosts: dict[str, Path], run_id: str = RUN_ID) -> Path:
     """The operator's record of the run: which hosts, and each host's workdir."""
-    run = runs / RUN_ID
+    run = runs / run_id
     run.mkdir(parents=True)
-    (run / "run.json").write_text(json.dumps({"run_id": RUN_ID, "hosts": sorted(hosts)}))
+    (run / "run.json").write_text(json.dumps({"run_id": run_id, "hosts": sorted(hosts)}))
     for name, workdir in hosts.items():
         (run / name).mkdir()
         (run / name / "run.json").write_text(json.dumps({"host": name, "workdir": str(workdir)}))
