@@ -7,7 +7,6 @@ runners are stopped, what arrived is kept) · 2 bad options · 3 bad inventory.
 """
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
@@ -304,6 +303,8 @@ SetOpt = Annotated[Optional[list[str]], typer.Option(
 
 def parse_extra(settings: Optional[list[str]]) -> dict[str, Any]:
     """`--set key=value` pairs -> options.extra (JSON values, else strings)."""
+    from ddtree.bounded_files import FileRefused, NotJson, parse_json
+
     from ddtree_ops.errors import UsageError
 
     extra: dict[str, Any] = {}
@@ -313,9 +314,11 @@ def parse_extra(settings: Optional[list[str]]) -> dict[str, Any]:
         if not sep or not key.replace("_", "").isalnum():
             raise UsageError(f"--set: expected KEY=VALUE with a name of letters, digits and _, got {setting!r}")
         try:
-            value = json.loads(raw)
-        except ValueError:
+            value = parse_json(raw, f"--set {key}")
+        except NotJson:
             value = raw
+        except FileRefused as err:  # nested past the depth limit
+            raise UsageError(str(err)) from None
         if isinstance(value, float) and not math.isfinite(value):
             raise UsageError(f"--set {key}: expected a finite value, got {raw!r}")
         extra[key] = value

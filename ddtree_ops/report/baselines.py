@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Mapping, Sequence
 
 from ddtree.runsummary import AUTOREGRESSIVE_KEY, MethodSummary, summarize_methods
-from ddtree_ops.errors import BaselineFileError, UsageError, quoted
+from ddtree_ops.errors import BaselineFileError, quoted
 
 BASELINE_FORMAT = "ddtree-ops-baseline/1"
 PAPER_DIR = Path(__file__).resolve().parents[2] / "baselines"  # the checkout's baselines/ folder

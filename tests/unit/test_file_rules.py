@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import threading
-from pathlib import Path
 
 import pytest
 from ddtree.bounded_files import FileRefused, nesting_depth, parse_json, read_bytes, read_json, read_text

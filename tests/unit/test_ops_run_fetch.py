@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import io
 import tarfile
-from pathlib import Path
 
 import pytest
 
