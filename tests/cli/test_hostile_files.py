@@ -97,6 +97,7 @@ def test_report_refuses_a_yaml_alias_bomb_as_baseline_at_once(tmp_path):
                                     "past the limit of 10000 (write the values out, or alias fewer)")
 
 
+@pytest.mark.slow
 def test_report_refuses_a_deep_or_non_utf8_baseline_naming_the_file(tmp_path, hostile, capsys):
     write_run(tmp_path / "runs", {"gpu-a": (load_rows(1, 100.0, 200.0, 300.0), QUIET)})
     deep_yaml = tmp_path / "deep.yaml"
@@ -212,6 +213,7 @@ def test_a_fifo_or_a_huge_line_in_a_hosts_event_log_fails_that_host_only(tmp_pat
 # --------------------------------------------------------------------------- item 3: report --plot
 
 
+@pytest.mark.slow
 def test_report_plot_replaces_a_link_at_a_charts_name_and_never_writes_through_it(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     runs, plots = tmp_path / "runs", tmp_path / "plots"
@@ -285,3 +287,59 @@ def test_a_merge_key_cannot_smuggle_an_alias_bomb_past_the_limit(tmp_path, capsy
     assert main(["hosts", "list", "-i", str(bomb)]) == 3
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"ddtree-ops: error: {bomb}: YAML aliases expand to ") and "past the limit of 10000" in err
+
+
+# --------------------------------------------------------------------------- beyond the 14: what else was tried
+
+
+def test_an_ini_inventory_line_of_a_million_characters_is_refused_at_once(tmp_path, capsys):
+    """shlex splits a token in time quadratic in its length: 5 MB took over a minute."""
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text("[gpus]\n" + "h" * 1_000_000 + "\n")
+    assert main(["hosts", "list", "-i", str(inventory)]) == 3
+    assert capsys.readouterr().err.strip() == (f"ddtree-ops: error: {inventory}: line 2: 1000000 characters, past the "
+                                               "limit of 65536 for one line (a host and its variables)")
+
+
+def test_a_set_value_nested_past_the_limit_is_a_usage_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DDTREE_OPS_RUNS_DIR", str(tmp_path / "runs"))
+    deep = "[" * 50_000 + "]" * 50_000  # fits one command-line argument
+    assert main(["smoke", "--no-push", "--stages", "env", "--set", f"x={deep}"]) == 2
+    assert capsys.readouterr().err.strip() == "ddtree-ops: error: --set x: values nested deeper than 64 levels: refused"
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_host_whose_reply_is_nested_past_the_limit_fails_as_a_bad_reply(tmp_path, capsys):
+    """A hostile `python` answering the agent with JSON 100,000 deep: that host's reply is no
+    reply (one line naming the host), never an internal error."""
+    forger = tmp_path / "python"
+    forger.write_text(f"#!/bin/sh\necho '{'[' * 100_000}{']' * 100_000}'\n")
+    forger.chmod(0o755)
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(yaml.safe_dump({"hosts": {"forged": {"transport": "local", "python": str(forger),
+                                                              "workdir": str(tmp_path / "w")}}}))
+    assert main(["hosts", "check", "-i", str(inventory), "--json"]) == 5
+    error = json.loads(capsys.readouterr().out)["hosts"]["forged"]["error"]
+    assert error.startswith(f"forged: agent probe failed (exit 0) with {forger}: ") and "internal error" not in error
+
+
+def test_a_traceback_is_never_written_through_a_link_at_the_debug_log(tmp_path, monkeypatch):
+    from ddtree_ops.cli.app import _record_traceback
+
+    victim = tmp_path / "authorized_keys"
+    victim.write_text("ssh-ed25519 AAAA... operator\n")
+    log = tmp_path / "state" / "debug.log"
+    log.parent.mkdir()
+    log.symlink_to(victim)
+    monkeypatch.setenv("DDTREE_OPS_DEBUG_LOG", str(log))
+    try:
+        raise RuntimeError("a bug")
+    except RuntimeError:
+        assert _record_traceback() is None  # refused: the one line on screen says no more
+    assert victim.read_text() == "ssh-ed25519 AAAA... operator\n"
+    log.unlink()
+    try:
+        raise RuntimeError("a bug")
+    except RuntimeError:
+        assert _record_traceback() == log
+    assert "RuntimeError: a bug" in log.read_text()
