@@ -38,6 +38,7 @@ DEFAULT_MAX_BYTES = 8 << 30
 MAX_FILES = 10_000  # files in one collect: empty files cost no bytes, but each costs a file
 MAX_HEADER_BYTES = 1 << 20  # one member's headers (a GNU long name, pax records) at most
 MAX_NAME_BYTES = 4096  # a member's path (PATH_MAX)
+MAX_PART_BYTES = 255  # one folder or file name in it (NAME_MAX)
 PART_SUFFIX = ".part"  # a file being received; never counted as held
 _QUEUE_CHUNKS = 64  # backpressure: at most this many chunks wait for the unpacker
 
@@ -115,6 +116,8 @@ def member_relpath(member: tarfile.TarInfo) -> str:
         raise UnsafeMember(f"archive member {quoted(name)} is not a relative path")
     if any(part in ("", ".", "..") for part in name.split("/")):
         raise UnsafeMember(f"archive member {quoted(name)} has an empty, '.' or '..' part")
+    if any(len(part.encode("utf-8", "surrogateescape")) > MAX_PART_BYTES for part in name.split("/")):
+        raise UnsafeMember(f"archive member {quoted(name)} has a part longer than {MAX_PART_BYTES} bytes")
     return name
 
 

@@ -80,6 +80,8 @@ def _open_folders(root: Path, parts: list[str], create: bool) -> int:
                     os.mkdir(part, 0o777, dir_fd=fd)
                 except FileExistsError:
                     pass
+                except OSError as err:  # a name too long, no space, no permission
+                    raise WriteRefused(here, f"cannot create the folder: {_os_why(err)}") from None
             try:
                 child = os.open(part, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=fd)
             except OSError as err:

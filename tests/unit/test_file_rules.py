@@ -158,3 +158,10 @@ def test_a_write_that_fails_leaves_the_old_file_and_no_temporary(tmp_path):
     with pytest.raises(WriteRefused, match=r"folder: a folder where the file belongs: refused"):
         write_file(tmp_path, "folder", "x")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "kept.json"]
+
+
+def test_a_folder_that_cannot_be_made_is_refused_naming_it(tmp_path):
+    long = "n" * 300  # past NAME_MAX: no file system takes it
+    with pytest.raises(WriteRefused) as err:
+        write_file(tmp_path, [long, "x.json"], "{}")
+    assert str(err.value) == f"{tmp_path / long}: cannot create the folder: File name too long"
