@@ -31,8 +31,9 @@ _O_NOCTTY = getattr(os, "O_NOCTTY", 0)
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-class FileRefused(ValueError):
-    """A file we will not read; `str()` is "<path>: <why>"."""
+class FileRefused(OSError, ValueError):
+    """A file we will not read; `str()` is "<path>: <why>". An OSError (code that reads files
+    already handles those) and a ValueError (code that parses text already handles those)."""
 
     def __init__(self, path: Any, why: str):
         super().__init__(f"{path}: {why}")

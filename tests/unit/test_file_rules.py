@@ -165,3 +165,12 @@ def test_a_folder_that_cannot_be_made_is_refused_naming_it(tmp_path):
     with pytest.raises(WriteRefused) as err:
         write_file(tmp_path, [long, "x.json"], "{}")
     assert str(err.value) == f"{tmp_path / long}: cannot create the folder: File name too long"
+
+
+def test_a_manifest_nested_past_the_limit_is_a_value_error_naming_it():
+    """Manifests travel to the host's gate as text (deploy) and are parsed there: one nested
+    100,000 deep is a one-line ValueError, never a RecursionError out of the gate."""
+    from ddtree.sglang.manifests import parse_manifests
+
+    with pytest.raises(ValueError, match=r"^sglang-9\.9\.9\.json: manifest: values nested deeper than 64 levels"):
+        parse_manifests({"sglang-9.9.9.json": "[" * 100_000 + "]" * 100_000})
