@@ -328,7 +328,7 @@ class RunStore:
     def load(self, run_id: str | None = None) -> "RunRecord":
         run_id = self.latest_run() if run_id is None else run_id  # "" is a bad id, not "latest"
         path = self.run_dir(run_id)
-        if not (path / "run.json").is_file():
+        if not (path / "run.json").exists():  # there but not a file (a FIFO): read_json names it
             known = ", ".join(self.list_runs()[-5:]) or "none"
             raise UsageError(f"no run {run_id!r} under {self.root} (latest: {known})")
         meta = read_json(path / "run.json")

@@ -365,7 +365,9 @@ def import_reference_runs(paths: Sequence[Path]) -> Baseline:
 
 
 def _read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
-    lines = path.read_text(encoding="utf-8").splitlines()
+    from ddtree.bounded_files import read_text
+
+    lines = read_text(path).splitlines()
     comments = [line[1:].strip() for line in lines if line.startswith("#")]
     rows = list(csv.DictReader(line for line in lines if line and not line.startswith("#")))
     return comments, rows
