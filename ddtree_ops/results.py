@@ -336,7 +336,10 @@ class RunStore:
         if not isinstance(hosts, list):
             raise ConfigError(f"{path / 'run.json'}: hosts: expected a list, got {type(hosts).__name__}")
         hosts = [check_host_dir_name(path / "run.json", h) for h in hosts]
-        asked = meta.get("stages") if isinstance(meta.get("stages"), list) else []
+        asked = meta.get("stages")
+        if asked is not None and not (isinstance(asked, list) and all(isinstance(s, str) for s in asked)):
+            raise ConfigError(f"{path / 'run.json'}: stages: expected a list of stage names, got {quoted(asked)}")
+        asked = asked or []
         return RunRecord(run_id=run_id, path=path, meta=meta,
                          hosts={h: _load_or_fail(path / h, h, run_id, asked) for h in hosts})
 
@@ -503,6 +506,20 @@ def _load_or_fail(host_dir: Path, host: str, run_id: str, asked: list[str]) -> H
         return HostRecord(host=host, meta={}, stages={}, outcome=HostOutcome.FAIL, error=str(err))
 
 
+def _check_host_meta(meta: dict[str, Any], path: Path) -> None:
+    """The operator-side facts `load_host` reads from a host's run.json, each of its kind:
+    ConfigError naming the file and field otherwise (a hand-edited or planted record)."""
+    outcome = meta.get("outcome")
+    if outcome is not None and (not isinstance(outcome, str) or outcome not in {o.value for o in HostOutcome}):
+        allowed = ", ".join(o.value for o in HostOutcome)
+        raise ConfigError(f"{path}: outcome: expected one of {allowed}, got {quoted(outcome)}")
+    for name in ("error", "record_error", "state"):
+        if not isinstance(meta.get(name), (str, type(None))):
+            raise ConfigError(f"{path}: {name}: expected a string, got {quoted(meta.get(name))}")
+    if not isinstance(meta.get("lost"), (dict, type(None))):
+        raise ConfigError(f"{path}: lost: expected an object, got {quoted(meta.get('lost'))}")
+
+
 def load_host(host_dir: Path, host: str, run_id: str, asked: list[str] | None = None) -> HostRecord:
     """A host's results from its folder; the event log is the truth, `collect` may have
     replaced it with the host's own (more complete) copy. A record of another run or host
@@ -510,6 +527,7 @@ def load_host(host_dir: Path, host: str, run_id: str, asked: list[str] | None = 
     `asked`: the stages the operator asked for (run.json); the outcome of a finished host is
     judged from those and the stage records (ddtree_ops.outcome), never from its run_end."""
     meta = read_json(host_dir / "run.json")
+    _check_host_meta(meta, host_dir / "run.json")
     events = read_events(host_dir / "events.jsonl", run_id, host)
     asked = [str(s) for s in asked or []]
     planned: list[str] = []

@@ -343,3 +343,41 @@ def test_a_traceback_is_never_written_through_a_link_at_the_debug_log(tmp_path, 
     except RuntimeError:
         assert _record_traceback() == log
     assert "RuntimeError: a bug" in log.read_text()
+
+
+@pytest.mark.slow
+def test_table_rows_of_the_wrong_kind_are_left_out_named_and_the_rest_is_reported(tmp_path, capsys):
+    """A host's (or a hand-edited) stage record whose rows hold lists, objects or text where
+    numbers are grouped and sorted: report, its plots and its recommendation go on with the
+    good rows and name the bad ones (before: TypeError, exit 1)."""
+    pytest.importorskip("matplotlib")
+    runs = tmp_path / "runs"
+    store = RunStore(runs)
+    stages = ["tree-bench", "decode-bench", "sglang-e2e"]
+    store.create_run("r1", {"hosts": ["gpu-a"], "stages": stages})
+    recorder = store.host_recorder("r1", "gpu-a", {})
+    sweep = [{"builder": "auto", "batch_size": 1, "budget": b, "per_request_ms": 1.0, "min_ms": "x", "max_ms": None}
+             for b in (16, 64)] + [{"builder": "auto", "batch_size": 1, "budget": [], "per_request_ms": 1.0},
+                                   {"builder": None, "batch_size": 1, "budget": 16, "per_request_ms": 1.0}]
+    decode = [{"method": "ddtree_tb16", "budget": 16, "tau": 3.0, "speedup": 2.0},
+              {"method": "ddtree_tb32", "budget": "nan", "tau": "nan", "speedup": 1.0}]
+    load = load_rows(1, 100.0, 200.0, 300.0) + [dict(load_rows(1, 1.0, 1.0, 1.0)[2], concurrency=[], budget={})]
+    tables = {"tree-bench": {"sweep": sweep}, "decode-bench": {"methods": decode, "predictions": [
+        {"concurrency": [], "method": "ddtree", "budget": {}, "tokens_per_s": 1.0}]}, "sglang-e2e": {"sglang_load": load}}
+    recorder.feed_line(encode_event(make_event(EventKind.RUN_START, "r1", "gpu-a", stages=stages)))
+    for index, stage in enumerate(stages):
+        recorder.feed_line(encode_event(make_event(
+            EventKind.STAGE_END, "r1", "gpu-a", stage=stage, index=index, status="pass", reason="", duration_s=1.0,
+            metrics={}, tables=tables[stage], traceback=None, output_tail=None)))
+    recorder.feed_line(encode_event(make_event(EventKind.RUN_END, "r1", "gpu-a", status="pass")))
+    recorder.close()
+    assert main(["report", "r1", "--runs-dir", str(runs), "--plot", str(tmp_path / "plots")]) == 0
+    out = capsys.readouterr().out
+    assert "sweep[2].budget: expected an integer, got [] (the row is left out)" in out
+    assert "sweep[3].builder: expected a string, got None (the row is left out)" in out
+    assert "methods[1].budget: expected an integer or null, got 'nan' (the row is left out)" in out
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["decode-vs-budget.png",
+                                                                     "tree-build-vs-budget-bs1.png"]
+    assert main(["report", "r1", "--runs-dir", str(runs), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert [row["budget"] for row in document["sweep"]] == [16, 64]
