@@ -467,10 +467,13 @@ def parse_events(source: Any, path: Path, run_id: str | None = None, host: str |
     """`read_events` of an open binary file (or BytesIO) that holds the log of `path`."""
     from ddtree_ops.transport.base import MAX_LINE_BYTES
 
-    records = []
+    records, consumed = [], 0
     for number, raw in enumerate(iter(lambda: source.readline(MAX_LINE_BYTES + 1), b""), 1):
         if len(raw) > MAX_LINE_BYTES:
             raise ConfigError(f"{path}: line {number}: longer than {MAX_LINE_BYTES} bytes: refused")
+        consumed += len(raw)
+        if consumed > MAX_EVENT_LOG_BYTES:  # it grew while read (a writer still appending)
+            raise ConfigError(f"{path}: more than {MAX_EVENT_LOG_BYTES} bytes: refused")
         record = parse_record(raw.decode("utf-8", "replace"))
         if record is None:
             continue
