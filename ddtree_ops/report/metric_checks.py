@@ -131,16 +131,32 @@ def read_baseline_document(path: Path) -> Any:
         text = decode_text(raw, path)
     except FileRefused:
         raise ConfigError(f"{path}: {NOT_A_BASELINE} (the file is not UTF-8 text)") from None
-    if path.suffix in (".yaml", ".yml"):
+    syntax = document_syntax(path, text)
+    if syntax == "CSV":  # one of the paper's tables: a decode baseline of its own cells
+        from ddtree_ops.report.baselines import csv_baseline  # lazy: pulls in torch via ddtree
+
+        return csv_baseline(path).to_dict()
+    if syntax == "YAML":
         from ddtree_ops.yaml_files import parse_yaml
 
-        return parse_yaml(text, path)
+        return parse_yaml(text, path)  # bounded depth and aliases; ConfigError naming the line
     try:
         return parse_json(text, path)
     except NotJson as err:
-        raise ConfigError(f"{path}: not valid {path.suffix.lstrip('.') or 'JSON'}: {err.detail}") from None
+        raise ConfigError(f"{path}: not valid {syntax}: {err.detail}") from None
     except FileRefused as err:
         raise ConfigError(f"{path}: {err.why}") from None
+
+
+def document_syntax(path: Path, text: str) -> str:
+    """YAML (.yaml/.yml), CSV (.csv, unless the text starts like JSON), else JSON: the parser a
+    file gets, so an error names the syntax that was really tried."""
+    suffix = path.suffix.lower()
+    if suffix in (".yaml", ".yml"):
+        return "YAML"
+    if suffix == ".csv" and text.lstrip()[:1] not in ("{", "["):
+        return "CSV"
+    return "JSON"
 
 
 def baseline_kind(data: Any) -> BaselineKind | None:
