@@ -50,8 +50,8 @@ OLDER_INSTALLER = "src/ddtree/sglang/install.py"
 # is not needed); its data (the shipped manifests, the sources the structural facts read:
 # the worker's and tree_round's, the operator's qualification entries) travels next to them.
 GATE_PACKAGES = ("ddtree", "ddtree.sglang", "ddtree.sglang.manifests")
-GATE_MODULES = ("ddtree.sglang.errors", "ddtree.sglang.manifest", "ddtree.sglang.qualification",
-                "ddtree.sglang.structure", "ddtree.sglang.gate")
+GATE_MODULES = ("ddtree.bounded_files", "ddtree.sglang.errors", "ddtree.sglang.manifest",
+                "ddtree.sglang.qualification", "ddtree.sglang.structure", "ddtree.sglang.gate")
 WORKER = "src/ddtree/sglang/worker.py"
 TREE_ROUND = "src/ddtree/sglang/tree_round.py"
 MANIFESTS_DIR = "src/ddtree/sglang/manifests/"

@@ -64,7 +64,8 @@ def latest_recommendation(runs_root: Path, host: str, level: int,
                           left_out: list[str] | None = None) -> tuple[str, Recommendation] | None:
     """(run id, verdict) from the newest run (RunStore.runs_newest_first: the order the store
     created them in, not their names) whose record for `host` has load rows at `level`.
-    `left_out` collects the runs not considered, each with why."""
+    `left_out` collects the runs not considered, each with why: one dated in the future, or
+    one whose record cannot be read (it decides nothing and hides no other run)."""
     from ddtree_ops.results import RunStore
 
     store = RunStore(runs_root)
@@ -72,7 +73,12 @@ def latest_recommendation(runs_root: Path, host: str, level: int,
     if left_out is not None:
         left_out.extend(skipped)
     for run_id in runs:
-        run = store.load(run_id)
+        try:
+            run = store.load(run_id)
+        except ConfigError as err:
+            if left_out is not None:
+                left_out.append(str(err))
+            continue
         record = run.hosts.get(host)
         stage = record.stages.get(LOAD_STAGE) if record is not None else None
         rows = stage.tables.get(LOAD_TABLE, []) if stage is not None else []
@@ -100,8 +106,12 @@ def auto_defaults(runs_root: Path, host: str, level: int) -> ServerDefaults:
     if problem:  # recommend refuses such a row already; what is written to a host is checked here too
         raise ConfigError(f"{host}: --budget auto: run {run_id}: the recommended budget {problem}")
     provenance = {"source": "--budget auto", "run": run_id, "concurrency": level, "choice": verdict.choice.value}
+    passed_over = f" (passed over {len(left_out)} run(s): {left_out[0]})" if left_out else ""
+    if left_out:
+        provenance["passed_over"] = left_out
     if verdict.choice is Choice.DDTREE:
         return ServerDefaults({ENV_ENABLE: "1", ENV_BUDGET: str(verdict.budget)}, provenance,
-                              f"DDTree enabled, budget {verdict.budget} (run {run_id}, {level} concurrent)")
+                              f"DDTree enabled, budget {verdict.budget} (run {run_id}, {level} concurrent){passed_over}")
     return ServerDefaults({ENV_ENABLE: "0"}, provenance,
-                          f"DDTree does not pay at {level} concurrent on {host}: deployed disabled (run {run_id})")
+                          f"DDTree does not pay at {level} concurrent on {host}: deployed disabled (run {run_id})"
+                          f"{passed_over}")

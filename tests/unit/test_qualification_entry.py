@@ -73,3 +73,19 @@ def test_changed_code_earns_nothing_without_an_end_to_end_pass():
     found, why = entry_from_run(run, "h0", ["plugin", "sglang-e2e"], "rel1", "now", version="0.5.99",
                                 hashes=dict(OURS), pinned=PINNED, code_changed=changed)
     assert why == "" and found.stages == {"plugin": "pass", "sglang-e2e": "pass"}
+
+
+def test_recording_an_entry_replaces_a_link_at_the_file_and_never_writes_through_it(tmp_path):
+    """#49: the qualification file is written whole under a temporary name and renamed: a link
+    a co-user put at its name meanwhile is replaced, its target (someone's key file) untouched."""
+    from ddtree_ops.qualification import add_entry, load_file
+
+    path = tmp_path / "sglang-qualified.json"
+    qualified = load_file(path, str(tmp_path / "hosts.yaml"), create=True)  # no file yet
+    victim = tmp_path / "authorized_keys"
+    victim.write_text("ssh-ed25519 AAAA... operator\n")
+    path.symlink_to(victim)
+    found, _ = entry(run_with_plugin_stage(), dict(OURS))
+    add_entry(qualified, found)
+    assert victim.read_text() == "ssh-ed25519 AAAA... operator\n"
+    assert not path.is_symlink() and load_file(path, "").entries == [found]

@@ -466,7 +466,12 @@ def main(argv: list[str] | None = None) -> int:
     except QualificationError as err:
         print(json.dumps({"ok": False, "error": str(err)}) if args.json else err)
         return 2
-    report = run_gate(package_dir, qualifications=qualifications)
+    try:
+        report = run_gate(package_dir, qualifications=qualifications)
+    except (OSError, ValueError, SyntaxError, RecursionError) as err:  # a file the gate cannot read as one
+        message = f"{package_dir}: cannot check this sglang: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        print(json.dumps({"ok": False, "error": message}) if args.json else message)
+        return 2
     if args.json:
         print(json.dumps(report.to_dict()))
     else:

@@ -84,8 +84,10 @@ class Manifest:
     @classmethod
     def from_json(cls, text: str) -> "Manifest":
         """Raises ValueError (with the field) on a malformed document."""
+        from ddtree.bounded_files import parse_json
+
+        data = parse_json(text, "manifest")  # FileRefused (a ValueError) past the depth limit
         try:
-            data = json.loads(text)
             return cls(str(data["sglang_version"]), {str(k): str(v) for k, v in data["file_sha256"].items()},
                        tuple(RequiredName.from_dict(r) for r in data["names"]),
                        {str(k): str(v) for k, v in data.get("file_ast_sha256", {}).items()})

@@ -184,13 +184,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         check_shippable(args.package_dir, args.qualified)
+        text = render(args.package_dir)
     except QualificationError as err:
         print(err, file=sys.stderr)
         return 2
     except Refused as err:
         print(err, file=sys.stderr)
         return 1
-    sys.stdout.write(render(args.package_dir))
+    except (OSError, ValueError, SyntaxError, RecursionError) as err:  # a file it cannot read as one
+        detail = str(err).splitlines()[0] if str(err) else ""
+        print(f"{args.package_dir}: cannot read this sglang: {type(err).__name__}: {detail}", file=sys.stderr)
+        return 2
+    sys.stdout.write(text)
     return 0
 
 
