@@ -377,8 +377,12 @@ class RunStore:
         ours: list[tuple[int, str]] = []
         others, left_out = [], []
         for run_id in self.list_runs():
-            meta = _small_json(self.root / run_id / "run.json")
-            created = meta.get("created") if isinstance(meta, dict) else None
+            try:  # an unreadable record decides nothing, and is named (the one record reader)
+                meta = read_json(self.root / run_id / "run.json")
+            except ConfigError as err:
+                left_out.append(str(err))
+                continue
+            created = meta.get("created")
             if store and isinstance(created, dict) and created.get("store") == store \
                     and type(created.get("seq")) is int and meta.get("run_id") == run_id:
                 ours.append((created["seq"], run_id))

@@ -186,7 +186,7 @@ def test_another_runs_unreadable_record_never_hides_deploy_budget_auto(tmp_path,
                  "--for-concurrency", "1", "--dry-run"])
     err = capsys.readouterr().err
     assert code == 4  # decided from the readable run, then the host (whose name does not resolve) was reached for
-    assert (f"gpu-a: DDTree enabled, budget 64 (run 20261201-100000-aaaa, 1 concurrent) (passed over 1 unreadable "
+    assert (f"gpu-a: DDTree enabled, budget 64 (run 20261201-100000-aaaa, 1 concurrent) (passed over 1 "
             f"run(s): {newer}: unreadable run record: ") in err
     assert main(["report", "20261201-110000-bbbb", "--runs-dir", str(runs)]) == 3  # that run itself: named
     assert capsys.readouterr().err.startswith(f"ddtree-ops: error: {newer}: unreadable run record: ")
