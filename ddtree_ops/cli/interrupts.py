@@ -4,7 +4,11 @@ A CI job cancel (and `kill`) sends SIGTERM, whose default action ends the proces
 no remote runner stopped, no record finished, nothing on stdout. While a command runs, the
 first SIGINT or SIGTERM raises KeyboardInterrupt instead, so every Ctrl-C path applies
 (`smoke` stops its runners and keeps what arrived; the CLI boundary exits 130 with one line,
-and one JSON document under `--json`).
+and one JSON document under `--json`). What is raised is `errors.Interrupted`, a
+KeyboardInterrupt that names its signal: the final line says `interrupted (SIGINT)` or
+`interrupted (SIGTERM)`, and `smoke` stops the hosts' runners with the same signal, so their
+records say what the operator did (a bare KeyboardInterrupt carried no signal, and every stop
+was recorded as the SIGTERM that `runner.py stop` sent).
 
 A repeated SIGTERM during that cleanup is only noted: the cleanup is bounded and finishes
 the records. A repeated Ctrl-C is an operator who will not wait: it raises again, and the
@@ -36,12 +40,13 @@ def keep_settled_after_command() -> None:
 
 @contextmanager
 def signals_interrupt() -> Iterator[Callable[[], None]]:
-    """Within the block, SIGINT/SIGTERM raise KeyboardInterrupt (see the module doc). Yields
+    """Within the block, SIGINT/SIGTERM raise `Interrupted` (see the module doc). Yields
     `settle()`: call it once the command is over, so that a late signal cannot cut the final
     report (one line, one JSON document) short."""
     if threading.current_thread() is not threading.main_thread():
         yield lambda: None  # signal handlers can only be set from the main thread
         return
+    from ddtree_ops.errors import Interrupted
     from ddtree_ops.hostside.signals import Redelivery
 
     interrupted = False
@@ -55,7 +60,7 @@ def signals_interrupt() -> Iterator[Callable[[], None]]:
     def interrupt(signum: int) -> BaseException:
         nonlocal interrupted
         interrupted = True
-        return redelivery.raising(KeyboardInterrupt(), signum)
+        return redelivery.raising(Interrupted(signal.Signals(signum).name), signum)
 
     def on_sigint(signum: int, frame: Any) -> None:
         raise interrupt(signum)
