@@ -41,6 +41,23 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        from ddtree_ops.version import version_lines
+
+        for line in version_lines():
+            typer.echo(line)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                 help="Print the version and the release `push` sends from here (its git commit), then exit."),
+) -> None:
+    pass  # only the root's options live here (its help is the app's)
+
+
 # One module per command group; each exposes `register(app)`.
 COMMAND_MODULES: list[str] = ["hosts", "push", "baseline", "smoke", "collect", "report", "bench", "deploy", "sglang"]
 
