@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from ddtree_ops.cli.console import live_display_possible, say, without_host
+from ddtree_ops.cli.interrupts import signals_deferred
 from ddtree_ops.cli.options import (
     DEFAULT_PARALLEL,
     AcceptNewHostKeysOpt,
@@ -128,14 +129,17 @@ class SmokeView:
         if live_display_possible(self.console) and not self.quiet:
             from rich.live import Live
 
-            self.live = Live(get_renderable=lambda: self.render(self.console.height), console=self.console,
-                             refresh_per_second=4, transient=True)
-            self.live.__enter__()
+            live = Live(get_renderable=lambda: self.render(self.console.height), console=self.console,
+                        refresh_per_second=4, transient=True)
+            with signals_deferred():  # started whole or not at all (a Ctrl-C right at the start)
+                live.__enter__()
+                self.live = live
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.live is not None:
-            self.live.__exit__(*exc)
+            with signals_deferred():
+                self.live.__exit__(*exc)
 
     def phase(self, host: str, phase: str, detail: str = "") -> None:
         with self.lock:
