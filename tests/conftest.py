@@ -28,6 +28,9 @@ def pytest_configure(config):
 # short files fill in around them, instead of one of them starting last and running on alone.
 LONGEST_FILES = (
     "tests/sglang_server/test_cpu_server_e2e.py",  # five real SGLang servers on CPU
+    "tests/terminal/test_verbs_fleet.py",  # every verb on each screen over sshd, at a terminal
+    "tests/terminal/test_doc_commands.py",  # every command the docs print, as written
+    "tests/terminal/test_verbs_local.py",
     "tests/integration/test_deploy_sglang.py",
     "tests/integration/test_deploy_lifecycle.py",
     "tests/property/test_core_parity.py",

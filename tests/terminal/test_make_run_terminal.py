@@ -8,6 +8,7 @@ workdir (`~/.ddtree-ops`) go to a temporary HOME instead of the person's."""
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -42,9 +43,13 @@ def home(tmp_path_factory) -> dict[str, str]:
 
 
 def at_terminal(command: str, env: dict[str, str], **kwargs) -> PtyResult:
+    """The recipe line's own process at the terminal (make's `sh -c` would stand between it and
+    the Ctrl-C: the exit status checked is the command's)."""
+    argv = shlex.split(command)
+    assert not set("|&;<>$`") & set(command), f"not a simple command: {command}"
     saved = os.environ.pop("DDTREE_OPS_INVENTORY", None)  # as make would see it: the checkout's hosts.yaml
     try:
-        return run_in_pty(["sh", "-c", command], timeout_s=TIMEOUT_S, cwd=str(REPO), env=env, **kwargs)
+        return run_in_pty(argv, timeout_s=TIMEOUT_S, cwd=str(REPO), env=env, **kwargs)
     finally:
         if saved is not None:
             os.environ["DDTREE_OPS_INVENTORY"] = saved
