@@ -1,6 +1,6 @@
 # Sourced by the set-up scripts: long steps say what they do, and keep saying it.
 #   step PREFIX "what (expected time)" command args...
-# prints "PREFIX: what (expected time)" on stderr, then "PREFIX:   ... still at it (N s)" every
+# prints "PREFIX: what (expected time)" on stderr, then "PREFIX:   what: still at it (N s)" every
 # PROGRESS_EVERY_S seconds (default 20) while the command runs, then how long it took; the
 # command's exit status is the step's. A CI log or a piped `make test` never sits silent for
 # minutes (issue #47: the SGLang CPU env build said nothing for 194 s).
@@ -15,9 +15,9 @@ step() {
   "$@" &
   local pid=$!
   while kill -0 "$pid" 2>/dev/null; do
-    sleep 1
-    if (( SECONDS - last >= PROGRESS_EVERY_S )); then
-      echo "$prefix:   ... still at it ($((SECONDS - started)) s)" >&2
+    sleep 0.2
+    if kill -0 "$pid" 2>/dev/null && (( SECONDS - last >= PROGRESS_EVERY_S )); then
+      echo "$prefix:   ${what%% (*}: still at it ($((SECONDS - started)) s)" >&2
       last=$SECONDS
     fi
   done

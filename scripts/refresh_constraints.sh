@@ -9,6 +9,7 @@
 #   bash scripts/refresh_constraints.sh             # resolve, test, write
 #   bash scripts/refresh_constraints.sh --check     # resolve and test only: does the newest still pass?
 #   bash scripts/refresh_constraints.sh --no-tests  # resolve and write, untested (say so in the commit)
+# Arguments after the mode go to pytest.
 # About 2 min to build the venv (torch's 200 MB wheel included) and 3-5 min for the suite on 2
 # idle cores. TORCH_SPEC as for bootstrap.sh (default torch==2.13.0, the CPU build); the pins
 # leave torch itself to it. The venv is removed afterwards unless KEEP_VENV=1.
@@ -17,7 +18,8 @@ cd "$(dirname "$0")/.."
 . scripts/progress.sh
 
 mode="${1:-write}"
-case "$mode" in write|--check|--no-tests) ;; *) echo "usage: $0 [--check|--no-tests]" >&2; exit 2 ;; esac
+case "$mode" in write|--check|--no-tests) ;; *) echo "usage: $0 [--check|--no-tests] [PYTEST ARGS...]" >&2; exit 2 ;; esac
+shift || true  # what follows goes to pytest (e.g. -k 'not fleet')
 OUT=constraints/ddtree-ops.txt
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 say=refresh-constraints
@@ -44,7 +46,7 @@ fi
 if [ "$mode" != --no-tests ]; then
   # -P: the test process imports the installed package, not this checkout's folder
   step "$say" "[4/4] the terminal suite (tests/terminal) with these versions (3-5 min)" \
-    "$venv/bin/python" -P -m pytest -p no:cacheprovider -q tests/terminal
+    "$venv/bin/python" -P -m pytest -p no:cacheprovider -q tests/terminal "$@"
 else
   echo "$say: [4/4] the terminal suite: skipped (--no-tests)" >&2
 fi

@@ -101,3 +101,17 @@ def test_the_pins_are_exact_and_leave_torch_to_torch_spec():
     for needed in ("typer", "rich", "paramiko", "pyyaml", "pydantic", "pytest", "pip", "setuptools"):
         assert needed in names, needed
     assert f"# python: {sys.version_info[0]}.{sys.version_info[1]}" in CONSTRAINTS.read_text()
+
+
+def test_a_long_step_says_it_is_still_at_it_and_how_it_ended(tmp_path):
+    """scripts/progress.sh `step`: what the SGLang CPU env build and bootstrap's installs print
+    while pip is silent (a line at least every PROGRESS_EVERY_S seconds), and the exit status."""
+    script = f'. "{REPO / "scripts" / "progress.sh"}"; step demo "[2/5] a slow step (3 s)" sleep 3; step demo "[3/5] a failing step" false'
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "PROGRESS_EVERY_S": "1"})
+    lines = done.stderr.splitlines()
+    assert done.returncode == 1
+    assert lines[0] == "demo: [2/5] a slow step (3 s)"
+    assert sum(line.startswith("demo:   [2/5] a slow step: still at it (") for line in lines) >= 2
+    assert lines[-3].startswith("demo:   done in ") and lines[-2] == "demo: [3/5] a failing step"
+    assert lines[-1].startswith("demo:   failed (exit 1) after ")
