@@ -223,3 +223,22 @@ def test_sigterm_stops_a_smoke_run_like_ctrl_c(tmp_path):
     finally:
         for pid in runner_pids(run_id) if run_id else []:  # a runner left behind hangs for an hour
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupt_during_a_deferred_step_lands_as_it_ends(sig):
+    """Starting or stopping Rich's Live must not be cut half-way (an interrupted start left a
+    Live that could not be stopped: it redrew below the final line, the cursor stayed hidden).
+    The interrupt is held back, then raised as the step ends, naming its signal."""
+    from ddtree_ops.cli.interrupts import signals_deferred
+    from ddtree_ops.errors import Interrupted
+
+    steps = []
+    with signals_interrupt():
+        with pytest.raises(Interrupted) as caught:
+            with signals_deferred():
+                os.kill(os.getpid(), sig)
+                time.sleep(0.3)  # the handler ran meanwhile: held back
+                steps.append("the step finished")
+            time.sleep(5)  # raised as the block ended: never reached
+    assert steps == ["the step finished"] and caught.value.signal_name == sig.name

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from terminal.conftest import drifted_sglang_python
+from terminal.host_envs import drifted_sglang_python
 from terminal.operator_shell import OperatorShell, write_slow_python
 from terminal.verbs import *  # noqa: F401,F403 - the tests themselves
 

@@ -1,5 +1,5 @@
-"""Fixtures of the terminal suite (see verbs.py): host environments with the real sglang
-0.5.23 whose hooked spec_info.py drifted (a local patch release: `sglang qualify` qualifies it
+"""Host environments for the terminal suite (see verbs.py): the real sglang 0.5.23 whose hooked
+spec_info.py drifted (a local patch release: `sglang qualify` qualifies it
 on CPU with the `plugin` stage, then `deploy` accepts it)."""
 from __future__ import annotations
 
