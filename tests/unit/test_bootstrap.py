@@ -115,3 +115,21 @@ def test_a_long_step_says_it_is_still_at_it_and_how_it_ended(tmp_path):
     assert sum(line.startswith("demo:   [2/5] a slow step: still at it (") for line in lines) >= 2
     assert lines[-3].startswith("demo:   done in ") and lines[-2] == "demo: [3/5] a failing step"
     assert lines[-1].startswith("demo:   failed (exit 1) after ")
+
+
+def test_every_dependency_pyproject_names_is_pinned():
+    """A dependency added to pyproject.toml (a merge) without new pins would be installed at
+    whatever version is newest that day: refresh them (one command)."""
+    import re
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = [*project["dependencies"], *project["optional-dependencies"]["test"]]
+
+    def name(requirement: str) -> str:
+        return re.sub(r"[-_.]+", "-", re.split(r"[\s;<>=!~\[(@]", requirement, maxsplit=1)[0]).lower()
+
+    pinned = {name(line) for line in CONSTRAINTS.read_text().splitlines() if line and not line.startswith("#")}
+    missing = sorted({name(r) for r in wanted} - pinned - {"torch"})  # torch: TORCH_SPEC's
+    assert not missing, (f"pyproject.toml names {missing}, which {CONSTRAINTS.relative_to(REPO)} does not pin: "
+                         "run `bash scripts/refresh_constraints.sh` and commit the file (docs/dev/extending.md)")
