@@ -30,9 +30,11 @@ LONGEST_FILES = (
     "tests/sglang_server/test_cpu_server_e2e.py",  # five real SGLang servers on CPU
     "tests/terminal/test_verbs_fleet.py",  # every verb on each screen over sshd, at a terminal
     "tests/terminal/test_doc_commands.py",  # every command the docs print, as written
+    "tests/sglang_server/test_metrics_and_status.py",  # one more (about 100 s idle), shared by its tests
     "tests/terminal/test_verbs_local.py",
     "tests/integration/test_deploy_sglang.py",
     "tests/integration/test_deploy_lifecycle.py",
+    "tests/integration/test_ansible_playbook.py",  # three ansible-playbook runs (about 80 s)
     "tests/property/test_core_parity.py",
     "tests/integration/test_smoke_fleet.py",
     "tests/unit/test_decode_lossless.py",

@@ -162,12 +162,13 @@ def without_host(host: str, text: str, state: str = "") -> str:
 _documents_emitted = 0  # how many JSON documents this process began to write on stdout
 
 
-def emit_json(document: Any) -> None:
+def emit_json(document: Any, *, one_line: bool = False) -> None:
     """Write the command's one JSON document on stdout (the CLI boundary writes one for an
-    error only when none was begun here, so a script never reads two)."""
+    error only when none was begun here, so a script never reads two). `one_line`: a document
+    of a stream (`status --watch --json`), one per line."""
     global _documents_emitted
     _documents_emitted += 1  # counted first: a document cut short by a closed pipe still counts
-    sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
+    sys.stdout.write(json.dumps(document, indent=None if one_line else 2, default=str) + "\n")
     sys.stdout.flush()
 
 
@@ -203,7 +204,8 @@ def fit_rows(rows: list[Any], height: Optional[int], state_of: Callable[[Any], s
 
 class LiveHostTable:
     """Per-host state while a fan-out runs. On a terminal: a Rich live table on stderr.
-    Otherwise: one stderr line per finished host. Safe to call from worker threads.
+    Otherwise: one stderr line per finished host, and a `still running` line about each host at
+    work at least every 30 s (cli/still_running.py). Safe to call from worker threads.
 
     Rows are kept from the first call; the display begins at `start()`, which the fan-out
     calls once its hosts are under way (what finished before is shown then)."""
@@ -218,6 +220,10 @@ class LiveHostTable:
         self.live: Optional[Live] = None
         self.live_wanted = False  # set under the lock before the live table exists: no lines then
         self.height: Optional[int] = None
+        self.still_running: Any = None  # without a live table: the lines while hosts work
+        from ddtree_ops.cli.still_running import progress_every_s
+
+        self.progress_every_s = progress_every_s()  # a bad $DDTREE_OPS_PROGRESS_EVERY_S: refused before any host
 
     def __enter__(self) -> "LiveHostTable":
         return self
@@ -228,6 +234,8 @@ class LiveHostTable:
             # An interrupted fan-out leaves its workers to finish on their own: what they
             # report now would land after the command's final line ("interrupted").
             self.closed = True
+        if self.still_running is not None:
+            self.still_running.stop()
         if self.live is not None:
             with signals_deferred():
                 self.live.__exit__(*exc)
@@ -264,6 +272,24 @@ class LiveHostTable:
             return
         for host, (state_text, detail, changed) in done:
             self._say_finished(host, state_text, detail, changed)
+        from ddtree_ops.cli.still_running import StillRunning
+
+        self.still_running = StillRunning(self.title, self.activities, every_s=self.progress_every_s).start()
+
+    def activities(self) -> list[Any]:
+        """What each host under way is doing (for the `still running` lines): the step its task
+        reported (`deploying`, `release <id>`), or whom it is connecting to."""
+        from ddtree_ops.cli.still_running import Activity
+
+        with self.lock:
+            rows = list(self.rows.items())
+        found = []
+        for host, (state, detail, changed) in rows:
+            if state == "connecting":
+                found.append(Activity(host, f"connecting to {detail}" if detail else state, changed))
+            elif state == "running":
+                found.append(Activity(host, detail or state, changed))
+        return found
 
     def on_progress(self, host: str, state: Any, detail: str) -> None:
         state_text = getattr(state, "value", str(state))
@@ -280,6 +306,8 @@ class LiveHostTable:
         elapsed = changed - self.started.get(host, changed)
         tail = f": {without_host(host, detail, state_text)}" if detail and state_text != "ok" else ""
         say(f"{self.title}: {host}: {state_text} ({elapsed:.1f}s){tail}")
+        if self.still_running is not None:
+            self.still_running.spoke(host)
 
     def _frame(self) -> Table:
         return self._render(self.height)
@@ -324,6 +352,18 @@ def outcome_json(outcome: Any, to_json: Optional[Callable[[Any], Any]]) -> dict[
         if details is not None:
             doc["result"] = details
     return doc
+
+
+def fanout_document(command: str, result: Any, started: float, to_json: Optional[Callable[[Any], Any]] = None,
+                    extra_json: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """A fan-out's `--json` document: the command, its exit code and time, each host's outcome."""
+    return {
+        "command": command,
+        "exit_code": int(result.exit_code()),
+        "duration_s": round(time.monotonic() - started, 3),
+        **(extra_json or {}),
+        "hosts": {name: outcome_json(o, to_json) for name, o in result.items()},
+    }
 
 
 def summary_table(
@@ -411,13 +451,7 @@ def run_on_hosts(
     batched = options.rollout is not None and options.rollout.batched
     changes = _changes(rollout, changed, rollback_command, restores) if batched else {}
     if options.json:
-        document = {
-            "command": command,
-            "exit_code": int(code),
-            "duration_s": round(time.monotonic() - started, 3),
-            **(extra_json or {}),
-            "hosts": {name: outcome_json(o, to_json) for name, o in result.items()},
-        }
+        document = fanout_document(command, result, started, to_json, extra_json)
         if batched:
             document["rollout"] = {**rollout.to_dict(), **changes}
         emit_json(document)
