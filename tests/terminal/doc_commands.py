@@ -13,6 +13,11 @@ its own (last) line or on a comment line just above it (docs/dev/extending.md):
     # [CI] ...         is what CI itself runs (`make test`), or part of it
     # [by hand] ...    a maintainer's step that changes the repository or reaches a registry
 
+and one that runs until the person stops it is run and stopped:
+
+    # [Ctrl-C] ...     runs until Ctrl-C: the test sends it SIGINT after CTRL_C_AFTER_S
+                       and expects exit 130
+
 Every other command is run, exactly as written, by test_doc_commands.py.
 """
 from __future__ import annotations
@@ -22,7 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-TAGS = ("GPU host", "real fleet", "CI", "by hand")
+TAGS = ("GPU host", "real fleet", "CI", "by hand")  # not run by the tests
+CTRL_C = "Ctrl-C"  # run, then interrupted
+CTRL_C_AFTER_S = 12
 SHELL_LANGUAGES = ("bash", "sh", "shell", "console")
 FENCE = re.compile(r"^(\s*)(```+|~~~+)\s*([\w+-]*)\s*$")  # a fence line: the fence and its language
 _TAG = re.compile(r"(?:^|\s)#\s*\[([^\]]+)\]")
@@ -34,8 +41,20 @@ class DocCommand:
     doc: str  # repository-relative path of the doc
     line: int  # 1-based line of the command's first line
     text: str  # as written (continuation lines kept), without a console prompt
-    tag: Optional[str]  # one of TAGS: not run by the tests; None: run
-    expected_exit: int  # what the doc shows it exits with (console blocks), else 0
+    tag: Optional[str]  # one of TAGS: not run by the tests; CTRL_C: run and interrupted; None: run
+    expected_exit: int  # what the doc shows it exits with (console blocks), else 0 (130 for CTRL_C)
+
+    @property
+    def runs(self) -> bool:
+        return self.tag not in TAGS
+
+    @property
+    def as_run(self) -> str:
+        """The command as the test runs it: as written, or with Ctrl-C pressed for it (SIGINT
+        after CTRL_C_AFTER_S, as `timeout` sends it)."""
+        if self.tag == CTRL_C:
+            return f"timeout --preserve-status -s INT {CTRL_C_AFTER_S} {self.text}"
+        return self.text
 
     @property
     def where(self) -> str:
@@ -84,9 +103,9 @@ def _tag_of(line: str, doc: str, number: int) -> Optional[str]:
     found = _TAG.search(line)
     if found is None:
         return None
-    if found.group(1) not in TAGS:
+    if found.group(1) not in (*TAGS, CTRL_C):
         raise TagError(f"{doc}:{number}: unknown tag [{found.group(1)}]; the tags are "
-                       + ", ".join(f"[{t}]" for t in TAGS) + " (docs/dev/extending.md)")
+                       + ", ".join(f"[{t}]" for t in (*TAGS, CTRL_C)) + " (docs/dev/extending.md)")
     return found.group(1)
 
 
@@ -108,7 +127,7 @@ def _script_commands(doc: str, body: list[tuple[int, str]]) -> list[DocCommand]:
             position += 1
             parts.append(body[position][1])
         tag = _tag_of(parts[-1], doc, body[position][0]) or pending_tag
-        commands.append(DocCommand(doc, first, "\n".join(parts), tag, 0))
+        commands.append(DocCommand(doc, first, "\n".join(parts), tag, 130 if tag == CTRL_C else 0))
         pending_tag = None
         position += 1
     return commands

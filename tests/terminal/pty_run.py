@@ -41,12 +41,16 @@ class PtyResult:
 
     @property
     def text(self) -> str:
-        """The output without terminal control sequences and carriage returns."""
-        return _CSI.sub("", self.output).replace("\r", "")
+        return plain(self.output)
 
     @property
     def lines(self) -> list[str]:
         return [line.rstrip() for line in self.text.splitlines() if line.strip()]
+
+
+def plain(output: str) -> str:
+    """Terminal output without control sequences and carriage returns."""
+    return _CSI.sub("", output).replace("\r", "")
 
 
 def run_in_pty(argv: Sequence[str], *, timeout_s: float, cwd: Optional[str] = None,

@@ -54,6 +54,7 @@ SANDBOX_HOSTS: dict[str, dict[str, object]] = {
     "docs/sglang-plugin.md": {"gpu-01": SGLANG, "gpu-02": SandboxHost(), "gpu-03": SandboxHost(),
                               "gpu-a": SGLANG},
     "docs/smoke.md": {"gpu-a": SandboxHost("sglang", ("h200",))},
+    "docs/observing.md": {"gpu-a": SandboxHost("sglang", ("h200",))},
 }
 # Files a doc's commands presume in the working folder.
 SANDBOX_FILES = {
@@ -144,7 +145,7 @@ def shell_script(commands: list[DocCommand]) -> str:
     """The doc's commands in order, each followed by a line with its exit status."""
     lines = ["newest_run() { ls -1 runs 2>/dev/null | sort | tail -n 1; }"]
     for index, command in enumerate(commands):
-        text = re.sub(r"\bRUN_ID\b", "$(newest_run)", command.text)
+        text = re.sub(r"\bRUN_ID\b", "$(newest_run)", command.as_run)
         lines += [text, f'echo "{MARK} {index} $?"']
     return "\n".join(lines) + "\n"
 
@@ -158,7 +159,7 @@ def sglang_cpu_env_ready() -> bool:
 @pytest.mark.sshd
 @pytest.mark.parametrize("doc", [doc for doc in DOCS if commands_of(doc)])
 def test_the_docs_commands_run_as_written(doc, fleet, sglang_pythons, tmp_path):
-    commands = [command for command in commands_of(doc) if command.tag is None]
+    commands = [command for command in commands_of(doc) if command.runs]
     if any("sglang_cpu_env.sh" in c.text for c in commands) and not sglang_cpu_env_ready():
         pytest.skip("the SGLang CPU env is not built: `make test` builds it (scripts/sglang_cpu_env.sh)")
     checkout, env = make_sandbox(doc, tmp_path, fleet, sglang_pythons)

@@ -4,8 +4,8 @@ TERM=xterm-256color), at a dumb terminal (lines instead), piped for contrast, an
 The test functions here are collected by test_verbs_local.py (the `local` host) and
 test_verbs_fleet.py (real sshd on 127.0.0.1), which give the fixtures: `operator` (an
 OperatorShell whose hosts have a drifted sglang 0.5.23, so `sglang qualify` has something to
-qualify on CPU), `hosts` (their names), `slow_operator` (the same folder, with hosts whose
-`python:` sleeps) and `host_run_dirs()` (where the hosts keep their runs).
+qualify on CPU), `hosts` (their names) and `slow_operator` (the same folder, with hosts whose
+`python:` sleeps).
 
 Every test starts with its verb on a live terminal, so each fails if drawing the live table
 deadlocks again (issue #47). Quick stages only (`--stages env,import`, one-point sweeps).
@@ -20,7 +20,7 @@ import pytest
 
 from fixtures.checkout import copy_release_files
 from terminal.operator_shell import HANG_STAGE, OperatorShell, final_line, kill_recorded, run_id_of
-from terminal.pty_run import HIDE_CURSOR, PtyResult, Screen
+from terminal.pty_run import HIDE_CURSOR, PtyResult, Screen, plain
 
 LIVE, DUMB, PIPE = Screen.LIVE, Screen.DUMB, Screen.PIPE
 QUICK_STAGES = ("--stages", "env,import")
@@ -57,6 +57,19 @@ def test_hosts_check(operator: OperatorShell, hosts):
     for screen in (LIVE, DUMB, PIPE):
         result = operator.expect(screen, "hosts", "check")
         check_fanout(result, screen, "hosts check", hosts)
+
+
+def test_status_and_its_watch(operator: OperatorShell, hosts):
+    """`status` (no SGLang server runs here: said per host, exit 0); `--watch` redraws until
+    Ctrl-C."""
+    for screen in (LIVE, DUMB, PIPE):
+        result = operator.expect(screen, "status")
+        check_fanout(result, screen, "status", hosts)
+        for host in hosts:
+            assert rows_with(result, host, ":30000 not"), result.text[-2000:]  # the rest may wrap
+    result = operator.expect(LIVE, "status", "--watch", code=130,  # Ctrl-C at its second poll
+                             interrupt_when=lambda out: ", poll 2 (" in plain(out))
+    assert final_line(result).removeprefix("^C") == "ddtree-ops: interrupted (SIGINT)", result.text[-2000:]
 
 
 def test_push_shows_the_release_whole_on_every_screen(operator: OperatorShell, hosts):
@@ -121,7 +134,7 @@ def test_deploy_then_rollback(operator: OperatorShell, hosts, qualified):
 
 # Ctrl-C: a host whose `python:` sleeps holds each verb in its remote step.
 STEP_VERBS = [("hosts", "check", "--deep"), ("push",), ("deploy",), ("rollback",), ("collect", "RUN"),
-              ("bench", *ONE_POINT_SWEEP), ("sglang", "qualify", "--stages", "plugin")]
+              ("bench", *ONE_POINT_SWEEP), ("sglang", "qualify", "--stages", "plugin"), ("status",)]
 
 
 @pytest.mark.parametrize("verb", STEP_VERBS, ids=lambda verb: " ".join(verb[:2]))
