@@ -15,7 +15,6 @@ stdin can carry the release's files on the same channel.
 from __future__ import annotations
 
 import io
-import json
 import os
 import posixpath
 import threading
@@ -147,12 +146,14 @@ def parse_agent_reply(host: Host, op: str, result: CommandResult) -> dict[str, A
         raise RemoteStepError(f"{host.name}: python not found at {host.python!r} (set `python:` in the inventory)")
     if result.exit_status == 126:
         raise RemoteStepError(f"{host.name}: python at {host.python!r} is not executable")
+    from ddtree.bounded_files import FileRefused, parse_json
+
     lines = result.stdout.strip().splitlines()
     reply = None
     if lines:
-        try:
-            reply = json.loads(lines[-1])
-        except ValueError:
+        try:  # the host's word: nested past MAX_DEPTH it is no reply (it would break every later walk)
+            reply = parse_json(lines[-1], f"{host.name}: agent {op} reply")
+        except FileRefused:
             reply = None
     if not isinstance(reply, dict):
         raise RemoteStepError(
@@ -289,9 +290,10 @@ def asked_lines(host_name: str, bundle: ReleaseBundle, reply: dict[str, Any]) ->
 
 
 def _need_line(line: str) -> dict[str, Any]:
-    import json
+    """The agent's request for files, read as its replies are (the host's word: bounded)."""
+    from ddtree.bounded_files import parse_json
 
-    found = json.loads(line)
+    found = parse_json(line, "push: the request for files")
     if not isinstance(found, dict):
         raise ValueError("not an object")
     return found

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
+from ddtree_ops.errors import interrupt_signal_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from ddtree_ops.inventory import Host
@@ -24,12 +25,11 @@ STOP_TIMEOUT_S = 15.0
 
 def check_stages_in_bundle(stages: list[str], relpaths: set[str]) -> None:
     from ddtree_ops.errors import UsageError
-
+    from ddtree_ops.hostside.protocol import stage_names
     from ddtree_ops.release import STAGES_DIR
 
-    available = sorted(p[len(STAGES_DIR) + 1:-3].replace("_", "-") for p in relpaths
-                       if p.startswith(STAGES_DIR + "/") and p.endswith(".py")
-                       and not p.rsplit("/", 1)[1].startswith("_"))
+    available = stage_names(p[len(STAGES_DIR) + 1:-3] for p in relpaths
+                            if p.startswith(STAGES_DIR + "/") and p.endswith(".py") and "/" not in p[len(STAGES_DIR) + 1:])
     unknown = [s for s in stages if s not in available]  # `parse_stages` spelled them; `__init__` is no stage
     if unknown:
         raise UsageError(f"--stages: unknown stage(s) {', '.join(unknown)} "
@@ -66,6 +66,7 @@ class SmokePlan:
     keep_going: bool
     stage_timeout_s: float
     release_id: Optional[str]  # what was pushed (None with --no-push)
+    stream_output: bool = False  # `-v`: the runner streams what each stage writes
 
 
 def runner_control_argv(host: "Host", workdir: str, run_id: str, subcommand: str) -> list[str]:
@@ -89,6 +90,8 @@ def runner_argv(host: "Host", workdir: str, plan: SmokePlan, subcommand: str = "
         argv += ["--stages", ",".join(plan.stages)]
     if plan.keep_going:
         argv.append("--keep-going")
+    if plan.stream_output:
+        argv.append("--stream-output")
     return argv
 
 
@@ -148,6 +151,7 @@ def execute_smoke(
     command: str = "smoke",
     run_id: Optional[str] = None,
     rollout: Any = None,
+    stream_output: bool = False,
 ) -> SmokeRun:
     """Push (unless `push` is False), run the runner on every selected host, keep every record
     under the run folder as it arrives, settle each host's outcome; stop the runners and keep
@@ -175,7 +179,7 @@ def execute_smoke(
         stages = stages or default_stages(relpaths)
     plan = SmokePlan(run_id=run_id or new_run_id(), stages=stages, options=options,
                      keep_going=keep_going, stage_timeout_s=stage_timeout_s,
-                     release_id=bundle.release_id if bundle else None)
+                     release_id=bundle.release_id if bundle else None, stream_output=stream_output)
     store = RunStore(runs_root(runs_dir))
     started = time.time()
     store.create_run(plan.run_id, {
@@ -228,7 +232,7 @@ def execute_smoke(
             raise
         recorder.note(runner_exit_status=result.exit_status, finished=time.time())
         if result.stderr.strip():
-            (recorder.host_dir / "runner.stderr").write_text(result.stderr, encoding="utf-8")
+            recorder.write_text("runner.stderr", result.stderr)
         if result.exit_status == 127:
             from ddtree_ops.remote_layout import python_not_found
 
@@ -260,7 +264,7 @@ def execute_smoke(
         elif state.terminal and state is not HostState.OK:
             observer.phase(name, state.value, detail)  # unreachable / timed out / failed, as the JSON says
 
-    interrupted = False
+    interrupted, signal_name = False, "SIGINT"
     fanout = batches = None
     with observer:
         try:
@@ -268,15 +272,15 @@ def execute_smoke(
                 batch, task, parallel=parallel, on_progress=on_progress, accept_new_host_keys=accept_new_host_keys),
                 failed=lambda outcome: not outcome.ok or outcome.value != 0)  # the runner's exit: a stage failed
             fanout = batches.result
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as err:
             stopping.set()
-            interrupted = True
+            interrupted, signal_name = True, interrupt_signal_name(err)
     if interrupted:
-        notify("interrupted: stopping the remote runners, keeping what arrived")
+        notify(f"interrupted ({signal_name}): stopping the remote runners, keeping what arrived")
         for recorder in recorders.values():
             recorder.close()  # from here on the host's own files are the record
         stop_runners([h for h in selected if h.name in runner_started], runner_started, plan,
-                     accept_new_host_keys, store.run_dir(plan.run_id), notify)
+                     accept_new_host_keys, store.run_dir(plan.run_id), notify, signal_name)
     settle_hosts(selected, recorders, fanout, runner_started, interrupted, store, plan)
     store.update_run(plan.run_id, finished=time.time(), duration_s=round(time.time() - started, 3),
                      interrupted=interrupted)
@@ -290,16 +294,29 @@ def settle_hosts(selected: list["Host"], recorders: dict[str, Any], fanout: Any,
                  runner_started: dict[str, str], interrupted: bool, store: Any,
                  plan: SmokePlan) -> None:
     """Record each host's operator-side outcome next to what it streamed: interrupted,
-    unreachable (never connected), failed before its runner started, or lost mid-run."""
+    unreachable (never connected), failed before its runner started, or lost mid-run. A host
+    whose folder cannot be written (a link planted there) is left as its result says; the
+    others are still recorded."""
+    from ddtree_ops.errors import ConfigError
+
+    for host in selected:
+        try:
+            _settle_host(host, recorders, fanout, runner_started, interrupted, store, plan)
+        except ConfigError:
+            continue
+
+
+def _settle_host(host: "Host", recorders: dict[str, Any], fanout: Any, runner_started: dict[str, str],
+                 interrupted: bool, store: Any, plan: SmokePlan) -> None:
     from ddtree_ops.fanout import HostState
     from ddtree_ops.outcome import HostOutcome
 
-    for host in selected:
-        recorder = recorders.get(host.name)
-        if recorder is None:
-            recorder = store.host_recorder(plan.run_id, host.name, {
-                "inventory": host_entry(host), "release": plan.release_id})
-            recorders[host.name] = recorder
+    recorder = recorders.get(host.name)
+    if recorder is None:
+        recorder = store.host_recorder(plan.run_id, host.name, {
+            "inventory": host_entry(host), "release": plan.release_id})
+        recorders[host.name] = recorder
+    try:
         outcome = fanout.get(host.name) if fanout is not None else None
         if interrupted:
             recorder.note(outcome=HostOutcome.INTERRUPTED.value)
@@ -318,14 +335,17 @@ def settle_hosts(selected: list["Host"], recorders: dict[str, Any], fanout: Any,
                 recorder.note(outcome=HostOutcome.FAIL.value, error=outcome.message(), state=outcome.state.value)
         elif outcome is not None and outcome.ok:
             recorder.note(outcome=None)
+    finally:
         recorder.close()
 
 
 def stop_runners(hosts: list["Host"], workdirs: dict[str, str], plan: SmokePlan,
-                 accept_new_host_keys: bool, run_dir: Path, notify: Callable[[str], None]) -> None:
-    """Ask each host's runner to stop (SIGTERM via `runner.py stop`, which waits until the
-    runner has written its last records), then fetch the run's files as `collect` does, so
-    the local store ends with the host's complete record. In parallel, bounded."""
+                 accept_new_host_keys: bool, run_dir: Path, notify: Callable[[str], None],
+                 signal_name: str = "SIGTERM") -> None:
+    """Ask each host's runner to stop (`runner.py stop --signal`, the signal the operator sent,
+    which waits until the runner has written its last records), then fetch the run's files as
+    `collect` does, so the local store ends with the host's complete record. In parallel,
+    bounded."""
     from ddtree_ops.errors import DdtreeOpsError
     from ddtree_ops.run_fetch import collect_host_files
     from ddtree_ops.transport.factory import open_transport
@@ -334,7 +354,10 @@ def stop_runners(hosts: list["Host"], workdirs: dict[str, str], plan: SmokePlan,
         workdir = workdirs[host.name].rstrip("/")
         try:
             with open_transport(host, accept_new_host_keys=accept_new_host_keys) as transport:
-                transport.run(runner_argv(host, workdir, plan, "stop"), timeout=STOP_TIMEOUT_S)
+                argv = runner_argv(host, workdir, plan, "stop")
+                done = transport.run([*argv, "--signal", signal_name], timeout=STOP_TIMEOUT_S)
+                if done.exit_status == 2 and "--signal" in done.stderr:  # a release from before it
+                    transport.run(argv, timeout=STOP_TIMEOUT_S)
                 collect_host_files(transport, host, workdir, plan.run_id, run_dir / host.name,
                                    STOP_TIMEOUT_S)
         except DdtreeOpsError as err:

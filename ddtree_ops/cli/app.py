@@ -17,7 +17,7 @@ from typer.core import TyperGroup
 
 from ddtree_ops.cli.coercion import defer_coercion
 from ddtree_ops.cli.console import inert, say
-from ddtree_ops.errors import DdtreeOpsError, ExitCode
+from ddtree_ops.errors import DdtreeOpsError, ExitCode, interrupt_signal_name
 
 
 class CommandInterrupted(Exception):
@@ -46,8 +46,25 @@ app = typer.Typer(
     context_settings={"max_content_width": 120},
 )
 
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        from ddtree_ops.version import version_lines
+
+        for line in version_lines():
+            typer.echo(line)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                 help="Print the version and the release `push` sends from here (its git commit), then exit."),
+) -> None:
+    pass  # only the root's options live here (its help is the app's)
+
+
 # One module per command group; each exposes `register(app)`.
-COMMAND_MODULES: list[str] = ["hosts", "push", "baseline", "smoke", "collect", "report", "bench", "deploy", "sglang"]
+COMMAND_MODULES: list[str] = ["hosts", "push", "baseline", "smoke", "collect", "report", "bench", "deploy", "sglang", "status"]
 
 
 _registered = False
@@ -73,15 +90,24 @@ def debug_log_path() -> Path:
     return base / "ddtree-ops" / "debug.log"
 
 
-def _record_traceback() -> Path | None:
+def _open_debug_log() -> Any:
+    """The debug log opened to append; a link at its name is refused, never written through
+    (hostside.safe_write): a traceback must not land in whatever file someone linked there."""
+    from ddtree_ops.hostside.safe_write import open_append
+
     path = debug_log_path()
+    return open_append(path.parent, path.name)
+
+
+def _record_traceback() -> Path | None:
+    from ddtree_ops.hostside.safe_write import WriteRefused
+
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a", encoding="utf-8") as log:
+        with _open_debug_log() as log:
             log.write(inert(traceback.format_exc()))  # remote text in messages: inert here too
             log.write("\n")
-        return path
-    except OSError:
+        return debug_log_path()
+    except (OSError, WriteRefused):
         return None
 
 
@@ -91,9 +117,7 @@ class _DebugLogHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            path = debug_log_path()
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with path.open("a", encoding="utf-8") as log:
+            with _open_debug_log() as log:
                 log.write(inert(f"{record.name} {record.levelname}: {self.format(record)}") + "\n")
         except Exception:  # noqa: BLE001 - logging must never break or spam the command
             pass
@@ -172,9 +196,10 @@ def _run_command(args: list[str]) -> tuple[int, Optional[str]]:
         return err.exit_code, str(err)
     except typer.Exit as exit_:
         return exit_.exit_code, None
-    except (CommandInterrupted, KeyboardInterrupt, typer.Abort):
-        say("interrupted")
-        return ExitCode.INTERRUPTED, "interrupted"
+    except (CommandInterrupted, KeyboardInterrupt, typer.Abort) as err:
+        why = f"interrupted ({interrupt_signal_name(err)})"  # which signal: Ctrl-C is SIGINT, a CI cancel SIGTERM
+        say(why)
+        return ExitCode.INTERRUPTED, why
     except typer.TyperException as err:
         # Typer 0.29 vendors click: its usage errors derive from TyperException, not click's.
         message = err.format_message() if hasattr(err, "format_message") else str(err)
@@ -185,6 +210,12 @@ def _run_command(args: list[str]) -> tuple[int, Optional[str]]:
             say(f"error: {message}")
         return ExitCode.USAGE, message
     except Exception as err:  # noqa: BLE001 - the boundary: a bug, reported in one line
+        from ddtree.bounded_files import FileRefused  # here: `--help` imports neither
+        from ddtree_ops.hostside.safe_write import WriteRefused
+
+        if isinstance(err, (FileRefused, WriteRefused)):  # a file handed to us, or a place to write, refused
+            say(f"error: {err}")
+            return ExitCode.CONFIG, str(err)
         log = _record_traceback()
         where = f" (traceback in {log})" if log else ""
         message = f"unexpected error: {type(err).__name__}: {err}{where}"

@@ -32,6 +32,7 @@ import unicodedata
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
+from ddtree_ops.cli.interrupts import signals_deferred
 from ddtree_ops.cli.options import FanoutOptions
 
 if TYPE_CHECKING:
@@ -111,11 +112,15 @@ def inert_console(**options: Any) -> Console:
 
 def stderr_console() -> Console:
     probe = inert_console(stderr=True)
+    if probe.is_dumb_terminal:
+        return inert_console(stderr=True, **_dumb_terminal_size(sys.stderr))
     return probe if probe.is_terminal or _columns_given() else inert_console(stderr=True, width=200)
 
 
 def stdout_console() -> Console:
     probe = inert_console()
+    if probe.is_dumb_terminal:
+        return inert_console(**_dumb_terminal_size(sys.stdout))
     # Not a terminal (pipes, CI logs, tests): wide enough that rows never wrap mid-message,
     # unless COLUMNS says how wide (Rich reads it).
     if probe.is_terminal or _columns_given():
@@ -125,6 +130,19 @@ def stdout_console() -> Console:
 
 def _columns_given() -> bool:
     return os.environ.get("COLUMNS", "").strip().isdigit()
+
+
+def _dumb_terminal_size(stream: Any) -> dict[str, int]:
+    """A dumb terminal's real size (COLUMNS, else the terminal's own): Rich takes every dumb
+    terminal for 80x25 unless given both, and a summary squeezed into 80 columns cut release
+    ids across lines."""
+    try:
+        columns, lines = os.get_terminal_size(stream.fileno())
+    except (AttributeError, ValueError, OSError):
+        columns, lines = 80, 25
+    if _columns_given():
+        columns = int(os.environ["COLUMNS"])
+    return {"width": columns or 80, "height": lines or 25}
 
 
 def live_display_possible(console: Console) -> bool:
@@ -144,12 +162,13 @@ def without_host(host: str, text: str, state: str = "") -> str:
 _documents_emitted = 0  # how many JSON documents this process began to write on stdout
 
 
-def emit_json(document: Any) -> None:
+def emit_json(document: Any, *, one_line: bool = False) -> None:
     """Write the command's one JSON document on stdout (the CLI boundary writes one for an
-    error only when none was begun here, so a script never reads two)."""
+    error only when none was begun here, so a script never reads two). `one_line`: a document
+    of a stream (`status --watch --json`), one per line."""
     global _documents_emitted
     _documents_emitted += 1  # counted first: a document cut short by a closed pipe still counts
-    sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
+    sys.stdout.write(json.dumps(document, indent=None if one_line else 2, default=str) + "\n")
     sys.stdout.flush()
 
 
@@ -185,7 +204,8 @@ def fit_rows(rows: list[Any], height: Optional[int], state_of: Callable[[Any], s
 
 class LiveHostTable:
     """Per-host state while a fan-out runs. On a terminal: a Rich live table on stderr.
-    Otherwise: one stderr line per finished host. Safe to call from worker threads.
+    Otherwise: one stderr line per finished host, and a `still running` line about each host at
+    work at least every 30 s (cli/still_running.py). Safe to call from worker threads.
 
     Rows are kept from the first call; the display begins at `start()`, which the fan-out
     calls once its hosts are under way (what finished before is shown then)."""
@@ -200,6 +220,10 @@ class LiveHostTable:
         self.live: Optional[Live] = None
         self.live_wanted = False  # set under the lock before the live table exists: no lines then
         self.height: Optional[int] = None
+        self.still_running: Any = None  # without a live table: the lines while hosts work
+        from ddtree_ops.cli.still_running import progress_every_s
+
+        self.progress_every_s = progress_every_s()  # a bad $DDTREE_OPS_PROGRESS_EVERY_S: refused before any host
 
     def __enter__(self) -> "LiveHostTable":
         return self
@@ -210,8 +234,11 @@ class LiveHostTable:
             # An interrupted fan-out leaves its workers to finish on their own: what they
             # report now would land after the command's final line ("interrupted").
             self.closed = True
+        if self.still_running is not None:
+            self.still_running.stop()
         if self.live is not None:
-            self.live.__exit__(*exc)
+            with signals_deferred():
+                self.live.__exit__(*exc)
 
     def start(self) -> None:
         if self.showing:
@@ -238,12 +265,31 @@ class LiveHostTable:
             # frame costs O(hosts), whatever the fleet does.
             live = Live(get_renderable=self._frame, console=console, refresh_per_second=8,
                         transient=True)
-            live.__enter__()
-            with self.lock:
-                self.live = live
+            with signals_deferred():  # started whole or not at all: see `signals_deferred`
+                live.__enter__()
+                with self.lock:
+                    self.live = live  # an orphaned Live would redraw below the final line
             return
         for host, (state_text, detail, changed) in done:
             self._say_finished(host, state_text, detail, changed)
+        from ddtree_ops.cli.still_running import StillRunning
+
+        self.still_running = StillRunning(self.title, self.activities, every_s=self.progress_every_s).start()
+
+    def activities(self) -> list[Any]:
+        """What each host under way is doing (for the `still running` lines): the step its task
+        reported (`deploying`, `release <id>`), or whom it is connecting to."""
+        from ddtree_ops.cli.still_running import Activity
+
+        with self.lock:
+            rows = list(self.rows.items())
+        found = []
+        for host, (state, detail, changed) in rows:
+            if state == "connecting":
+                found.append(Activity(host, f"connecting to {detail}" if detail else state, changed))
+            elif state == "running":
+                found.append(Activity(host, detail or state, changed))
+        return found
 
     def on_progress(self, host: str, state: Any, detail: str) -> None:
         state_text = getattr(state, "value", str(state))
@@ -260,6 +306,8 @@ class LiveHostTable:
         elapsed = changed - self.started.get(host, changed)
         tail = f": {without_host(host, detail, state_text)}" if detail and state_text != "ok" else ""
         say(f"{self.title}: {host}: {state_text} ({elapsed:.1f}s){tail}")
+        if self.still_running is not None:
+            self.still_running.spoke(host)
 
     def _frame(self) -> Table:
         return self._render(self.height)
@@ -304,6 +352,18 @@ def outcome_json(outcome: Any, to_json: Optional[Callable[[Any], Any]]) -> dict[
         if details is not None:
             doc["result"] = details
     return doc
+
+
+def fanout_document(command: str, result: Any, started: float, to_json: Optional[Callable[[Any], Any]] = None,
+                    extra_json: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """A fan-out's `--json` document: the command, its exit code and time, each host's outcome."""
+    return {
+        "command": command,
+        "exit_code": int(result.exit_code()),
+        "duration_s": round(time.monotonic() - started, 3),
+        **(extra_json or {}),
+        "hosts": {name: outcome_json(o, to_json) for name, o in result.items()},
+    }
 
 
 def summary_table(
@@ -391,13 +451,7 @@ def run_on_hosts(
     batched = options.rollout is not None and options.rollout.batched
     changes = _changes(rollout, changed, rollback_command, restores) if batched else {}
     if options.json:
-        document = {
-            "command": command,
-            "exit_code": int(code),
-            "duration_s": round(time.monotonic() - started, 3),
-            **(extra_json or {}),
-            "hosts": {name: outcome_json(o, to_json) for name, o in result.items()},
-        }
+        document = fanout_document(command, result, started, to_json, extra_json)
         if batched:
             document["rollout"] = {**rollout.to_dict(), **changes}
         emit_json(document)

@@ -16,19 +16,22 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import re
-import tempfile
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, BinaryIO, Iterable, Mapping, Sequence
 
 from ddtree.runsummary import AUTOREGRESSIVE_KEY, MethodSummary, summarize_methods
-from ddtree_ops.errors import BaselineFileError, UsageError, quoted
+from ddtree_ops.errors import BaselineFileError, quoted
 from ddtree_ops.results import sha256_file
 
 BASELINE_FORMAT = "ddtree-ops-baseline/1"
-PAPER_DIR = Path(__file__).resolve().parents[2] / "baselines"  # the checkout's baselines/ folder
+# The checkout's baselines/ folder; an installed package has them in <prefix>/share/ddtree-ops/
+# (pyproject.toml's data-files): `pip install ddtree-ops` then `baseline paper` found nothing.
+PAPER_DIR = next((folder for folder in (Path(__file__).resolve().parents[2] / "baselines",
+                                        Path(sys.prefix) / "share" / "ddtree-ops" / "baselines")
+                  if folder.is_dir()), Path(__file__).resolve().parents[2] / "baselines")
 PAPER_SOURCE = "DDTree paper (Ringel & Romano 2026, arXiv 2604.12989)"
 
 # The reference's dataset keys (its `--dataset`) and the paper's display names.
@@ -59,23 +62,47 @@ def short_model_name(name: str) -> str:
 # --------------------------------------------------------------------------- reference runs
 
 
+# A reference run file holds at most MAX_ARCHIVE_BYTES inside its archive; the file itself, a
+# little more (torch.save stores members uncompressed, plus zip headers).
+MAX_REFERENCE_FILE_BYTES = MAX_ARCHIVE_BYTES + (64 << 20)
+
+
+def open_reference_run(path: Path) -> BinaryIO:
+    """The reference run file, opened once (the checks and the load read this very file): a
+    regular file of at most MAX_REFERENCE_FILE_BYTES (a FIFO or /dev/zero is refused, never
+    read); BaselineFileError naming the file otherwise."""
+    from ddtree.bounded_files import FileRefused, open_regular
+
+    try:
+        return open_regular(path, MAX_REFERENCE_FILE_BYTES)
+    except FileNotFoundError:
+        raise BaselineFileError(f"{path}: no such file") from None
+    except FileRefused as err:
+        if path.is_dir():
+            raise BaselineFileError(f"{path}: a folder; give the reference run files in it (e.g. {path}/*.pt)") from None
+        raise BaselineFileError(str(err)) from None
+
+
 def load_reference_run(path: Path) -> dict[str, Any]:
     """Read one reference run file with the restricted unpickler; raise BaselineFileError."""
+    with open_reference_run(path) as handle:
+        return read_reference_run(handle, path)
+
+
+def read_reference_run(handle: BinaryIO, path: Path) -> dict[str, Any]:
+    """The reference run in the open file `handle` (named `path` in messages)."""
     import pickle
     import types
     import warnings
 
     import torch
 
-    if path.is_dir():
-        raise BaselineFileError(f"{path}: a folder; give the reference run files in it (e.g. {path}/*.pt)")
-    if not path.is_file():
-        raise BaselineFileError(f"{path}: no such file")
-    _check_archive(path)
+    _check_archive(handle, path)
     try:
+        handle.seek(0)
         with torch.serialization.safe_globals([types.SimpleNamespace]), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # protocol notes on odd files: the error below says it all
-            data = torch.load(path, map_location="cpu", weights_only=True)
+            data = torch.load(handle, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         found = re.search(r"GLOBAL ([\w.]+)", str(err))
         if found:
@@ -84,7 +111,7 @@ def load_reference_run(path: Path) -> dict[str, Any]:
                 "never holds (nothing from the file was run)"
             ) from None
         # torch's own text here is boilerplate about loading unsafely: never our advice
-        raise BaselineFileError(f"{path}: not a reference run file we can read safely ({_pickle_kind(path)}; "
+        raise BaselineFileError(f"{path}: not a reference run file we can read safely ({_pickle_kind(handle)}; "
                                 "nothing from the file was run)") from None
     except Exception as err:  # noqa: BLE001 - untrusted bytes fail in many ways, all meaning the same
         raise BaselineFileError(f"{path}: not a torch.save file: {type(err).__name__}: {_first_line(err)}") from None
@@ -92,7 +119,7 @@ def load_reference_run(path: Path) -> dict[str, Any]:
     return data
 
 
-def _check_archive(path: Path) -> None:
+def _check_archive(handle: BinaryIO, path: Path) -> None:
     """Only a torch.save archive is read, and only if its members inflate to at most
     MAX_ARCHIVE_BYTES (torch allocates each member at its declared size; torch.save never
     compresses, so a deflated member is a crafted one). Torch's legacy format is refused: its
@@ -100,10 +127,11 @@ def _check_archive(path: Path) -> None:
     import zipfile
 
     try:
-        with zipfile.ZipFile(path) as archive:
+        handle.seek(0)
+        with zipfile.ZipFile(handle) as archive:
             members = archive.infolist()
     except (OSError, zipfile.BadZipFile, ValueError):
-        raise BaselineFileError(f"{path}: not a reference run file we can read safely ({_pickle_kind(path)}; "
+        raise BaselineFileError(f"{path}: not a reference run file we can read safely ({_pickle_kind(handle)}; "
                                 "nothing from the file was run)") from None
     total = 0
     for member in members:
@@ -114,17 +142,27 @@ def _check_archive(path: Path) -> None:
                 f"{MAX_ARCHIVE_BYTES} bytes ({member.file_size} bytes in this member); refused before reading it")
 
 
-def _pickle_kind(path: Path) -> str:
+def _pickle_kind(handle: BinaryIO) -> str:
     try:
-        with path.open("rb") as handle:
-            head = handle.read(4)
-    except OSError:
+        handle.seek(0)
+        head = handle.read(4)
+    except (OSError, ValueError):
         return "unreadable"
     if head.startswith(b"PK\x03\x04"):
         return "a torch.save archive holding what the restricted loader does not accept"
     if head.startswith(b"\x80"):
         return "a raw pickle, not torch.save's archive"
     return "neither torch.save's archive nor a pickle"
+
+
+def _sha256_of(handle: BinaryIO) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    handle.seek(0)
+    for chunk in iter(lambda: handle.read(1 << 16), b""):
+        digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _first_line(err: BaseException) -> str:
@@ -263,16 +301,20 @@ class Baseline:
     def index(self) -> dict[tuple[str, str, float, str], MethodSummary]:
         return {entry.key: entry for entry in self.entries}
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": BASELINE_FORMAT, "sources": self.sources, "entries": [e.to_dict() for e in self.entries]}
+
     def to_json(self) -> str:
-        body = {"format": BASELINE_FORMAT, "sources": self.sources, "entries": [e.to_dict() for e in self.entries]}
-        return json.dumps(body, indent=1, sort_keys=True, allow_nan=False) + "\n"  # strict JSON: no NaN
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True, allow_nan=False) + "\n"  # strict JSON: no NaN
 
     @classmethod
     def from_json(cls, text: str, where: str) -> "Baseline":
+        from ddtree.bounded_files import FileRefused, parse_json
+
         try:
-            body = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise BaselineFileError(f"{where}: not JSON: {err}") from None
+            body = parse_json(text, where)
+        except FileRefused as err:
+            raise BaselineFileError(str(err)) from None
         return cls.from_dict(body, where)
 
     @classmethod
@@ -297,27 +339,16 @@ class Baseline:
 
 
 def read_baseline(path: Path) -> Baseline:
-    if not path.is_file():
-        raise BaselineFileError(f"{path}: no such file")
-    return Baseline.from_json(path.read_text(encoding="utf-8"), str(path))
+    """A decode baseline file, read by the bounded reader (regular file, size, UTF-8, depth)."""
+    from ddtree.bounded_files import FileRefused, read_text
 
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write via a temporary file in the same folder and rename: never a half-written file."""
-    if path.is_dir():
-        raise UsageError(f"{path}: is a folder; name the baseline file to write (e.g. {path / 'baseline.json'})")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    except OSError as err:
-        raise UsageError(f"{path}: cannot write the baseline here: {err.strerror or err}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        text = read_text(path)
+    except FileNotFoundError:
+        raise BaselineFileError(f"{path}: no such file") from None
+    except FileRefused as err:
+        raise BaselineFileError(str(err)) from None
+    return Baseline.from_json(text, str(path))
 
 
 def import_reference_runs(paths: Sequence[Path]) -> Baseline:
@@ -326,61 +357,131 @@ def import_reference_runs(paths: Sequence[Path]) -> Baseline:
     seen: dict[tuple, str] = {}
     sources = []
     for path in paths:
-        data = load_reference_run(path)
+        with open_reference_run(path) as handle:  # the bytes hashed are the bytes read
+            data = read_reference_run(handle, path)
+            digest = _sha256_of(handle)
         for entry in summarize_reference_run(path, data):
             if entry.key in seen:
                 raise BaselineFileError(f"{path}: {entry.key} already comes from {seen[entry.key]}")
             seen[entry.key] = path.name
             entries.append(entry)
-        sources.append({"file": path.name, "sha256": sha256_file(path)})
+        sources.append({"file": path.name, "sha256": digest})
     return Baseline(entries=entries, sources=sources)
 
 
 # --------------------------------------------------------------------------- the paper
 
 
-def _read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
-    lines = path.read_text(encoding="utf-8").splitlines()
+# The columns of each of the paper's tables in baselines/ (a header line after `#` comments).
+TABLE1_COLUMNS = ("temperature", "dataset", "model", "method", "speedup", "tau")
+SWEEP_COLUMNS = ("budget", "speedup", "tau")
+HISTOGRAM_COLUMNS = ("acceptance_length", "dflash_percent", "ddtree_b512_percent")
+PAPER_BASELINE_HINT = ("use the paper baseline, which joins the three tables (baselines/ddtree-paper.json, "
+                       "or `ddtree-ops baseline paper -o FILE`)")
+
+
+def _read_csv(path: Path) -> tuple[list[str], list[str], list[dict[str, str]]]:
+    """(comments, header, rows) of a paper table: `#` lines, then a CSV with a header."""
+    from ddtree.bounded_files import FileRefused, read_text
+
+    try:  # the bounded reader: a FIFO or a device given as a table is refused, never read
+        lines = read_text(path).splitlines()
+    except FileRefused as err:
+        raise BaselineFileError(f"{path}: cannot read: {err.why}") from None
+    except OSError as err:
+        raise BaselineFileError(f"{path}: cannot read: {err.strerror or err}") from None
     comments = [line[1:].strip() for line in lines if line.startswith("#")]
-    rows = list(csv.DictReader(line for line in lines if line and not line.startswith("#")))
-    return comments, rows
+    reader = csv.DictReader(line for line in lines if line and not line.startswith("#"))
+    rows = list(reader)
+    return comments, list(reader.fieldnames or []), rows
+
+
+def _cell(path: Path, index: int, row: dict[str, str], column: str, kind: type) -> Any:
+    """A row's value as `kind`; BaselineFileError naming the file, the row and the column."""
+    try:
+        value = kind(row[column])
+    except (TypeError, ValueError):
+        raise BaselineFileError(f"{path}: row {index + 1}: {column}: expected {kind.__name__}, "
+                                f"got {quoted(row.get(column))}") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise BaselineFileError(f"{path}: row {index + 1}: {column}: expected a finite number, got {row[column]!r}")
+    return value
+
+
+def _table1_entries(path: Path, rows: list[dict[str, str]]) -> list[MethodSummary]:
+    entries = []
+    for index, row in enumerate(rows):
+        method = PAPER_METHODS.get(row["method"])
+        if method is None:
+            raise BaselineFileError(f"{path}: row {index + 1}: method: expected one of {sorted(PAPER_METHODS)}, "
+                                    f"got {quoted(row['method'])}")
+        entries.append(MethodSummary(
+            dataset=DATASET_KEYS.get(row["dataset"], row["dataset"]), model=row["model"],
+            temperature=_cell(path, index, row, "temperature", float), method=method, budget=None,
+            tau=_cell(path, index, row, "tau", float), speedup=_cell(path, index, row, "speedup", float),
+            time_per_output_token=None, histogram={}, requests=None, identical_to_ar=None,
+            source=PAPER_SOURCE + ", Table 1",
+        ))
+    return entries
+
+
+def _sweep_entries(path: Path, rows: list[dict[str, str]],
+                   histograms: Mapping[str, dict[int, float]]) -> list[MethodSummary]:
+    """The budget trade-off figure: MATH-500, Qwen3-8B, T=0 (its header comment says so)."""
+    entries = []
+    for index, row in enumerate(rows):
+        budget = _cell(path, index, row, "budget", int)
+        method = f"ddtree_tb{budget}"
+        entries.append(MethodSummary(
+            dataset="math500", model="Qwen3-8B", temperature=0.0, method=method, budget=budget, tau=_cell(path, index, row, "tau", float),
+            speedup=_cell(path, index, row, "speedup", float), time_per_output_token=None,
+            histogram=histograms.get(method, {}), requests=None, identical_to_ar=None,
+            source=PAPER_SOURCE + ", budget trade-off figure",
+        ))
+    return entries
+
+
+def _histogram(path: Path, rows: list[dict[str, str]], column: str) -> dict[int, float]:
+    return {_cell(path, i, r, "acceptance_length", int): _cell(path, i, r, column, float) / 100
+            for i, r in enumerate(rows)}
 
 
 def paper_baseline(folder: Path = PAPER_DIR) -> Baseline:
     """Table 1, the MATH-500 budget sweep and the Qwen3-8B histogram, as baseline entries."""
-    entries: list[MethodSummary] = []
     sources = []
-
-    comments, rows = _read_csv(folder / "ddtree-paper-table1.csv")
-    sources.append({"file": "ddtree-paper-table1.csv", "source": " ".join(comments)})
-    for row in rows:
-        entries.append(MethodSummary(
-            dataset=DATASET_KEYS.get(row["dataset"], row["dataset"]), model=row["model"],
-            temperature=float(row["temperature"]), method=PAPER_METHODS[row["method"]], budget=None,
-            tau=float(row["tau"]), speedup=float(row["speedup"]), time_per_output_token=None,
-            histogram={}, requests=None, identical_to_ar=None, source=PAPER_SOURCE + ", Table 1",
-        ))
-
-    comments, rows = _read_csv(folder / "ddtree-paper-budget-sweep.csv")
-    sources.append({"file": "ddtree-paper-budget-sweep.csv", "source": " ".join(comments)})
-    hist_comments, hist_rows = _read_csv(folder / "ddtree-paper-acceptance-histogram.csv")
-    sources.append({"file": "ddtree-paper-acceptance-histogram.csv", "source": " ".join(hist_comments)})
-    histograms = {
-        "ddtree_tb512": {int(r["acceptance_length"]): float(r["ddtree_b512_percent"]) / 100 for r in hist_rows},
-    }
-    for row in rows:
-        method = f"ddtree_tb{int(row['budget'])}"
-        entries.append(MethodSummary(
-            dataset="math500", model="Qwen3-8B", temperature=0.0, method=method, budget=int(row["budget"]),
-            tau=float(row["tau"]), speedup=float(row["speedup"]), time_per_output_token=None,
-            histogram=histograms.get(method, {}), requests=None, identical_to_ar=None,
-            source=PAPER_SOURCE + ", budget trade-off figure",
-        ))
+    tables = {}
+    for name in ("ddtree-paper-table1.csv", "ddtree-paper-budget-sweep.csv", "ddtree-paper-acceptance-histogram.csv"):
+        comments, _, rows = _read_csv(folder / name)
+        sources.append({"file": name, "source": " ".join(comments)})
+        tables[name] = rows
+    hist_path = folder / "ddtree-paper-acceptance-histogram.csv"
+    hist_rows = tables["ddtree-paper-acceptance-histogram.csv"]
+    entries = _table1_entries(folder / "ddtree-paper-table1.csv", tables["ddtree-paper-table1.csv"])
+    entries += _sweep_entries(folder / "ddtree-paper-budget-sweep.csv", tables["ddtree-paper-budget-sweep.csv"],
+                              {"ddtree_tb512": _histogram(hist_path, hist_rows, "ddtree_b512_percent")})
     # The DFlash histogram has no DDTree-style key of its own: attach it to Table 1's cell.
     for entry in entries:
         if entry.key == ("math500", "Qwen3-8B", 0.0, "dflash"):
-            entry.histogram = {int(r["acceptance_length"]): float(r["dflash_percent"]) / 100 for r in hist_rows}
+            entry.histogram = _histogram(hist_path, hist_rows, "dflash_percent")
     return Baseline(entries=entries, sources=sources)
+
+
+def csv_baseline(path: Path) -> Baseline:
+    """One of the paper's tables (baselines/*.csv, or a file of the same columns) as a decode
+    baseline of its own cells: Table 1 or the budget sweep. The histogram alone has no tau to
+    compare a run with; any other CSV is none of them. Both are refused naming the file."""
+    comments, header, rows = _read_csv(path)
+    source = [{"file": path.name, "source": " ".join(comments), "sha256": sha256_file(path)}]
+    if tuple(header) == TABLE1_COLUMNS:
+        return Baseline(entries=_table1_entries(path, rows), sources=source)
+    if tuple(header) == SWEEP_COLUMNS:
+        return Baseline(entries=_sweep_entries(path, rows, {}), sources=source)
+    if tuple(header) == HISTOGRAM_COLUMNS:
+        raise BaselineFileError(f"{path}: the paper's acceptance-length histogram alone has no tau or speedup to "
+                                f"compare a run with: {PAPER_BASELINE_HINT}")
+    raise BaselineFileError(
+        f"{path}: a CSV with columns {','.join(header) or '(none)'} is none of the paper's tables (Table 1: "
+        f"{','.join(TABLE1_COLUMNS)}; budget sweep: {','.join(SWEEP_COLUMNS)}); other baselines are JSON or YAML")
 
 
 # --------------------------------------------------------------------------- comparison

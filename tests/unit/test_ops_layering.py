@@ -4,7 +4,8 @@
 - the core (`ddtree`) imports nothing of the operator or host side, typer, rich, paramiko or yaml;
 - the host side (`ddtree_ops.hostside`) imports only the standard library, torch and `ddtree`;
 - nothing imports the CLI; only the transport imports SSH libraries;
-- `--help` loads neither torch nor paramiko (nor pydantic, nor Rich's heavy parts: the CLI starts fast)."""
+- `--help` loads neither torch nor paramiko (nor pydantic, nor Rich's heavy parts: the CLI starts
+  fast), and `--version` not even Rich."""
 from __future__ import annotations
 
 import ast
@@ -95,6 +96,13 @@ def test_no_help_imports_torch_paramiko_pydantic_or_richs_heavy_parts():
     found = json.loads(out.stdout.strip().splitlines()[-1])
     assert {"--help", "push --help", "hosts check --help", "sglang diff --help"} <= set(found)
     assert {args: loaded for args, (code, loaded) in found.items() if loaded or code != 0} == {}
+
+
+@pytest.mark.slow
+def test_version_imports_not_even_rich():
+    code = "import contextlib, io\nfrom ddtree_ops.cli.app import main\nwith contextlib.redirect_stdout(io.StringIO()):\n"
+    loaded = loaded_after(code + "    assert main(['--version']) == 0\n")
+    assert not loaded & ({"torch", "rich"} | SSH_LIBS), loaded & ({"torch", "rich"} | SSH_LIBS)
 
 
 @pytest.mark.slow

@@ -80,6 +80,25 @@ def test_import_fails_with_a_foreign_ddtree_on_sys_path(workdir, tmp_path):
     assert record["reason"] == f"another ddtree is on sys.path: {tmp_path / 'ddtree'}"
 
 
+def test_a_copy_identical_to_the_release_on_sys_path_is_not_foreign(workdir, tmp_path):
+    """The `local` host after `pip install ddtree-ops` (not editable): the operator's own Python
+    has the very ddtree the release was bundled from in its site-packages. One changed byte in
+    that copy and it is foreign again."""
+    import shutil
+
+    root, release_id = workdir
+    site = tmp_path / "site-packages"
+    shutil.copytree(root / "releases" / release_id / "src" / "ddtree", site / "ddtree")
+    (site / "ddtree" / "__pycache__").mkdir(exist_ok=True)  # what Python leaves there: not a release file
+    (site / "ddtree" / "__pycache__" / "tree.cpython-311.pyc").write_bytes(b"bytecode")
+    record = run_import_stage(root, "--expected-release", release_id, env={"PYTHONPATH": str(site)})
+    assert record["status"] == "pass", record["reason"]
+    with (site / "ddtree" / "__init__.py").open("a") as stale:
+        stale.write("# an older install\n")
+    record = run_import_stage(root, env={"PYTHONPATH": str(site)})
+    assert record["reason"] == f"another ddtree is on sys.path: {site / 'ddtree'}"
+
+
 def release_copy(workdir: Path, factory) -> tuple[Path, Path]:
     """A fresh workdir holding a copy of the release (current -> it): (workdir, release)."""
     import shutil
@@ -364,7 +383,7 @@ def run(ctx):
     from ddtree_ops.hostside.protocol import StageResult
     current = Path(ctx.run_dir).parents[1] / "current"
     os.unlink(current)
-    os.symlink(ctx.options.extra["to"], current)
+    os.symlink(ctx.host["switch_to"], current)
     return StageResult.passed("switched")
 """
 
@@ -382,7 +401,7 @@ def test_a_push_during_a_run_does_not_change_the_release_the_run_executes(tmp_pa
     proc = subprocess.run(
         [sys.executable, str(tmp_path / "current" / "ddtree_ops" / "hostside" / "runner.py"), "run", "--run-id", "t",
          "--workdir", str(tmp_path), "--stages", "switch,whoami,import",
-         "--options", json.dumps({"extra": {"to": f"releases/{second.name}"}})],
+         "--host-entry", json.dumps({"switch_to": f"releases/{second.name}"})],
         capture_output=True, text=True, timeout=120)
     stages = {r["stage"]: r for r in map(json.loads, filter(str.strip, proc.stdout.splitlines())) if r["event"] == "stage_end"}
     assert os.readlink(tmp_path / "current") == f"releases/{second.name}"  # switched mid-run
