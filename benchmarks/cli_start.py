@@ -1,4 +1,4 @@
-"""How long `ddtree-ops` takes to start: `--help`, and every verb's `--help` (the verb's module
+"""How long `ddtree-ops` takes to start: `--help`, `--version`, and every verb's `--help` (the verb's module
 and everything the CLI needs to parse its options; what the verb then does is its own work).
 
     .venv/bin/python benchmarks/cli_start.py [--repeat 15] [--imports 5] [--target 0.12]
@@ -30,8 +30,8 @@ from bench_args import positive_int  # noqa: E402
 from bytecode import bytecode_env  # noqa: E402
 
 CLI = str(Path(sys.executable).with_name("ddtree-ops"))
-VERBS = ("push", "smoke", "collect", "report", "bench", "deploy", "rollback", "hosts list", "hosts check",
-         "baseline import", "sglang qualify", "sglang diff")
+VERBS = ("push", "smoke", "collect", "report", "bench", "deploy", "rollback", "status", "hosts list",
+         "hosts check", "baseline import", "sglang qualify", "sglang diff")
 # What `--help` must not import (the test in tests/unit/test_ops_layering.py keeps it so).
 HEAVY = ("torch", "paramiko", "typer.rich_utils", "rich.markdown", "rich.syntax", "rich.traceback", "pygments",
          "markdown_it", "pydantic", "yaml")
@@ -93,7 +93,8 @@ def main() -> None:
             parser.error(f"--compare: no ddtree-ops beside {args.compare}")
         clis.append((f"[{args.compare}] ", str(other)))
     commands = [(f"{tag}ddtree-ops {' '.join(words)}".rstrip(), [cli, *words])
-                for words in [["--help"]] + [[*verb.split(), "--help"] for verb in VERBS] for tag, cli in clis]
+                for words in [["--help"], ["--version"]] + [[*verb.split(), "--help"] for verb in VERBS]
+                for tag, cli in clis]
     baseline = ("python -c pass (the interpreter alone)", [sys.executable, "-c", "pass"])
     for _, argv in [baseline, *commands]:
         one_run(argv)  # untimed: writes the bytecode the timed runs read
