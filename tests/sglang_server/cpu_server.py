@@ -43,7 +43,8 @@ def cpu_env_python() -> Path:
 def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     from ddtree.sglang.cpu.environment import SERVER_ENV
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DDTREE_", "SGLANG_", "PYTHONPATH"))}
+    ours = ("DDTREE_", "SGLANG_", "PYTHONPATH", "CPU_TEST_SERVER_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ours)}
     env.update(SERVER_ENV)
     env.update(extra or {})
     return env

@@ -74,5 +74,5 @@ def test_cpu_test_faults_are_named_and_unknown_ones_refused():
     seen = []
     wrapper(lambda *args: seen.append(args), "worker", "batch", "draft", "inputs", "mask", "locs", "plan")
     assert seen == [("worker", "batch", "draft", "inputs", None, "locs", "plan")]
-    with pytest.raises(ValueError, match="DDTREE_CPU_TEST_FAULT='nope': unknown fault"):
+    with pytest.raises(ValueError, match="CPU_TEST_SERVER_FAULT='nope': unknown fault"):
         faults.requested_fault({faults.ENV_FAULT: "nope"})

@@ -1,8 +1,9 @@
 """Plugin faults the CPU test server can inject on purpose, to show that a check catches them.
 
-`DDTREE_CPU_TEST_FAULT=<name>` in a CPU test server's environment makes its plugin
+`CPU_TEST_SERVER_FAULT=<name>` in a CPU test server's environment makes its plugin
 (ddtree.sglang.cpu.server_plugin) wrap one DDTree worker step with the named fault. This lives
-with the CPU test server, which a GPU host never runs. The plugin logs the fault it injected
+with the CPU test server, which a GPU host never runs. (Not a DDTREE_ variable: the plugin
+refuses DDTREE_ names it does not know.) The plugin logs the fault it injected
 ("fault <name> injected"), which a test asserts; an unknown name raises in the plugin, and
 SGLang's load_plugins() logs that and serves with no fault.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-ENV_FAULT = "DDTREE_CPU_TEST_FAULT"
+ENV_FAULT = "CPU_TEST_SERVER_FAULT"
 TARGET_VERIFY = "ddtree.sglang.worker.DDTreeWorkerV2._target_verify"
 
 
@@ -28,7 +29,7 @@ FAULTS: dict[str, tuple[str, Callable[..., Any]]] = {
 
 
 def requested_fault(env: dict[str, str] | None = None) -> tuple[str, Callable[..., Any]] | None:
-    """The (target, wrapper) asked for by DDTREE_CPU_TEST_FAULT, None when unset."""
+    """The (target, wrapper) asked for by CPU_TEST_SERVER_FAULT, None when unset."""
     name = (os.environ if env is None else env).get(ENV_FAULT, "").strip()
     if not name:
         return None

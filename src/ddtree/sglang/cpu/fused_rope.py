@@ -1,7 +1,7 @@
 """A CPU stand-in for SGLang's fused Triton kernel `table_qk_norm_rope_`, for the CPU test server.
 
 A NeoX-RoPE DFlash drafter (every published one) runs that kernel on each block forward on
-every non-NPU device (srt/models/dflash.py:283-289 choose it, :383-396 call it). Triton's CPU
+every non-NPU device (srt/models/dflash.py:283-289 choose it, :383-397 call it). Triton's CPU
 interpreter runs it one program per (token, head): about 4 s a round on the tiny drafter, too
 slow to serve with. This does the same job in a few torch ops and the CPU server's plugin puts
 it in the kernel's place (ddtree.sglang.cpu.server_plugin, a HookRegistry REPLACE; dflash.py

@@ -104,7 +104,7 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(HANDLE_DFLASH, around_handle_dflash, HookType.AROUND)
-    # A NeoX-RoPE drafter's fused QK-norm + RoPE kernel (models/dflash.py:383-396), in torch.
+    # A NeoX-RoPE drafter's fused QK-norm + RoPE kernel (models/dflash.py:383-397), in torch.
     HookRegistry.register(TABLE_QK_NORM_ROPE, table_qk_norm_rope_standin, HookType.REPLACE)
     _register_attention_backend()
     fault = requested_fault()
