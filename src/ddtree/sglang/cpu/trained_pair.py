@@ -217,12 +217,15 @@ def write_trained_pair(folder: Path, log=_log) -> dict:
             "prompts": str(folder / PROMPTS_NAME)}
 
 
-def check_identical(folder: Path | None = None) -> list[str]:
-    """Retrain into a temporary folder; the names of the files whose bytes differ from `folder`'s."""
+def check_identical(folder: Path | None = None) -> tuple[list[str], dict]:
+    """Retrain into a temporary folder: the names of the files whose bytes differ from `folder`'s
+    (the committed one by default), and the new run's record (its time and load)."""
     folder = COMMITTED if folder is None else folder
     with tempfile.TemporaryDirectory() as scratch:
-        train(Path(scratch), folder / MANIFEST_NAME)
-        return [name for name in WEIGHT_FILES if (Path(scratch) / name).read_bytes() != (folder / name).read_bytes()]
+        record = train(Path(scratch), folder / MANIFEST_NAME)
+        differing = [name for name in WEIGHT_FILES
+                     if (Path(scratch) / name).read_bytes() != (folder / name).read_bytes()]
+    return differing, record
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -241,8 +244,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(train(COMMITTED, COMMITTED / MANIFEST_NAME), indent=1))
         return 0
     if args == ["--check-identical"]:
-        differing = check_identical()
-        print("identical" if not differing else f"differ: {', '.join(differing)}")
+        differing, record = check_identical()
+        print(f"trained again in {record['wall_s']} s ({record['cpu_s']} CPU-s, {record['threads']} thread), load "
+              f"{record['loadavg_before'][0]:.1f} -> {record['loadavg_after'][0]:.1f}")
+        print("identical to the committed pair" if not differing else f"differ: {', '.join(differing)}")
         return 0 if not differing else 1
     if args == ["--state"]:
         state = committed_state()
