@@ -40,3 +40,39 @@ def test_record_stream_is_a_no_op_only_for_cpu_tensors_on_the_cpu_stream():
         capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "other calls unchanged"
+
+
+def test_a_ddtree_verify_without_its_tree_mask_is_refused():
+    from ddtree.sglang.cpu.tree_mask_guard import MissingTreeMaskError, require_tree_mask
+
+    mask = torch.ones(12, dtype=torch.bool)
+    with pytest.raises(MissingTreeMaskError, match=r"target-verify batch \(9 tokens per request, layer 3\) arrived "
+                                                   r"without a tree mask while the DDTree plugin is enabled"):
+        require_tree_mask(None, causal=True, trees_expected=True, layer_id=3, width=9)
+    require_tree_mask(mask, causal=True, trees_expected=True, layer_id=0, width=9)  # a tree with its mask
+    require_tree_mask(None, causal=True, trees_expected=False, layer_id=0, width=16)  # DFlash's linear verify
+    require_tree_mask(None, causal=False, trees_expected=True, layer_id=0, width=16)  # the drafter's block
+
+
+def test_trees_are_expected_exactly_when_the_ddtree_plugin_is_enabled(monkeypatch):
+    from ddtree.sglang import hooks
+    from ddtree.sglang.config import load_config
+    from ddtree.sglang.cpu.tree_mask_guard import ddtree_trees_expected
+
+    monkeypatch.setattr(hooks, "_CONFIG", None)
+    for value, expected in (("1", True), ("0", False)):
+        hooks.set_active_config(load_config({"DDTREE_ENABLE": value}))
+        assert ddtree_trees_expected() is expected
+
+
+def test_cpu_test_faults_are_named_and_unknown_ones_refused():
+    from ddtree.sglang.cpu import faults
+
+    assert faults.requested_fault({}) is None
+    target, wrapper = faults.requested_fault({faults.ENV_FAULT: "verify-without-tree-mask"})
+    assert target == "ddtree.sglang.worker.DDTreeWorkerV2._target_verify"
+    seen = []
+    wrapper(lambda *args: seen.append(args), "worker", "batch", "draft", "inputs", "mask", "locs", "plan")
+    assert seen == [("worker", "batch", "draft", "inputs", None, "locs", "plan")]
+    with pytest.raises(ValueError, match="CPU_TEST_SERVER_FAULT='nope': unknown fault"):
+        faults.requested_fault({faults.ENV_FAULT: "nope"})
