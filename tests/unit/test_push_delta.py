@@ -272,3 +272,36 @@ def test_a_request_for_files_that_is_not_one_fails_the_push_and_sends_nothing(tm
     with pytest.raises(RemoteStepError, match=message):
         run_with_release_on_demand(transport, ["agent"], bundle, timeout=300)
     assert transport.read.endswith(bundle.offer())  # the agent and the offer, and no file
+
+
+@pytest.mark.slow
+def test_current_always_names_a_whole_release_while_a_delta_push_switches(tmp_path, monkeypatch):
+    """The switch to a release built from held files is one rename: after every step the agent
+    takes on the workdir's links (symlink, replace, unlink), `current` resolves to a release that
+    holds every file of its manifest, the old one until the rename and the new one after it."""
+    from ddtree_ops.hostside import agent
+
+    host, transport = local_host(tmp_path / "w"), LocalTransport("local")
+    old = build_bundle(checkout_with_more(tmp_path / "a", "1", SHARED))
+    new = build_bundle(checkout_with_more(tmp_path / "b", "2", SHARED))
+    ensure_release(transport, host, old)
+    ensure_release(transport, host, new)  # built from old's files: the release the switch goes back to
+    ensure_release(transport, host, old)
+    current, seen = tmp_path / "w" / "current", []
+
+    def observed(step):
+        def run(*args, **kwargs):
+            result = step(*args, **kwargs)
+            target = os.readlink(current)  # raises if `current` is missing for a moment
+            release = current.parent / target
+            listed = (release / "MANIFEST.sha256").read_text().splitlines()
+            assert all((release / line[66:]).is_file() for line in listed), target
+            seen.append(target.split("/")[-1])
+            return result
+        return run
+
+    for name in ("symlink", "replace", "unlink"):
+        monkeypatch.setattr(agent.os, name, observed(getattr(os, name)))
+    agent.set_current(str(tmp_path / "w"), new.release_id)
+    monkeypatch.undo()
+    assert seen == [old.release_id, new.release_id]  # the temporary link made, then renamed over `current`
