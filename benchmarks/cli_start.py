@@ -30,8 +30,26 @@ from bench_args import positive_int  # noqa: E402
 from bytecode import bytecode_env  # noqa: E402
 
 CLI = str(Path(sys.executable).with_name("ddtree-ops"))
-VERBS = ("push", "smoke", "collect", "report", "bench", "deploy", "rollback", "status", "hosts list",
-         "hosts check", "baseline import", "sglang qualify", "sglang diff")
+
+
+def verbs() -> list[str]:
+    """Every command of this checkout's CLI (`hosts list`, ...), as the CLI itself lists them: a verb
+    added later is timed too."""
+    import typer
+
+    from ddtree_ops.cli.app import app, prepare
+
+    prepare()
+    found, todo = [], [([], typer.main.get_command(app))]
+    while todo:
+        path, command = todo.pop(0)
+        for name, sub in getattr(command, "commands", {}).items():
+            if hasattr(sub, "commands"):
+                todo.append(([*path, name], sub))
+            else:
+                found.append(" ".join([*path, name]))
+    return found
+
 # What `--help` must not import (the test in tests/unit/test_ops_layering.py keeps it so).
 HEAVY = ("torch", "paramiko", "typer.rich_utils", "rich.markdown", "rich.syntax", "rich.traceback", "pygments",
          "markdown_it", "pydantic", "yaml")
@@ -93,7 +111,7 @@ def main() -> None:
             parser.error(f"--compare: no ddtree-ops beside {args.compare}")
         clis.append((f"[{args.compare}] ", str(other)))
     commands = [(f"{tag}ddtree-ops {' '.join(words)}".rstrip(), [cli, *words])
-                for words in [["--help"], ["--version"]] + [[*verb.split(), "--help"] for verb in VERBS]
+                for words in [["--help"], ["--version"]] + [[*verb.split(), "--help"] for verb in verbs()]
                 for tag, cli in clis]
     baseline = ("python -c pass (the interpreter alone)", [sys.executable, "-c", "pass"])
     for _, argv in [baseline, *commands]:
