@@ -157,11 +157,11 @@ def deploy_host(
     limit = host.command_timeout
     argv = agent_argv(host, "deploy", bundle.release_id, str(DEFAULT_KEEP), f"{lock_wait_within(limit):g}", flag,
                       shared, site=True)  # with site-packages: the installer works on the environment's site dir
-    result, _ = run_with_release_on_demand(transport, argv, bundle,
+    result, sent = run_with_release_on_demand(transport, argv, bundle,
                                            before=installer_stdin(bundle, "install", qualified, server_defaults),
                                            timeout=limit)
     both = parse_agent_reply(host, "deploy", result)
-    push_outcome(host, bundle, both["push"], 0)  # checks the release ids the host named
+    push_outcome(host, bundle, both["push"], sent)  # checks the release ids the host named
     reply = both["install"]
     check_defaults_applied(host, bundle, server_defaults, reply.get("server_defaults"))
     probe = reply.get("probe") or {}

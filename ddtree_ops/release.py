@@ -11,16 +11,20 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import io
+import json
 import os
-import tarfile
 import threading
 import unicodedata
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from ddtree_ops.errors import UsageError
 from ddtree_ops.hostside.agent import MANIFEST_NAME, manifest_id  # the host reads what we write: one rule
+
+if TYPE_CHECKING:  # pragma: no cover
+    import tarfile
 
 HOSTSIDE_DIR = "ddtree_ops/hostside"  # the code that runs on a host: agent, runner, stages, installer
 RUNNER_RELPATH = f"{HOSTSIDE_DIR}/runner.py"
@@ -83,6 +87,7 @@ class ReleaseBundle:
     # the git commit the files were read from and whether they differ from it (None: not a git checkout)
     git: Optional["GitOrigin"] = None
     _archive: Optional[bytes] = field(default=None, repr=False)
+    _payloads: dict[tuple[int, ...], bytes] = field(default_factory=dict, repr=False)
     _archive_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
@@ -95,21 +100,54 @@ class ReleaseBundle:
         return sum(f.size for f in self.files)
 
     def archive(self) -> bytes:
-        """One gzip'd tar, manifest first (the host checks each file against it as it arrives).
-
-        Built once, by the first host that needs it, and shared by every host of a push."""
+        """One gzip'd tar of the whole release, manifest first (the agent's `install` checks
+        each file against it as it arrives)."""
         with self._archive_lock:
             if self._archive is None:
-                buffer = io.BytesIO()
-                with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1, format=tarfile.PAX_FORMAT) as tar:
-                    _add_bytes(tar, MANIFEST_NAME, self.manifest, executable=False)
-                    for entry in self.files:
-                        _add_bytes(tar, entry.relpath, entry.source.read_bytes(), executable=entry.executable)
-                self._archive = buffer.getvalue()
+                self._archive = _gzip_tar([(MANIFEST_NAME, self.manifest, False)] +
+                                          [(f.relpath, f.source.read_bytes(), f.executable) for f in self.files])
             return self._archive
 
+    def offer(self) -> bytes:
+        """What a push says first, before any file: the manifest and which of its lines are
+        executable, as one JSON line (the agent's `read_offer`)."""
+        executable = [line for line, entry in enumerate(self.files) if entry.executable]
+        return json.dumps({"manifest": self.manifest.decode("utf-8"), "executable": executable}).encode() + b"\n"
 
-def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, *, executable: bool) -> None:
+    def files_payload(self, lines: tuple[int, ...]) -> bytes:
+        """The files on these manifest lines, the ones a host asked for, as its agent reads
+        them (`receive_files`): one zlib stream of `<size>\n<bytes>` per file, in that order.
+
+        Made once per set of lines and shared by every host of a push that asks for it (a
+        fleet on one release asks for the same files)."""
+        with self._archive_lock:
+            payload = self._payloads.get(lines)
+            if payload is None:
+                packer = zlib.compressobj(1)
+                parts = []
+                for line in lines:
+                    data = self.files[line].source.read_bytes()
+                    parts += [packer.compress(b"%d\n" % len(data)), packer.compress(data)]
+                payload = self._payloads[lines] = b"".join(parts) + packer.flush()
+            return payload
+
+
+def _gzip_tar(members: list[tuple[str, bytes, bool]]) -> bytes:
+    """(name, data, executable) members as one deterministic gzip'd tar."""
+    import gzip
+    import tarfile
+
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb", compresslevel=1, mtime=0) as packed, \
+            tarfile.open(fileobj=packed, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data, executable in members:
+            _add_bytes(tar, name, data, executable=executable)
+    return buffer.getvalue()
+
+
+def _add_bytes(tar: "tarfile.TarFile", name: str, data: bytes, *, executable: bool) -> None:
+    import tarfile
+
     info = tarfile.TarInfo(name)
     info.size = len(data)
     info.mode = 0o755 if executable else 0o644

@@ -10,7 +10,7 @@ Layout under the host's `workdir` (default `~/.ddtree-ops`, `~` resolved on the 
 
 Every operation is one process of the host's Python running `hostside/agent.py`, which
 arrives on stdin behind a one-line bootstrap, so the command line stays short and the rest of
-stdin can carry a release archive on the same channel.
+stdin can carry the release's files on the same channel.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, BinaryIO, Optional
 
-from ddtree_ops.errors import DdtreeOpsError, HostLocked, RemoteStepError
+from ddtree_ops.errors import DdtreeOpsError, HostLocked, RemoteStepError, quoted
 from ddtree_ops.ids import IdKind, check_host_id, check_optional_host_id
 from ddtree_ops.inventory import Host
 from ddtree_ops.release import ReleaseBundle
@@ -84,30 +84,34 @@ def agent_argv(host: Host, op: str, *args: str, site: bool = False, workdir: Opt
 
 
 class _PayloadGate(io.RawIOBase):
-    """The stdin tail of a push: blocks until the agent says whether it needs the archive,
-    then yields the archive (`open_`; made by `make_payload` then) or EOF (`finish`). Never
-    blocks past `timeout`."""
+    """The stdin tail of a push: blocks until the agent says which files it needs, then
+    yields them (`open_(make_payload)`; made then, in the reading thread) or EOF
+    (`finish`). Never blocks past `timeout`."""
 
-    def __init__(self, make_payload: Callable[[], bytes], timeout: float):
-        self.make_payload = make_payload
+    def __init__(self, timeout: float):
+        self.make_payload: Optional[Callable[[], bytes]] = None
         self.payload: Optional[io.BytesIO] = None
         self.error: Optional[Exception] = None
         self.timeout = timeout
         self.decided = threading.Event()
-        self.opened = False
+
+    @property
+    def opened(self) -> bool:
+        return self.make_payload is not None
 
     def readable(self) -> bool:
         return True
 
-    def open_(self) -> None:
-        self.opened = True
+    def open_(self, make_payload: Callable[[], bytes]) -> None:
+        if not self.decided.is_set():
+            self.make_payload = make_payload
         self.decided.set()
 
     def finish(self) -> None:
         self.decided.set()
 
     def read(self, size: int = -1) -> bytes:
-        if not self.decided.wait(self.timeout) or not self.opened:
+        if not self.decided.wait(self.timeout) or self.make_payload is None:
             return b""
         if self.payload is None:
             try:
@@ -205,7 +209,8 @@ def call_agent(
 class PushAction(str, Enum):
     UNCHANGED = "unchanged"  # the host already ran this release; nothing sent
     ACTIVATED = "activated"  # it was there intact, `current` switched to it; nothing sent
-    UPLOADED = "uploaded"  # archive sent, verified on the host, activated
+    UPLOADED = "uploaded"  # the files the host lacked sent, the rest copied there; verified, activated
+    ASSEMBLED = "assembled"  # every file copied from releases kept on the host; verified, activated
 
 
 @dataclass(frozen=True)
@@ -215,6 +220,9 @@ class PushOutcome:
     previous: Optional[str]
     workdir: str  # absolute on the host
     bytes_sent: int = 0
+    files_sent: int = 0
+    files_reused: int = 0  # copied on the host from releases kept there (hashed as copied)
+    reuse_rejected: tuple[str, ...] = field(default=())  # "<id>/<relpath>: why" a held copy was not used
     pruned: tuple[str, ...] = field(default=())
     replaced_broken: Optional[str] = None  # why an existing copy of this release was rejected
     # "NAME: why" for what lies in releases/ that push did not install (or that was changed
@@ -228,6 +236,9 @@ class PushOutcome:
             "previous": self.previous,
             "workdir": self.workdir,
             "bytes_sent": self.bytes_sent,
+            "files_sent": self.files_sent,
+            "files_reused": self.files_reused,
+            "reuse_rejected": list(self.reuse_rejected),
             "pruned": list(self.pruned),
             "replaced_broken": self.replaced_broken,
             "foreign": list(self.foreign),
@@ -244,9 +255,9 @@ def ensure_release(
     lock_wait_s: float = DEFAULT_LOCK_WAIT_S,
     timeout: Optional[float] = None,
 ) -> PushOutcome:
-    """Make `bundle` the active release on the host, sending it only if the host lacks an
-    intact copy (decided by hashes there). One agent process, one channel: the archive
-    follows on the same stdin only after the agent asks for it.
+    """Make `bundle` the active release on the host, sending only the files the host does not
+    hold (decided by hashes there). One agent process, one channel: the offer (manifest)
+    goes first, the files follow on the same stdin only once the agent names them.
 
     Pass `take_lock=False` inside `host_lock(...)`."""
     if keep < 1:
@@ -259,24 +270,65 @@ def ensure_release(
     return push_outcome(host, bundle, parse_agent_reply(host, "push", reply), sent)
 
 
+@dataclass(frozen=True)
+class Sent:
+    """What one push sent a host: files and their bytes on the wire (none when it held them all)."""
+
+    files: int = 0
+    bytes: int = 0
+
+
+def asked_lines(host_name: str, bundle: ReleaseBundle, reply: dict[str, Any]) -> tuple[int, ...]:
+    """The manifest lines a host asks for (`files` of its need line or plan), checked: each a
+    line of this release, once."""
+    lines = reply.get("files")
+    if not isinstance(lines, list) or not all(type(n) is int and 0 <= n < len(bundle.files) for n in lines) \
+            or len(set(lines)) != len(lines):
+        raise RemoteStepError(f"{host_name}: push: the host asked for files by {quoted(lines)}, "
+                              f"not lines of the {len(bundle.files)}-line manifest")
+    return tuple(lines)
+
+
+def _need_line(line: str) -> dict[str, Any]:
+    """The agent's request for files, read as its replies are (the host's word: bounded)."""
+    from ddtree.bounded_files import parse_json
+
+    found = parse_json(line, "push: the request for files")
+    if not isinstance(found, dict):
+        raise ValueError("not an object")
+    return found
+
+
 def run_with_release_on_demand(
     transport: Transport, argv: list[str], bundle: ReleaseBundle, *, before: bytes = b"", timeout: float,
-) -> tuple[CommandResult, int]:
-    """Run an agent operation that may ask for the release (`{"need": ID}` on stdout, see
-    agent.push_locked); stdin carries the agent, then `before`, then the archive only if
-    asked. Returns the result and the archive bytes sent (0 when the host had it)."""
-    gate = _PayloadGate(bundle.archive, timeout)
+) -> tuple[CommandResult, Sent]:
+    """Run an agent operation that may ask for files of the release (`{"need": ID, "files":
+    [lines]}` on stdout, see agent.push_locked); stdin carries the agent, then `before`, then
+    the offer (bundle.offer), then the files asked for (bundle.files_payload), only if asked."""
+    gate = _PayloadGate(timeout)
+    asked: dict[str, Any] = {}
 
     def on_line(line: str) -> None:
-        if line.startswith('{"need"'):
-            gate.open_()
-        elif line.startswith("{"):
+        """Opens the gate on the agent's request for files, closes it on its reply; never
+        raises (the host's word: a request that is not one fails the push, after the run)."""
+        if not line.startswith("{"):
+            return
+        if not line.startswith('{"need"') or gate.decided.is_set():  # the first request counts
             gate.finish()
+            return
+        try:
+            asked["lines"] = asked_lines(transport.host_name, bundle, _need_line(line))
+        except Exception as err:  # noqa: BLE001 - told to the caller, after the run
+            asked["error"] = err if isinstance(err, RemoteStepError) else RemoteStepError(
+                f"{transport.host_name}: push: an unreadable request for files: {quoted(line)}")
+            gate.finish()  # nothing sent: the agent fails on the missing files
+            return
+        gate.open_(lambda: bundle.files_payload(asked["lines"]))
 
     try:
         result = transport.run(
             argv,
-            stdin=_Chain(io.BytesIO(agent_preamble() + before), gate),
+            stdin=_Chain(io.BytesIO(agent_preamble() + before + bundle.offer()), gate),
             timeout=timeout,
             on_stdout_line=on_line,
             max_output_bytes=AGENT_REPLY_MAX_BYTES,
@@ -284,18 +336,25 @@ def run_with_release_on_demand(
     finally:
         gate.finish()
     if gate.error is not None:
-        raise gate.error  # the archive could not be made here: that, not the host's reply
-    return result, len(bundle.archive()) if gate.opened else 0
+        raise gate.error  # the files could not be read here: that, not the host's reply
+    if "error" in asked:
+        raise asked["error"]
+    if not gate.opened:
+        return result, Sent()
+    return result, Sent(files=len(asked["lines"]), bytes=len(bundle.files_payload(asked["lines"])))
 
 
-def push_outcome(host: Host, bundle: ReleaseBundle, reply: dict[str, Any], bytes_sent: int) -> PushOutcome:
+def push_outcome(host: Host, bundle: ReleaseBundle, reply: dict[str, Any], sent: Sent) -> PushOutcome:
     """A push reply as a PushOutcome; release ids the host names are checked (path parts)."""
     return PushOutcome(
         release_id=bundle.release_id,
         action=PushAction(reply["status"]),
         previous=check_optional_host_id(host.name, IdKind.RELEASE, reply.get("previous"), "push: previous"),
         workdir=reply["workdir"],
-        bytes_sent=bytes_sent,
+        bytes_sent=sent.bytes,
+        files_sent=sent.files,
+        files_reused=int(reply.get("reused") or 0),
+        reuse_rejected=tuple(str(r) for r in reply.get("reuse_rejected", ())),
         pruned=tuple(check_host_id(host.name, IdKind.RELEASE, p, "push: pruned") for p in reply.get("pruned", ())),
         replaced_broken=reply.get("replaced_broken"),
         foreign=tuple(str(f) for f in reply.get("foreign", ())),
@@ -307,28 +366,37 @@ class PushPlan:
     """What `push` would do on a host (`push --dry-run`); nothing was changed there."""
 
     release_id: str
-    action: str  # upload | activate | unchanged
+    action: str  # upload | assemble | activate | unchanged
     previous: Optional[str]
     workdir: str
-    bytes_to_send: int  # the archive, when it would be uploaded
+    bytes_to_send: int  # the files the host lacks, as sent (compressed)
+    files_to_send: int = 0
+    files_to_reuse: int = 0  # held intact on the host (hashed there for this plan)
+    reuse_rejected: tuple[str, ...] = ()  # "<id>/<relpath>: why" a held copy would not be used
     pruned: tuple[str, ...] = ()  # releases that would be removed
     foreign: tuple[str, ...] = ()  # what would be left there, not ours
     replaces_broken: Optional[str] = None  # why the copy there would be replaced
 
     def to_dict(self) -> dict[str, Any]:
         return {"release": self.release_id, "action": self.action, "previous": self.previous,
-                "workdir": self.workdir, "bytes_to_send": self.bytes_to_send, "pruned": list(self.pruned),
+                "workdir": self.workdir, "bytes_to_send": self.bytes_to_send, "files_to_send": self.files_to_send,
+                "files_to_reuse": self.files_to_reuse, "reuse_rejected": list(self.reuse_rejected),
+                "pruned": list(self.pruned),
                 "foreign": list(self.foreign), "replaces_broken": self.replaces_broken}
 
 
 def plan_push(transport: Transport, host: Host, bundle: ReleaseBundle, *, keep: int = DEFAULT_KEEP) -> PushPlan:
     """Ask the host what `ensure_release` would do, touching nothing there (no lock, no folder)."""
-    reply = call_agent(transport, host, "plan-push", bundle.release_id, str(keep), timeout=host.command_timeout)
+    reply = call_agent(transport, host, "plan-push", bundle.release_id, str(keep), payload=io.BytesIO(bundle.offer()),
+                       timeout=host.command_timeout)
     action = reply["status"]
+    lines = asked_lines(host.name, bundle, reply) if action in ("upload", "assemble") else ()
     return PushPlan(
         release_id=bundle.release_id, action=action,
         previous=check_optional_host_id(host.name, IdKind.RELEASE, reply.get("previous"), "push plan: previous"),
-        workdir=reply["workdir"], bytes_to_send=len(bundle.archive()) if action == "upload" else 0,
+        workdir=reply["workdir"], bytes_to_send=len(bundle.files_payload(lines)) if lines else 0,
+        files_to_send=len(lines), files_to_reuse=len(bundle.files) - len(lines) if action in ("upload", "assemble") else 0,
+        reuse_rejected=tuple(str(r) for r in reply.get("reuse_rejected", ())),
         pruned=tuple(check_host_id(host.name, IdKind.RELEASE, p, "push plan: pruned") for p in reply.get("pruned", ())),
         foreign=tuple(reply.get("foreign") or ()), replaces_broken=reply.get("replaces_broken"),
     )

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from ddtree_ops.errors import interrupt_signal_name
-from ddtree_ops.release import RUNNER_RELPATH
 
 if TYPE_CHECKING:  # pragma: no cover
     from ddtree_ops.inventory import Host
@@ -72,6 +71,8 @@ class SmokePlan:
 
 def runner_control_argv(host: "Host", workdir: str, run_id: str, subcommand: str) -> list[str]:
     """argv of `runner.py SUBCOMMAND` for one run (`stop`, `files`; `run` adds its options)."""
+    from ddtree_ops.release import RUNNER_RELPATH  # the CLI imports this module to register its options
+
     return [host.python, f"{workdir.rstrip('/')}/current/{RUNNER_RELPATH}", subcommand,
             "--run-id", run_id, "--workdir", workdir]
 
@@ -243,6 +244,8 @@ def execute_smoke(
         if recorder.run_end is None:
             if stopping.is_set():  # Ctrl-C: the runner was stopped; settle_hosts records it
                 return result.exit_status
+            from ddtree_ops.release import RUNNER_RELPATH
+
             if bundle is None and RUNNER_RELPATH in result.stderr and "No such file" in result.stderr:
                 raise RemoteStepError(f"{host.name}: no release is active in {workdir} "
                                       "(run `ddtree-ops push`, or drop --no-push)")

@@ -15,6 +15,7 @@ from typing import Any, Optional
 import typer
 from typer.core import TyperGroup
 
+from ddtree_ops.cli.coercion import defer_coercion
 from ddtree_ops.cli.console import inert, say
 from ddtree_ops.errors import DdtreeOpsError, ExitCode, interrupt_signal_name
 
@@ -39,6 +40,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Click's plain help: Typer's Rich help costs every `--help` ~0.1 s of imports (Rich's
+    # markdown and syntax modules); Rich stays for tables, live progress and messages.
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 120},
 )
 
 def _print_version(wanted: bool) -> None:
@@ -127,6 +132,15 @@ def _route_library_logs() -> None:
         logger.addHandler(handler)
 
 
+def whole_command_lines(command: Any) -> None:
+    """A group's list of commands shows each command's first paragraph whole (wrapped), as
+    Typer's Rich help did, where Click would cut it at the terminal's width with `...`."""
+    for sub in getattr(command, "commands", {}).values():
+        whole_command_lines(sub)
+        if not sub.short_help and sub.help:
+            sub.short_help = " ".join(sub.help.split("\n\n", 1)[0].split())
+
+
 def plain_metavars(command: Any) -> None:
     """Help that names values as an operator writes them (`PATH`, `INTEGER`, `RUN_ID`, a flag
     with none), never as Python types (`<bool>`, `<list[str]>`, `{run_id}`): every option and
@@ -173,6 +187,8 @@ def _run_command(args: list[str]) -> tuple[int, Optional[str]]:
     try:
         command = typer.main.get_command(app)
         plain_metavars(command)
+        whole_command_lines(command)
+        defer_coercion(command)
         result = command.main(args=args, standalone_mode=False, prog_name="ddtree-ops")
         return (int(result) if isinstance(result, int) else ExitCode.OK), None
     except DdtreeOpsError as err:

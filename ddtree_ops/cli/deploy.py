@@ -23,7 +23,6 @@ from ddtree_ops.cli.options import (
     select_hosts,
 )
 from ddtree_ops.cli.report import RunsDirOpt
-from ddtree_ops.deploy_budget import parse_budget_option
 from ddtree_ops.errors import RemoteStepError
 
 GateStagesOpt = Annotated[Optional[str], typer.Option(
@@ -158,6 +157,7 @@ def deploy(
     from ddtree_ops.cli.console import run_on_hosts, say
     from ddtree_ops.cli.smoke import parse_stages
     from ddtree_ops.deploy import deploy_host
+    from ddtree_ops.deploy_budget import parse_budget_option
     from ddtree_ops.qualification import load_file
     from ddtree_ops.release import build_bundle
 

@@ -28,6 +28,18 @@ def _size(n: int) -> str:
     return f"{n / 1024:.1f} KiB" if n else "0"
 
 
+def _files(count: int, size: int, reused: int) -> str:
+    """`1 file, 0.4 KiB (80 reused)`: what went over the wire, and what the host copied itself."""
+    sent = f"{count} file{'' if count == 1 else 's'}, {_size(size)}" if count else "0"
+    return sent + (f" ({reused} reused)" if reused else "")
+
+
+def _action(text: str, broken: Any, rejected: tuple[str, ...], replacing: bool = False) -> str:
+    """The action, with why a copy on the host was (or, in a plan, would be) replaced or not used."""
+    return (text + (f" ({'replacing' if replacing else 'replaced'} a damaged copy: {broken})" if broken else "")
+            + (f" (held copies not used: {'; '.join(rejected)})" if rejected else ""))
+
+
 def push(
     inventory: InventoryOpt = None,
     hosts: HostsOpt = None,
@@ -43,7 +55,7 @@ def push(
         "--dry-run", "--check",
         help="Say per host what would be sent, activated and pruned, and the size; change nothing.")] = False,
 ) -> int:
-    """Send the release (src/ddtree + ddtree_ops/hostside/) where it is missing, verify it, switch `current`."""
+    """Send the release (src/ddtree + ddtree_ops/hostside/): only the files a host does not hold; verify, switch `current`."""
     from ddtree_ops.cli.console import run_on_hosts, say
     from ddtree_ops.release import build_bundle
     from ddtree_ops.remote_layout import PushAction, ensure_release
@@ -69,18 +81,16 @@ def push(
         options,
         columns=["action", "release", "previous", "sent", "pruned", "left (not ours)"],
         row=lambda o: [
-            o.value.action.value + (f" (replaced a damaged copy: {o.value.replaced_broken})"
-                                    if o.value.replaced_broken else ""),
+            _action(o.value.action.value, o.value.replaced_broken, o.value.reuse_rejected),
             o.value.release_id,
             o.value.previous or "-",
-            _size(o.value.bytes_sent),
+            _files(o.value.files_sent, o.value.bytes_sent, o.value.files_reused),
             str(len(o.value.pruned)),
             "; ".join(o.value.foreign) or "-",
         ],
         to_json=lambda outcome: outcome.to_dict(),
         extra_json={"release": bundle.release_id, "files": len(bundle.files), "source": bundle.source_root,
                     "release_git": bundle.git.to_dict() if bundle.git else None},
-        while_running=bundle.archive,  # made while the hosts connect; only a host that lacks the release needs it
         changed=lambda o: o.ok and o.value.action is not PushAction.UNCHANGED,
     )
 
@@ -100,10 +110,10 @@ def _plan(selected: list[Any], bundle: Any, keep: int, options: FanoutOptions) -
         options,
         columns=["would", "release", "previous", "send", "prune", "left (not ours)"],
         row=lambda o: [
-            o.value.action + (f" (replacing a damaged copy: {o.value.replaces_broken})" if o.value.replaces_broken else ""),
+            _action(o.value.action, o.value.replaces_broken, o.value.reuse_rejected, replacing=True),
             o.value.release_id,
             o.value.previous or "-",
-            _size(o.value.bytes_to_send),
+            _files(o.value.files_to_send, o.value.bytes_to_send, o.value.files_to_reuse),
             ", ".join(o.value.pruned) or "-",
             "; ".join(o.value.foreign) or "-",
         ],

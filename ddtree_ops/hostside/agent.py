@@ -535,9 +535,8 @@ def with_pruned(reply, workdir, keep):
 
 
 def op_push(workdir, release_id, keep, lock_wait, take_lock):
-    """Activate an intact copy if present, else install, in one process and one channel: when
-    the release is missing, print `{"need": ID}` and read the archive that the operator side
-    then sends on stdin."""
+    """Activate an intact copy if present, else build the release from the files held here
+    and ask for the rest, in one process and one channel (see push_locked)."""
     check_id(release_id, "release id")
     ensure_layout(workdir)
     with maybe_lock(workdir, take_lock, "push", lock_wait):
@@ -545,13 +544,14 @@ def op_push(workdir, release_id, keep, lock_wait, take_lock):
 
 
 def push_locked(workdir, release_id, keep):
-    """The body of push; the caller holds the lock."""
+    """The body of push; the caller holds the lock. Stdin holds the offer (read_offer); when
+    files are missing here, print `{"need": ID, "files": [line numbers]}` and read the tar of
+    those files that the operator side then sends on stdin."""
+    offer = read_offer(sys.stdin.buffer, release_id)
     reply, problem = activate_if_present(workdir, release_id, keep)
     if reply is not None:
         return reply
-    sys.stdout.write(json.dumps({"need": release_id}) + "\n")
-    sys.stdout.flush()
-    reply = install_from_stdin(workdir, release_id, keep)
+    reply = install_from_held(workdir, release_id, keep, offer, sys.stdin.buffer)
     reply["replaced_broken"] = problem
     return reply
 
@@ -593,6 +593,19 @@ def named(err, path):
     return type(err)(err.errno, err.strerror or str(err), path)
 
 
+def write_checked(source, path, digest, relpath, mode):
+    """Write `source` (a stream) to the new file `path`, hashing it on the way: it must hash to `digest`."""
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    sha = hashlib.sha256()
+    with create_new(path, mode) as out:
+        for chunk in iter(lambda: source.read(CHUNK), b""):
+            sha.update(chunk)
+            out.write(chunk)
+    os.chmod(path, mode)  # whatever the umask took away
+    if sha.hexdigest() != digest:
+        raise AgentError("hash-mismatch", "%s arrived with the wrong sha256" % relpath)
+
+
 def receive_archive(stream, target, release_id):
     """Unpack a tar stream whose first member is the manifest; check every file on the way."""
     import tarfile
@@ -617,16 +630,8 @@ def receive_archive(stream, target, release_id):
             relpath = member.name
             if relpath not in entries:
                 raise AgentError("bad-archive", "archive holds %r, which is not in the manifest" % relpath)
-            path = os.path.join(target, relpath)
-            os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-            digest = hashlib.sha256()
-            with create_new(path) as out:
-                for chunk in iter(lambda: data.read(CHUNK), b""):
-                    digest.update(chunk)
-                    out.write(chunk)
-            os.chmod(path, 0o755 if member.mode & 0o111 else 0o644)
-            if digest.hexdigest() != entries[relpath]:
-                raise AgentError("hash-mismatch", "%s arrived with the wrong sha256" % relpath)
+            write_checked(data, os.path.join(target, relpath), entries[relpath], relpath,
+                          0o755 if member.mode & 0o111 else 0o644)
             seen.add(relpath)
     if entries is None:
         raise AgentError("bad-archive", "empty archive")
@@ -645,14 +650,22 @@ def op_install(workdir, release_id, keep, lock_wait, take_lock):
 
 
 def install_from_stdin(workdir, release_id, keep):
-    """Caller holds the lock."""
+    """Caller holds the lock. The whole release arrives as one archive (receive_archive checks
+    every file's sha256 as it is written and that none is missing or extra, so the fresh
+    directory needs no second pass)."""
+    install_incoming(workdir, release_id, lambda incoming: receive_archive(sys.stdin.buffer, incoming, release_id))
+    return finish_install(workdir, release_id, keep, {"status": "uploaded"})
+
+
+def install_incoming(workdir, release_id, fill):
+    """Fill `releases/.incoming-<id>-<pid>` with `fill(folder)`, then rename it to releases/<id>:
+    a push that dies before the rename leaves only the leftover (clean_incoming's), never a
+    half release under a release name. Caller holds the lock."""
     base = releases_dir(workdir)
     incoming = os.path.join(base, "%s%s-%d" % (INCOMING_PREFIX, release_id, os.getpid()))
     os.mkdir(incoming, 0o755)
     try:
-        # Checks every file's sha256 as it is written and that none is missing or extra, so
-        # the fresh directory needs no second pass.
-        receive_archive(sys.stdin.buffer, incoming, release_id)
+        fill(incoming)
         final = os.path.join(base, release_id)
         if os.path.lexists(final) and damaged_copy(final, release_id) is None:
             remove_tree(incoming)  # someone else already installed it intact
@@ -664,9 +677,14 @@ def install_from_stdin(workdir, release_id, keep):
         if incoming is not None:
             remove_tree(incoming)
         raise
+
+
+def finish_install(workdir, release_id, keep, reply):
+    """Switch `current` to the release just installed, prune, and say what was active before."""
     previous = active_release(workdir)
     set_current(workdir, release_id)
-    return with_pruned({"status": "uploaded", "previous": previous, "workdir": workdir}, workdir, keep)
+    reply.update(previous=previous, workdir=workdir)
+    return with_pruned(reply, workdir, keep)
 
 
 def op_hold_lock(workdir, owner, lock_wait):
@@ -682,8 +700,10 @@ def op_hold_lock(workdir, owner, lock_wait):
 
 def op_plan_push(workdir, release_id, keep):
     """What `push` would do here, touching nothing (no folder made, no lock, nothing removed):
-    upload / activate / unchanged, the damaged copy it would replace, what it would prune."""
+    upload (the files it would ask for) / assemble (from files held here alone) / activate /
+    unchanged, the damaged copy it would replace, what it would prune. Stdin: the offer."""
     check_id(release_id, "release id")
+    offer = read_offer(sys.stdin.buffer, release_id)
     directory = os.path.join(releases_dir(workdir), release_id)
     problem = None
     if os.path.islink(directory):
@@ -695,12 +715,265 @@ def op_plan_push(workdir, release_id, keep):
         problem = verify_release(directory, release_id)
     present = os.path.lexists(directory) and problem is None
     previous = active_release(workdir)
-    status = ("unchanged" if previous == release_id else "activate") if present else "upload"
+    missing, rejected = [], []
+    if present:
+        status = "unchanged" if previous == release_id else "activate"
+    else:
+        missing, rejected = (assemble_from_held(workdir, release_id, offer, None)
+                             if os.path.isdir(releases_dir(workdir)) else (list(range(len(offer.entries))), []))
+        status = "upload" if missing else "assemble"
     pruned, foreign = ([], [])
     if os.path.isdir(releases_dir(workdir)):
         pruned, foreign = prune_plan(workdir, keep, release_id, arriving=None if present else release_id)
     return {"status": status, "previous": previous, "workdir": workdir, "replaces_broken": problem,
-            "pruned": pruned, "foreign": foreign}
+            "pruned": pruned, "foreign": foreign, "files": missing, "reuse_rejected": capped(rejected)}
+
+
+# ---------------------------------------------------------------- push: a release built from what is held here
+#
+# A new release usually differs from one kept here in a few files. The operator side offers
+# the manifest first; the agent copies every file that a kept release of ours lists with the
+# same sha256, and asks only for the rest. Nothing of an older release is trusted: its folder
+# may have been edited since it was installed (its owner, a careless operator), so each copy
+# is hashed from the very bytes written (a mismatch: that copy is not used, the file is asked
+# for, the push says so). Hashing what is copied costs what reading it costs (about 1 ms a
+# megabyte); the new release is then verified in full as it is built, as an upload is.
+# Copies, not hard links: a release never shares an inode with another, so an edit to one
+# cannot reach the other. No link is followed (folders are opened beneath one another with
+# O_NOFOLLOW), only regular files are read.
+
+MAX_NOTES = 10  # reasons a reply lists; the count says how many more
+
+
+class Offer(object):
+    """The release the operator side offers: its manifest ({relpath: sha256}, in manifest
+    order: line numbers index it) and which lines are executable."""
+
+    def __init__(self, manifest_bytes, entries, executable):
+        self.manifest_bytes, self.entries, self.executable = manifest_bytes, entries, executable
+        self.lines = list(entries.items())  # [(relpath, sha256)] by line number
+
+    def mode(self, line):
+        return 0o755 if line in self.executable else 0o644
+
+
+def read_offer(stream, release_id):
+    """One JSON line, sent ahead of any file: {"manifest": TEXT, "executable": [line numbers]}.
+    Its manifest must hash to the release id (the id names exactly these files)."""
+    line = stream.readline()
+    try:
+        offer = json.loads(line.decode("utf-8"))
+        manifest_bytes = offer["manifest"].encode("utf-8")
+        executable = set(int(n) for n in offer["executable"])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise AgentError("bad-offer", "stdin does not start with the release offer push sends (%d bytes)" % len(line))
+    if manifest_id(manifest_bytes) != release_id:
+        raise AgentError("bad-offer", "the offered manifest does not hash to release %s" % release_id)
+    return Offer(manifest_bytes, parse_manifest(manifest_bytes), executable)
+
+
+def capped(notes):
+    return notes[:MAX_NOTES] + (["(+%d more)" % (len(notes) - MAX_NOTES)] if len(notes) > MAX_NOTES else [])
+
+
+class ReleaseReader(object):
+    """Opens files of one release folder without following any link: each folder is opened
+    beneath its parent (O_NOFOLLOW | O_DIRECTORY), and only a regular file is read."""
+
+    def __init__(self, root):
+        self.root = root
+        self.folders = {}  # relative folder -> fd
+
+    def folder(self, relative):
+        fd = self.folders.get(relative)
+        if fd is None:
+            parent, _, name = relative.rpartition("/")
+            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(name, flags, dir_fd=self.folder(parent)) if relative else os.open(self.root, flags)
+            self.folders[relative] = fd
+        return fd
+
+    def open(self, relpath):
+        folder, _, name = relpath.rpartition("/")
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self.folder(folder))
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, "not a regular file")
+        return os.fdopen(fd, "rb")
+
+    def close(self):
+        for fd in self.folders.values():
+            os.close(fd)
+        self.folders = {}
+
+
+def held_releases(workdir, skip):
+    """Ids of the releases kept here that bear our mark (not_ours), `skip` aside: the active
+    one first, then the most recently activated."""
+    base = releases_dir(workdir)
+    active = active_release(workdir)
+    names = [n for n in os.listdir(base) if n != skip and not_ours(os.path.join(base, n), n) is None]
+    return sorted(names, key=lambda n: (n != active, -os.lstat(os.path.join(base, n)).st_mtime))
+
+
+def held_copies(workdir, offer, skip):
+    """{sha256: [(release id, relpath)]} for the digests of the offer that kept releases list."""
+    wanted = set(offer.entries.values())
+    copies = {}
+    for name in held_releases(workdir, skip):
+        try:
+            listed = parse_manifest(read_manifest(os.path.join(releases_dir(workdir), name)))
+        except (OSError, AgentError, UnicodeDecodeError):
+            continue
+        for relpath, digest in listed.items():
+            if digest in wanted:
+                copies.setdefault(digest, []).append((name, relpath))
+    return copies
+
+
+def copy_held(reader, relpath, digest, target, mode):
+    """Copy a held file to the new file `target` (None: read it only), hashing the bytes as
+    they pass. None when they hash to `digest`, else why not (and `target` is gone)."""
+    try:
+        source = reader.open(relpath)
+    except OSError as err:
+        return "unreadable (%s)" % (err.strerror or err)
+    with source:
+        if target is None:
+            sha = hashlib.sha256()
+            for chunk in iter(lambda: source.read(CHUNK), b""):
+                sha.update(chunk)
+            return None if sha.hexdigest() == digest else "hash mismatch"
+        try:
+            write_checked(source, target, digest, relpath, mode)
+        except AgentError:
+            os.unlink(target)
+            return "hash mismatch"
+    return None
+
+
+def assemble_from_held(workdir, release_id, offer, target):
+    """Copy into `target` (None: only check) every file of the offer that a release kept here
+    holds intact. Returns (line numbers still missing, ["<id>/<relpath>: why it was not used"])."""
+    copies = held_copies(workdir, offer, release_id)
+    readers = {}
+    missing, rejected = [], []
+    try:
+        for line, (relpath, digest) in enumerate(offer.lines):
+            for name, held in copies.get(digest, ()):
+                reader = readers.get(name)
+                if reader is None:
+                    reader = readers[name] = ReleaseReader(os.path.join(releases_dir(workdir), name))
+                why = copy_held(reader, held, digest, target and os.path.join(target, relpath), offer.mode(line))
+                if why is None:
+                    break
+                rejected.append("%s/%s: %s" % (name, held, why))
+            else:
+                missing.append(line)
+    finally:
+        for reader in readers.values():
+            reader.close()
+    return missing, rejected
+
+
+class Inflated(object):
+    """The files a push sends, read back: one zlib stream holding, per file asked for and in
+    the order asked, `<size>\n` and then that many bytes. The names and hashes are the
+    offer's (no tar: nothing to read but bytes, and no tarfile import on every host)."""
+
+    def __init__(self, raw):
+        import zlib
+
+        self.raw, self.inflater, self.buffer = raw, zlib.decompressobj(), b""
+
+    def _fill(self):
+        while not self.buffer:
+            data = self.inflater.unconsumed_tail
+            if not data:
+                if self.inflater.eof:
+                    return False
+                data = self.raw.read(CHUNK)
+                if not data:
+                    return False
+            self.buffer = self.inflater.decompress(data, CHUNK)  # bounded: never a whole bomb at once
+        return True
+
+    def read(self, size):
+        if not self._fill():
+            return b""
+        data, self.buffer = self.buffer[:size], self.buffer[size:]
+        return data
+
+    def size_line(self, relpath):
+        digits = b""
+        while True:
+            byte = self.read(1)
+            if byte == b"\n" and digits:
+                return int(digits)
+            if not byte.isdigit() or len(digits) > 18:
+                raise AgentError("bad-payload", "the files sent break off before %s" % relpath)
+            digits += byte
+
+    def ended(self):
+        import zlib
+
+        try:
+            return not self._fill() and self.inflater.eof and not self.inflater.unused_data
+        except zlib.error:
+            return False
+
+
+class Exactly(object):
+    """`size` bytes of an Inflated stream, as a file to copy from."""
+
+    def __init__(self, source, size, relpath):
+        self.source, self.left, self.relpath = source, size, relpath
+
+    def read(self, size):
+        if not self.left:
+            return b""
+        data = self.source.read(min(size, self.left))
+        if not data:
+            raise AgentError("bad-payload", "the files sent end inside %s" % self.relpath)
+        self.left -= len(data)
+        return data
+
+
+def receive_files(stream, target, offer, wanted):
+    """Read the files asked for (`wanted`: line numbers, in that order) from `stream`: each
+    written to its place as it arrives, hashing to its manifest line; nothing more may follow."""
+    import zlib
+
+    source = Inflated(stream)
+    try:
+        for line in wanted:
+            relpath, digest = offer.lines[line]
+            write_checked(Exactly(source, source.size_line(relpath), relpath), os.path.join(target, relpath), digest,
+                          relpath, offer.mode(line))
+    except zlib.error as err:
+        raise AgentError("bad-payload", "the files sent are not a zlib stream (%s)" % err)
+    if not source.ended():
+        raise AgentError("bad-payload", "more was sent than the %d file(s) asked for" % len(wanted))
+
+
+def install_from_held(workdir, release_id, keep, offer, stream):
+    """Caller holds the lock. Build the release from the files held here, ask for the rest
+    (`{"need": ID, "files": [line numbers]}` on stdout) and read them from `stream`."""
+    outcome = {}
+
+    def fill(incoming):
+        with create_new(os.path.join(incoming, MANIFEST_NAME)) as out:
+            out.write(offer.manifest_bytes)
+        missing, rejected = assemble_from_held(workdir, release_id, offer, incoming)
+        if missing:
+            sys.stdout.write(json.dumps({"need": release_id, "files": missing}) + "\n")
+            sys.stdout.flush()
+            receive_files(stream, incoming, offer, missing)
+        outcome.update(status="uploaded" if missing else "assembled", received=len(missing),
+                       reused=len(offer.lines) - len(missing), reuse_rejected=capped(rejected))
+
+    install_incoming(workdir, release_id, fill)
+    return finish_install(workdir, release_id, keep, outcome)
 
 
 def op_whereis(workdir):

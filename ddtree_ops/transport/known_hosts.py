@@ -54,6 +54,9 @@ def read_known_hosts(path: str, host_name: str) -> KnownHosts:
     except FileRefused as err:
         raise ConfigError(f"{path}: known_hosts of host {host_name}: cannot read it: {err.why}") from None
     parsed: list[tuple[Optional[str], object]] = []
+    cached = _parsed.get(path)
+    if cached is not None and cached[0] == lines:
+        return cached[1]  # every host of a fan-out reads the same file: parsed once, not once per host
     for lineno, raw in enumerate(lines, 1):
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -74,7 +77,14 @@ def read_known_hosts(path: str, host_name: str) -> KnownHosts:
     entries = tuple(
         (name, e.key) for m, e in parsed if m is None and e.key.get_base64() not in revoked for name in e.hostnames
     )
-    return KnownHosts(entries, revoked)
+    known = KnownHosts(entries, revoked)
+    _parsed[path] = (lines, known)
+    return known
+
+
+# path -> (its lines when last parsed, what they held): read every time, parsed again only when
+# they changed (a key trusted on first use appended, an edit)
+_parsed: dict[str, tuple[list[str], KnownHosts]] = {}
 
 
 def check_known_hosts(host: Host) -> None:

@@ -200,6 +200,7 @@ def _feed(pipe: BinaryIO, source: bytes | BinaryIO) -> None:
         else:
             for chunk in iter(lambda: source.read(_CHUNK), b""):
                 pipe.write(chunk)
+                pipe.flush()  # the next read may wait on the command (push's files): it must have this much
     except (BrokenPipeError, ValueError):
         pass  # the command stopped reading; its exit status tells the story
     finally:

@@ -20,15 +20,9 @@ from ddtree_ops.remote_layout import PushAction, ensure_release
 from ddtree_ops.transport.factory import open_transport
 
 from fixtures.checkout import make_checkout
+from fixtures.releases import assert_active_and_intact
 
 pytestmark = pytest.mark.sshd
-
-
-def assert_active_and_intact(workdir: Path, bundle) -> None:
-    assert os.readlink(workdir / "current") == f"releases/{bundle.release_id}"
-    for entry in bundle.files:
-        path = workdir / "current" / entry.relpath
-        assert hashlib.sha256(path.read_bytes()).hexdigest() == entry.sha256, entry.relpath
 
 
 def assert_release_intact(workdir: Path, release_id: str) -> None:

@@ -4,7 +4,8 @@
 - the core (`ddtree`) imports nothing of the operator or host side, typer, rich, paramiko or yaml;
 - the host side (`ddtree_ops.hostside`) imports only the standard library, torch and `ddtree`;
 - nothing imports the CLI; only the transport imports SSH libraries;
-- `--help` loads neither torch nor paramiko, and `--version` not even Rich."""
+- `--help` loads neither torch nor paramiko (nor pydantic, nor Rich's heavy parts: the CLI starts
+  fast), and `--version` not even Rich."""
 from __future__ import annotations
 
 import ast
@@ -59,13 +60,49 @@ def ops_modules(prefix: str = "") -> list[str]:
     return [n for n in names if n.startswith(prefix) and n != "ddtree_ops.__main__" and ".hostside" not in n]
 
 
+# What no `--help` may load: torch and the SSH libraries (layering), and what made the CLI
+# slow to start: Typer's Rich help with Rich's markup, syntax and traceback machinery, and
+# pydantic (Typer builds a pydantic adapter per parameter unless ddtree_ops.cli.coercion defers it).
+HELP_FORBIDDEN = {"torch", "pydantic", "pygments", "markdown_it", "typer.rich_utils", "rich.markdown", "rich.syntax",
+                  "rich.traceback"} | SSH_LIBS
+
+HELP_PROBE = """
+import contextlib, io, json, sys
+import typer
+from ddtree_ops.cli.app import app, main, prepare
+forbidden = set(json.loads(sys.argv[1]))
+prepare()
+paths, todo = [[]], [([], typer.main.get_command(app))]
+while todo:
+    path, command = todo.pop()
+    for name, sub in getattr(command, "commands", {}).items():
+        paths.append(path + [name])
+        todo.append((path + [name], sub))
+found = {}
+for path in sorted(paths):
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = main(path + ["--help"])
+    found[" ".join(path + ["--help"])] = [code, sorted(m for m in sys.modules if m in forbidden or m.split(".")[0] in forbidden)]
+print(json.dumps(found))
+"""
+
+
 @pytest.mark.slow
-def test_help_imports_no_torch_fabric_or_paramiko():
+def test_no_help_imports_torch_paramiko_pydantic_or_richs_heavy_parts():
+    """Every command's `--help`, one after another in one fresh interpreter: after each, none
+    of HELP_FORBIDDEN is loaded (so the one that first loaded it is named)."""
+    out = subprocess.run([sys.executable, "-c", HELP_PROBE, json.dumps(sorted(HELP_FORBIDDEN))], capture_output=True,
+                         text=True, cwd=ROOT, check=True)
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert {"--help", "push --help", "hosts check --help", "sglang diff --help"} <= set(found)
+    assert {args: loaded for args, (code, loaded) in found.items() if loaded or code != 0} == {}
+
+
+@pytest.mark.slow
+def test_version_imports_not_even_rich():
     code = "import contextlib, io\nfrom ddtree_ops.cli.app import main\nwith contextlib.redirect_stdout(io.StringIO()):\n"
-    for args in (["--help"], ["hosts", "--help"], ["push", "--help"], ["--version"]):
-        loaded = loaded_after(code + f"    assert main({args!r}) == 0\n")
-        heavy = {"torch"} | SSH_LIBS | ({"rich"} if args == ["--version"] else set())
-        assert not loaded & heavy, (args, loaded & heavy)
+    loaded = loaded_after(code + "    assert main(['--version']) == 0\n")
+    assert not loaded & ({"torch", "rich"} | SSH_LIBS), loaded & ({"torch", "rich"} | SSH_LIBS)
 
 
 @pytest.mark.slow

@@ -125,3 +125,37 @@ def test_output_past_its_bounds_stops_a_local_command_too():
         transport.run(flood, max_output_bytes=100_000, timeout=50)
     killed = transport.run([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
     assert killed.status_text == "killed by SIGKILL (exit -9)"
+
+
+class _AnswerAfter(io.RawIOBase):
+    """A stdin stream: `head` (a full 64 KiB read and a short tail), then nothing until the
+    command has answered it (as push's files wait for the agent's request)."""
+
+    def __init__(self, head: bytes, answered):
+        self.head, self.answered, self.gave_up = io.BytesIO(head), answered, False
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        chunk = self.head.read(size)
+        if chunk:
+            return chunk
+        self.gave_up = not self.answered.wait(20)  # a wide margin: the command needs well under a second
+        return b""
+
+
+def test_stdin_sent_so_far_reaches_the_command_before_the_stream_waits():
+    """What a stream gave is delivered before its next read, which may wait on the command: a
+    short last chunk left in a buffer would deadlock (a push whose agent and offer were 64 KiB
+    and a little more waited for its command timeout)."""
+    import threading
+
+    head = b"x" * ((64 << 10) + 100)
+    answered = threading.Event()
+    code = f"import sys; sys.stdin.buffer.read({len(head)}); print('read', flush=True); sys.stdin.buffer.read()"
+    stream = _AnswerAfter(head, answered)
+    result = LocalTransport("local").run([sys.executable, "-c", code], stdin=stream,
+                                         on_stdout_line=lambda line: answered.set(), timeout=60)
+    assert result.exit_status == 0 and result.stdout == "read\n"
+    assert not stream.gave_up  # it answered while the stream waited, not after the stream gave up
