@@ -3,3 +3,5 @@ the CLI can show them in `--help` without importing the report code at start-up.
 from __future__ import annotations
 
 DEFAULT_TAU_TOLERANCE = 0.5  # tokens per round, absolute
+# tokens per round the server's acceptance may fall below the offline one (sglang-e2e and report)
+from ddtree_ops.hostside.acceptance import DEFAULT_ACCEPTANCE_TOLERANCE  # noqa: E402,F401

@@ -148,7 +148,9 @@ KNOBS: dict[str, tuple[str, float | None]] = {
     "sglang_budgets": ("int_list", 1), "sglang_port": ("int", 1), "sglang_max_new_tokens": ("int", 1),
     "sglang_start_timeout_s": ("float", 1.0), "sglang_attention_backend": ("str", None),
     "sglang_extra_args": ("str_list", None), "near_tie_gap": ("float", 0.0),
-    "sglang_concurrency": ("int_list", 1), "sglang_requests_per_level": ("int", 1),  # sglang-e2e
+    "sglang_concurrency": ("int_list", 1), "sglang_requests_per_level": ("int", 1),
+    "sglang_offline_check": ("bool", None), "offline_near_tie_margin": ("float", 0.0),
+    "acceptance_tolerance": ("float", 0.0),  # sglang-e2e
 }
 
 

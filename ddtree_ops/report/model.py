@@ -17,6 +17,9 @@ SWEEP_STAGE = "tree-bench"
 SWEEP_TABLE = "sweep"
 DECODE_STAGE = "decode-bench"
 DECODE_TABLE = "methods"  # one row per method: method, budget, tau, speedup, ... (runsummary)
+SERVER_STAGE = "sglang-e2e"
+SERVER_TABLE = "sglang_e2e"  # one row per server variant: acceptance, offline acceptance, tokens/s, ...
+SERVER_LOAD_TABLE = "sglang_load"  # one row per variant and concurrency level
 LOST_STAGE = "lost"  # a stage's report status when the host was lost during it
 TIMINGS_TABLE = "timings"  # a timed stage's min / median / max per cell (hostside/protocol.py)
 # What the report adds to a decode-bench row (its timing spread and noise verdict): not part
@@ -50,6 +53,8 @@ class Report:
     failures: list[Failure]
     sweep: list[dict[str, Any]]  # tree-bench rows, each with its `host`
     decode: list[dict[str, Any]] = field(default_factory=list)  # decode-bench rows + `host`
+    server: list[dict[str, Any]] = field(default_factory=list)  # sglang-e2e variant rows + `host`
+    server_load: list[dict[str, Any]] = field(default_factory=list)  # sglang-e2e load rows + `host`
     meta: dict[str, Any] = field(default_factory=dict)
     loads: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> timed stage -> load
     timings: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # host -> "stage.cell" -> row
@@ -88,6 +93,8 @@ class Report:
             "failures": [f.to_dict() for f in self.failures],
             "sweep": self.sweep,
             "decode": self.decode,
+            "server": self.server,
+            "server_load": self.server_load,
             "run_exit_code": self.exit_code,  # the run's verdict; `exit_code` is the command's
             "original_exit_code": self.meta.get("exit_code"),  # what the run's command exited with
         }
@@ -148,6 +155,8 @@ def build_report(run: RunRecord) -> Report:
     failures: list[Failure] = []
     sweep: list[dict[str, Any]] = []
     decode: list[dict[str, Any]] = []
+    server: list[dict[str, Any]] = []
+    server_load: list[dict[str, Any]] = []
     loads: dict[str, dict[str, Any]] = {}
     timings: dict[str, dict[str, dict[str, Any]]] = {}
     histories: dict[str, dict[str, Any]] = {}
@@ -176,10 +185,14 @@ def build_report(run: RunRecord) -> Report:
         decoded = host.stages.get(DECODE_STAGE)
         if decoded is not None:
             decode += [{"host": name, **row} for row in decoded.tables.get(DECODE_TABLE, [])]
+        served = host.stages.get(SERVER_STAGE)
+        if served is not None:
+            server += [{"host": name, **row} for row in served.tables.get(SERVER_TABLE, [])]
+            server_load += [{"host": name, **row} for row in served.tables.get(SERVER_LOAD_TABLE, [])]
     report = Report(run_id=run.run_id, stages=stages, hosts=list(run.hosts),
                     outcomes={h: r.outcome for h, r in run.hosts.items()}, statuses=statuses,
                     durations=durations, reasons=reasons, failures=failures, sweep=sweep,
-                    decode=decode, meta=run.meta, loads=loads, timings=timings, histories=histories,
+                    decode=decode, server=server, server_load=server_load, meta=run.meta, loads=loads, timings=timings, histories=histories,
                     disagreements={h: r.disagreements for h, r in run.hosts.items() if r.disagreements})
     for row in sweep:
         cell = f"build_ms.{row.get('builder')}.bs{row.get('batch_size')}.b{row.get('budget')}"

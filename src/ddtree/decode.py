@@ -33,6 +33,7 @@ from ddtree.hf_target import HFTarget
 from ddtree.host_tensors import long_tensor
 from ddtree.inputs import check_budget
 from ddtree.kvcache import crop_cache, keep_cache_rows
+from ddtree.margins import chain_draft_margins, top2_margins, tree_draft_margins
 from ddtree.tree import DraftTree, hidden_columns
 from ddtree.verify import follow_verified_tree
 
@@ -66,6 +67,10 @@ class DecodeConfig:
     stop_token_ids: Sequence[int] = ()
     generator: torch.Generator | None = None  # drives sampling at T > 0 (device of the target)
     save_round_trees: bool = False
+    # Keep, per round, how close the target's and the drafter's choices came to going otherwise
+    # (DecodeResult.verify_margins / draft_margins, ddtree.margins): where other arithmetic (a
+    # bf16 server against this loop, ddtree_ops.hostside.acceptance) may rightly differ.
+    record_margins: bool = False
     # Where stage times are read from: wall time by default; `time.process_time` on a shared
     # CPU, where other processes' load must not count. Synchronised with the GPU either way.
     timer: Callable[[], float] = time.perf_counter
@@ -93,6 +98,12 @@ class DecodeResult:
     stage_times: dict[str, float]  # seconds per stage, summed over rounds
     round_timestamps: list[float] = field(default_factory=list)  # seconds since decode start
     round_trees: list[dict[str, Any]] | None = None
+    # With DecodeConfig.record_margins (ddtree.margins, logits units): the target's at the
+    # prefill, then per round one per committed token (root first, then each accepted node);
+    # the drafter's per round, one per depth 1 .. min(accepted, D) of the target's path.
+    prefill_margin: float | None = None
+    verify_margins: list[list[float]] | None = None
+    draft_margins: list[list[float]] | None = None
 
     @property
     def new_token_ids(self) -> list[int]:
@@ -175,6 +186,9 @@ class _Request:
         self.acceptance_lengths: list[int] = []
         self.round_timestamps: list[float] = []
         self.round_trees: list[dict[str, Any]] | None = [] if config.save_round_trees else None
+        self.prefill_margin: float | None = None
+        self.verify_margins: list[list[float]] | None = [] if config.record_margins else None
+        self.draft_margins: list[list[float]] | None = [] if config.record_margins else None
         self.stops = set(int(t) for t in config.stop_token_ids)
         self._stop_checked = 0  # generated[:_stop_checked] holds no stop token
         self.cache = target.new_cache()
@@ -195,6 +209,8 @@ class _Request:
         out = self.target.forward(self.prompt, positions, self.cache, hidden_layer_ids=hidden_layer_ids,
                                   last_only=True)  # logits of the last row only: [1, V], not [n, V]
         self.generated.append(self.choose(out.logits[-1:])[0])
+        if self.verify_margins is not None:
+            self.prefill_margin = top2_margins(out.logits[-1:])[0]
         self.time_to_first_token = self.clock() - began
         self.decode_start = self.clock()
         return out.hidden
@@ -209,7 +225,17 @@ class _Request:
         # holds max_new_tokens tokens; that round's tokens are cut anyway, so we skip it.
         return len(self.generated) >= self.config.max_new_tokens
 
-    def end_round(self, accepted: int) -> None:
+    @property
+    def records_margins(self) -> bool:
+        return self.verify_margins is not None
+
+    def end_round(self, accepted: int, committed_logits: torch.Tensor | None = None,
+                  draft_margins: Callable[[], list[float]] | None = None) -> None:
+        """`committed_logits` [accepted, V]: the target's rows whose choices the round committed;
+        `draft_margins`: the drafter's margins of the round (called only when they are kept)."""
+        if self.records_margins and committed_logits is not None:
+            self.verify_margins.append(top2_margins(committed_logits))
+            self.draft_margins.append(draft_margins() if draft_margins is not None else [])
         self.acceptance_lengths.append(accepted)
         self.round_timestamps.append(self.clock() - self.decode_start)
 
@@ -232,6 +258,9 @@ class _Request:
             stage_times=self.stage_times,
             round_timestamps=self.round_timestamps,
             round_trees=self.round_trees,
+            prefill_margin=self.prefill_margin,
+            verify_margins=self.verify_margins,
+            draft_margins=self.draft_margins,
         )
 
 
@@ -286,7 +315,7 @@ def generate_autoregressive(target: HFTarget, input_ids: torch.Tensor, config: D
         req.stage_times["verify"] += verified - began
         req.generated.append(req.choose(out.logits)[0])
         req.stage_times["commit"] += req.clock() - verified
-        req.end_round(1)
+        req.end_round(1, out.logits)
     return req.result()
 
 
@@ -300,7 +329,8 @@ def generate_dflash(
     drafter.begin(target)
     feed = _DraftFeed(drafter, req, req.prefill(drafter.target_layer_ids))
     while not req.done():
-        draft_tokens = feed.draft().argmax(dim=-1)  # [D]: the drafter's greedy block
+        draft_logits = feed.draft()  # [D, V]
+        draft_tokens = draft_logits.argmax(dim=-1)  # [D]: the drafter's greedy block
         began = req.clock()
         start = req.start
         block = torch.cat([torch.tensor([req.generated[-1]], device=req.device), draft_tokens.to(req.device)])
@@ -317,7 +347,8 @@ def generate_dflash(
         crop_cache(req.cache, start + accepted)
         feed.committed(drafted[:accepted], None if out.hidden is None else out.hidden[:, :accepted])
         req.stage_times["commit"] += req.clock() - verified
-        req.end_round(accepted)
+        req.end_round(accepted, out.logits[:accepted],
+                      lambda: chain_draft_margins(draft_logits, accepted, posterior[accepted - 1]))
     return req.result()
 
 
@@ -391,6 +422,8 @@ def generate_ddtree(
                     "parents": [int(p) for p in tree.parents],
                 },
             })
-        req.end_round(commit.acceptance_length)
+        req.end_round(commit.acceptance_length, None if not req.records_margins
+                      else out.logits.index_select(0, long_tensor(commit.keep_indices, out.logits.device)),
+                      lambda: tree_draft_margins(draft_logits, tree, commit.keep_indices, commit.bonus_token))
     return req.result()
 

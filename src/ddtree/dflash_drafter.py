@@ -8,6 +8,7 @@ features, and the target's `lm_head` turns the last D hidden states into logits 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -100,7 +101,9 @@ def build_dflash_drafter(config: DFlashConfig, state: dict[str, torch.Tensor], t
 
 
 def load_dflash_drafter(name: str, target: HFTarget, block_size: int | None = None) -> DFlashDrafter:
-    """Load a z-lab DFlash drafter for `target`; `block_size` must match the drafter's own."""
+    """Load a z-lab DFlash drafter for `target`. `block_size` is the drafter's own, or a
+    shorter block (>= 2) it then drafts with, as SGLang's `--speculative-dflash-block-size`
+    serves it (the bonus and fewer mask tokens; a budget below the drafter's block needs one)."""
     folder = resolve_model_dir(name)
     config_path = folder / "config.json"
     if not config_path.is_file():
@@ -111,9 +114,12 @@ def load_dflash_drafter(name: str, target: HFTarget, block_size: int | None = No
         raise DFlashConfigError(f"{config_path}: not JSON: {err}") from None
     config = DFlashConfig.from_dict(raw, str(config_path))
     if block_size is not None and block_size != config.block_size:
-        raise DrafterMismatchError(
-            f"block size {block_size} is not supported by {name} (trained for blocks of {config.block_size})"
-        )
+        if not 2 <= block_size < config.block_size:
+            raise DrafterMismatchError(
+                f"block size {block_size} is not supported by {name} (trained for blocks of {config.block_size}); "
+                f"a shorter block of at least 2 is"
+            )
+        config = dataclasses.replace(config, block_size=block_size)
     if config.vocab_size != target.vocab_size:
         raise DrafterMismatchError(
             f"drafter {name} has vocabulary {config.vocab_size}, the target has {target.vocab_size}"

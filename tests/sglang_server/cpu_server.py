@@ -18,13 +18,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from ddtree_ops.hostside.stages.sglang_e2e import _stop as stop_process_group
-from ddtree_ops.hostside.stages.sglang_e2e import _wait_healthy as wait_healthy
+from ddtree_ops.hostside.server_process import PortTakenError, launch, stop_process_group, wait_until_serving
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("DDTREE_TEST_CACHE", REPO / ".cache"))
 START_TIMEOUT_S = 600  # a cold start beside busy loops; a warm idle one takes 10-20 s
 REQUEST_TIMEOUT_S = 600
+PORT_TRIES = 3  # a free port another process takes before our server binds it: start again elsewhere
 
 
 def cpu_env_python() -> Path:
@@ -58,9 +58,18 @@ def run_in_env(python: Path, script: Path, *args: str, timeout: float = 600) -> 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def write_models(python: Path, folder: Path) -> dict[str, Any]:
-    done = subprocess.run([str(python), "-m", "ddtree.sglang.cpu.tiny_models", str(folder)], capture_output=True,
-                          text=True, env=server_env(), timeout=300)
+# The tiny model pair the server tests serve, and what each is expected to show: the random
+# pair accepts about one token a round, so only a trained pair can show DDTree's trees
+# accepting more than DFlash's chain.
+PAIR_ARGS = {"random": (), "trained": ("--trained",)}
+DDTREE_BEATS_DFLASH = {"random": False, "trained": True}
+SERVED_PAIR = "random"
+
+
+def write_models(python: Path, folder: Path, pair: str = SERVED_PAIR) -> dict[str, Any]:
+    """`python -m ddtree.sglang.cpu.tiny_models [--trained] DIR`: the pair's `models:` entry."""
+    done = subprocess.run([str(python), "-m", "ddtree.sglang.cpu.tiny_models", *PAIR_ARGS[pair], str(folder)],
+                          capture_output=True, text=True, env=server_env(), timeout=1200)
     if done.returncode != 0:
         raise AssertionError(f"tiny_models failed: {done.stderr.strip()[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -77,17 +86,18 @@ class Server:
         self.port, self.log, self.process = port, log, process
 
     def generate(self, input_ids: list[int], max_new_tokens: int) -> dict[str, Any]:
-        payload = {"input_ids": input_ids, "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens}}
+        """One request at T=0; ignore_eos: exactly max_new_tokens, as the offline loop makes."""
+        sampling = {"temperature": 0, "ignore_eos": True, "max_new_tokens": max_new_tokens}
+        payload = {"input_ids": input_ids, "sampling_params": sampling}
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}/generate", json.dumps(payload).encode(),
                                          {"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as reply:
             return json.loads(reply.read())
 
-    def generate_all(self, prompts: list[list[int]], max_new_tokens: int, concurrency: int) -> list[list[int]]:
-        """One request per prompt, `concurrency` in flight; outputs in prompt order."""
+    def generate_all(self, prompts: list[list[int]], max_new_tokens: int, concurrency: int) -> list[dict[str, Any]]:
+        """One request per prompt, `concurrency` in flight; replies in prompt order."""
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
-            replies = list(pool.map(lambda ids: self.generate(ids, max_new_tokens), prompts))
-        return [[int(t) for t in reply["output_ids"]] for reply in replies]
+            return list(pool.map(lambda ids: self.generate(ids, max_new_tokens), prompts))
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -106,21 +116,37 @@ def launch_argv(python: Path, models: dict[str, Any], port: int, *, speculative:
     return argv
 
 
-@contextmanager
-def running_server(argv_without_port: Any, log: Path, env: dict[str, str]) -> Iterator[Server]:
-    port = free_port()
-    argv = argv_without_port(port)
-    with open(log, "wb") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    server = Server(port, log, process)
-    try:
+def output_ids(reply: dict[str, Any]) -> list[int]:
+    return [int(t) for t in reply["output_ids"]]
+
+
+def start_server(argv_without_port: Any, log: Path, env: dict[str, str], model_path: str) -> Server:
+    """A server on a free port that is ours once it answers (server_process); a port taken by
+    another process meanwhile fails that start at once, and the next try takes another port."""
+    for attempt in range(1, PORT_TRIES + 1):
+        port = free_port()
+        process = launch(argv_without_port(port), env, log, port)
+        server = Server(port, log, process)
         try:
-            wait_healthy(process, port, START_TIMEOUT_S)
+            wait_until_serving(process, port, START_TIMEOUT_S, model_path=model_path, log_path=log)
+            return server
+        except PortTakenError:
+            stop_process_group(process)
+            if attempt == PORT_TRIES:
+                raise
         except (RuntimeError, TimeoutError) as err:
+            stop_process_group(process)
             raise AssertionError(f"{err}:\n{server.log_text()[-3000:]}") from err
+    raise AssertionError("unreachable")
+
+
+@contextmanager
+def running_server(argv_without_port: Any, log: Path, env: dict[str, str], model_path: str) -> Iterator[Server]:
+    server = start_server(argv_without_port, log, env, model_path)
+    try:
         yield server
     finally:
-        stop_process_group(process)
+        stop_process_group(server.process)
 
 
 def metrics_snapshots(log_text: str) -> list[dict[str, Any]]:

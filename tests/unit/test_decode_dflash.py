@@ -83,6 +83,18 @@ def test_an_unsupported_block_size_is_refused(tmp_path, target):
     folder = save_drafter(tmp_path / "d", drafter_config())
     with pytest.raises(DrafterMismatchError, match="block size 16 is not supported by .* \\(trained for blocks of 6\\)"):
         load_dflash_drafter(str(folder), target, block_size=16)
+    with pytest.raises(DrafterMismatchError, match="block size 1 is not supported"):
+        load_dflash_drafter(str(folder), target, block_size=1)
+
+
+def test_a_shorter_block_drafts_fewer_positions_as_sglangs_block_size_option_serves_it(tmp_path, target):
+    folder = save_drafter(tmp_path / "d", drafter_config())
+    drafter = load_dflash_drafter(str(folder), target, block_size=3)
+    assert drafter.block_size == 3
+    result = generate_ddtree(target, drafter, torch.tensor([[1, 2, 3]]), DecodeConfig(max_new_tokens=8), budget=2)
+    assert result.new_token_ids == generate_autoregressive(target, torch.tensor([[1, 2, 3]]),
+                                                          DecodeConfig(max_new_tokens=8)).new_token_ids
+    assert max(result.acceptance_lengths) <= 3
 
 
 def test_a_drafter_with_another_vocabulary_is_refused(tmp_path, target):
