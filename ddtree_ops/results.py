@@ -123,6 +123,14 @@ def record_field_error(record: dict[str, Any]) -> str | None:
             return str(err)
     elif kind == "log" and not isinstance(record.get("message"), (str, type(None))):
         return f"log.message: expected a string, got {quoted(record.get('message'))}"
+    elif kind == "heartbeat" and not isinstance(record.get("last_output"), (str, type(None))):
+        return f"heartbeat.last_output: expected a string, got {quoted(record.get('last_output'))}"
+    elif kind == "output":
+        lines, file = record.get("lines"), record.get("file")
+        if not (isinstance(lines, list) and all(isinstance(line, str) for line in lines)):
+            return f"output.lines: expected a list of strings, got {quoted(lines)}"
+        if not isinstance(file, (str, type(None))):
+            return f"output.file: expected a file name, got {quoted(file)}"
     elif kind == "run_end":
         for name, ok, expected in (
                 ("status", lambda v: isinstance(v, (str, type(None))), "a string"),
@@ -186,7 +194,10 @@ class HostRecorder:
         if record is not None and record_owner_error(record, self.run_id, self.host) is not None:
             record = None  # another run's or host's record: kept as stray output, never as ours
         if record is not None:
-            refused = record_field_error(record) or self._past_stage_budget(record)
+            # `-v`'s output records are shown, not kept (the host's log files are the record;
+            # `collect` fetches them), so they do not count against the stage's records
+            refused = record_field_error(record) or (
+                None if record.get("event") == "output" else self._past_stage_budget(record))
             if refused is not None:
                 if self.record_error is None:
                     self.record_error = f"a record was refused: {refused}"
@@ -197,9 +208,11 @@ class HostRecorder:
                 with self._stray.open("a", encoding="utf-8") as out:
                     out.write(line.rstrip("\n") + "\n")
             return None
+        kind = record.get("event")
+        if kind == "output":
+            return record
         self._events.write(line.strip() + "\n")  # verbatim: the raw event log
         self._events.flush()
-        kind = record.get("event")
         stage = record.get("stage")
         if kind == "run_start":
             self.planned = list(record.get("stages") or [])

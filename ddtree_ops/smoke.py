@@ -25,12 +25,11 @@ STOP_TIMEOUT_S = 15.0
 
 def check_stages_in_bundle(stages: list[str], relpaths: set[str]) -> None:
     from ddtree_ops.errors import UsageError
-
+    from ddtree_ops.hostside.protocol import stage_names
     from ddtree_ops.release import STAGES_DIR
 
-    available = sorted(p[len(STAGES_DIR) + 1:-3].replace("_", "-") for p in relpaths
-                       if p.startswith(STAGES_DIR + "/") and p.endswith(".py")
-                       and not p.rsplit("/", 1)[1].startswith("_"))
+    available = stage_names(p[len(STAGES_DIR) + 1:-3] for p in relpaths
+                            if p.startswith(STAGES_DIR + "/") and p.endswith(".py") and "/" not in p[len(STAGES_DIR) + 1:])
     unknown = [s for s in stages if s not in available]  # `parse_stages` spelled them; `__init__` is no stage
     if unknown:
         raise UsageError(f"--stages: unknown stage(s) {', '.join(unknown)} "
@@ -67,6 +66,7 @@ class SmokePlan:
     keep_going: bool
     stage_timeout_s: float
     release_id: Optional[str]  # what was pushed (None with --no-push)
+    stream_output: bool = False  # `-v`: the runner streams what each stage writes
 
 
 def runner_control_argv(host: "Host", workdir: str, run_id: str, subcommand: str) -> list[str]:
@@ -88,6 +88,8 @@ def runner_argv(host: "Host", workdir: str, plan: SmokePlan, subcommand: str = "
         argv += ["--stages", ",".join(plan.stages)]
     if plan.keep_going:
         argv.append("--keep-going")
+    if plan.stream_output:
+        argv.append("--stream-output")
     return argv
 
 
@@ -147,6 +149,7 @@ def execute_smoke(
     command: str = "smoke",
     run_id: Optional[str] = None,
     rollout: Any = None,
+    stream_output: bool = False,
 ) -> SmokeRun:
     """Push (unless `push` is False), run the runner on every selected host, keep every record
     under the run folder as it arrives, settle each host's outcome; stop the runners and keep
@@ -174,7 +177,7 @@ def execute_smoke(
         stages = stages or default_stages(relpaths)
     plan = SmokePlan(run_id=run_id or new_run_id(), stages=stages, options=options,
                      keep_going=keep_going, stage_timeout_s=stage_timeout_s,
-                     release_id=bundle.release_id if bundle else None)
+                     release_id=bundle.release_id if bundle else None, stream_output=stream_output)
     store = RunStore(runs_root(runs_dir))
     started = time.time()
     store.create_run(plan.run_id, {

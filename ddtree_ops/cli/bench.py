@@ -24,6 +24,7 @@ from ddtree_ops.cli.smoke import (
     SourceOpt,
     SetOpt,
     StageTimeoutOpt,
+    VerboseOpt,
     build_options,
     run_smoke,
 )
@@ -61,34 +62,22 @@ def bench(
     parallel: ParallelOpt = DEFAULT_PARALLEL,
     accept_new_host_keys: AcceptNewHostKeysOpt = False,
     settings: SetOpt = None,
+    verbose: VerboseOpt = False,
 ) -> int:
     """Run the budget sweeps on the hosts (more repetitions than smoke) and report them."""
-    from ddtree_ops.cli.console import say
-    from ddtree_ops.results import new_run_id
-
+    options = build_options(budgets, batch_sizes, repeat, seed, settings)  # refused before anything is made
     if plot is not None:  # before the sweep, not after it
         from ddtree_ops.local_dirs import ensure_output_dir
 
         ensure_output_dir(plot, "--plot")
-    run_id = new_run_id()
-    options = build_options(budgets, batch_sizes, repeat, seed, settings)
     # the thorough sweep: every point gets `--repeat` calls, however long that takes
     options.setdefault("extra", {}).setdefault("tree_bench_seconds", 0)
-    code = run_smoke(
+    return run_smoke(
         inventory=inventory, hosts=hosts, stages=_bench_stages(source, not no_push),
         options=options, keep_going=True,
         json_out=json_out, push=not no_push, source=source, stage_timeout_s=stage_timeout,
         runs_dir=runs_dir, parallel=parallel, accept_new_host_keys=accept_new_host_keys,
-        command="bench", run_id=run_id)
-    if plot is not None:
-        from ddtree_ops.report.model import build_report
-        from ddtree_ops.report.plots import plot_run
-        from ddtree_ops.results import RunStore, runs_root
-
-        store = RunStore(runs_root(runs_dir))
-        for path in plot_run(build_report(store.load(run_id)), plot):
-            say(f"wrote {path}")
-    return code
+        command="bench", plot=plot, verbose=verbose)
 
 
 def register(app: typer.Typer) -> None:

@@ -185,7 +185,8 @@ def fit_rows(rows: list[Any], height: Optional[int], state_of: Callable[[Any], s
 
 class LiveHostTable:
     """Per-host state while a fan-out runs. On a terminal: a Rich live table on stderr.
-    Otherwise: one stderr line per finished host. Safe to call from worker threads.
+    Otherwise: one stderr line per finished host, and a `still running` line about each host at
+    work at least every 30 s (cli/still_running.py). Safe to call from worker threads.
 
     Rows are kept from the first call; the display begins at `start()`, which the fan-out
     calls once its hosts are under way (what finished before is shown then)."""
@@ -200,6 +201,10 @@ class LiveHostTable:
         self.live: Optional[Live] = None
         self.live_wanted = False  # set under the lock before the live table exists: no lines then
         self.height: Optional[int] = None
+        self.still_running: Any = None  # without a live table: the lines while hosts work
+        from ddtree_ops.cli.still_running import progress_every_s
+
+        self.progress_every_s = progress_every_s()  # a bad $DDTREE_OPS_PROGRESS_EVERY_S: refused before any host
 
     def __enter__(self) -> "LiveHostTable":
         return self
@@ -210,6 +215,8 @@ class LiveHostTable:
             # An interrupted fan-out leaves its workers to finish on their own: what they
             # report now would land after the command's final line ("interrupted").
             self.closed = True
+        if self.still_running is not None:
+            self.still_running.stop()
         if self.live is not None:
             self.live.__exit__(*exc)
 
@@ -244,6 +251,24 @@ class LiveHostTable:
             return
         for host, (state_text, detail, changed) in done:
             self._say_finished(host, state_text, detail, changed)
+        from ddtree_ops.cli.still_running import StillRunning
+
+        self.still_running = StillRunning(self.title, self.activities, every_s=self.progress_every_s).start()
+
+    def activities(self) -> list[Any]:
+        """What each host under way is doing (for the `still running` lines): the step its task
+        reported (`deploying`, `release <id>`), or whom it is connecting to."""
+        from ddtree_ops.cli.still_running import Activity
+
+        with self.lock:
+            rows = list(self.rows.items())
+        found = []
+        for host, (state, detail, changed) in rows:
+            if state == "connecting":
+                found.append(Activity(host, f"connecting to {detail}" if detail else state, changed))
+            elif state == "running":
+                found.append(Activity(host, detail or state, changed))
+        return found
 
     def on_progress(self, host: str, state: Any, detail: str) -> None:
         state_text = getattr(state, "value", str(state))
@@ -260,6 +285,8 @@ class LiveHostTable:
         elapsed = changed - self.started.get(host, changed)
         tail = f": {without_host(host, detail, state_text)}" if detail and state_text != "ok" else ""
         say(f"{self.title}: {host}: {state_text} ({elapsed:.1f}s){tail}")
+        if self.still_running is not None:
+            self.still_running.spoke(host)
 
     def _frame(self) -> Table:
         return self._render(self.height)

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 PROTOCOL_VERSION = 1
 
@@ -60,7 +60,11 @@ class EventKind(str, Enum):
     STAGE_START stage, index
     LOG         stage, message
     METRIC      stage, name, value
-    HEARTBEAT   stage (or null), elapsed_s (in the current stage)
+    HEARTBEAT   stage (or null), elapsed_s (in the current stage), last_output (the last line
+                the stage or a log in its artifacts folder wrote, or null)
+    OUTPUT      stage, file (null: the stage's log; else the name of a *.log in its artifacts
+                folder), lines [str]: what it wrote since the last one; only with the runner's
+                --stream-output, and never written to events.jsonl (the log files are the record)
     STAGE_END   stage, index, status, reason, duration_s, metrics {..}, tables {name: [rows]},
                 traceback (str|null), output_tail (str|null: the stage's last output when it
                 crashed or hung), load (timed stages: {before, after} host-load samples, see
@@ -74,6 +78,7 @@ class EventKind(str, Enum):
     LOG = "log"
     METRIC = "metric"
     HEARTBEAT = "heartbeat"
+    OUTPUT = "output"
     STAGE_END = "stage_end"
     RUN_END = "run_end"
 
@@ -95,6 +100,18 @@ EXIT_INTERRUPTED = 130
 def stage_module_name(stage: str) -> str:
     """`tree-bench` -> `tree_bench` (the module under ddtree_ops/hostside/stages/)."""
     return stage.replace("-", "_")
+
+
+def stages_dir() -> Path:
+    """The stage modules of this release (or checkout)."""
+    return Path(__file__).resolve().parent / "stages"
+
+
+def stage_names(module_stems: Any) -> list[str]:
+    """The stages whose modules have these file stems (`tree_bench`; `_private` ones are none):
+    those of STAGE_ORDER first, in that order, then the others (e.g. `lossless-full`) by name."""
+    names = {stem.replace("_", "-") for stem in module_stems if not stem.startswith("_")}
+    return [s for s in STAGE_ORDER if s in names] + sorted(names - set(STAGE_ORDER))
 
 
 @dataclass
@@ -136,26 +153,53 @@ class SmokeOptions:
         return opts
 
 
-# The knobs the shipped stages read from options.extra (`--set KEY=VALUE`): kind and least
-# value. The runner checks them as it reads its plan, so a bad value is refused (exit 2) before
-# any stage runs, naming the knob. Other keys pass through: a stage of the operator's own may
-# read them.
-KNOBS: dict[str, tuple[str, float | None]] = {
-    "vocab": ("int", 1), "depth": ("int", 1), "tree_bench_seconds": ("float", 0.0),  # tree-bench
-    "max_new_tokens": ("int", 1), "temperature": ("float", 0.0), "max_prompts": ("int", 1),
-    "strict": ("bool", None),  # decode-bench
-    "lossless_full": ("bool", None), "lossless_tokens": ("int", 1), "lossless_samples": ("int", 1),
-    "sglang_budgets": ("int_list", 1), "sglang_port": ("int", 1), "sglang_max_new_tokens": ("int", 1),
-    "sglang_start_timeout_s": ("float", 1.0), "sglang_attention_backend": ("str", None),
-    "sglang_extra_args": ("str_list", None), "near_tie_gap": ("float", 0.0),
-    "sglang_concurrency": ("int_list", 1), "sglang_requests_per_level": ("int", 1),
-    "sglang_offline_check": ("bool", None), "offline_near_tie_margin": ("float", 0.0),
-    "acceptance_tolerance": ("float", 0.0),  # sglang-e2e
+class KnobKind(str, Enum):
+    """What a `--set` knob's value must be."""
+
+    INT = "an integer"
+    FLOAT = "a number"
+    BOOL = "true or false"
+    STR = "a string"
+    INT_LIST = "a list of integers"
+    STR_LIST = "a list of strings"
+
+
+class Knob(NamedTuple):
+    kind: KnobKind
+    least: float | None = None  # the smallest allowed number (of each item, for a list)
+
+
+# Every knob a stage may read from options.extra (`--set KEY=VALUE`), its kind and least value:
+# the one table. The operator checks `--set` against it before anything is allocated or pushed,
+# and the runner again as it reads its plan (a release older or newer than the operator), so an
+# unknown knob or a bad value is refused (exit 2) naming the knob, never ignored. A stage that
+# reads a new knob declares it here.
+KNOBS: dict[str, Knob] = {
+    # tree-bench
+    "vocab": Knob(KnobKind.INT, 1), "depth": Knob(KnobKind.INT, 1),
+    "tree_bench_seconds": Knob(KnobKind.FLOAT, 0.0),
+    # decode-bench
+    "max_new_tokens": Knob(KnobKind.INT, 1), "temperature": Knob(KnobKind.FLOAT, 0.0),
+    "max_prompts": Knob(KnobKind.INT, 1), "strict": Knob(KnobKind.BOOL),
+    # lossless
+    "lossless_full": Knob(KnobKind.BOOL), "lossless_tokens": Knob(KnobKind.INT, 1),
+    "lossless_samples": Knob(KnobKind.INT, 1),
+    # sglang-e2e (sglang_concurrency: decode-bench too)
+    "sglang_budgets": Knob(KnobKind.INT_LIST, 1), "sglang_port": Knob(KnobKind.INT, 1),
+    "sglang_max_new_tokens": Knob(KnobKind.INT, 1), "sglang_start_timeout_s": Knob(KnobKind.FLOAT, 1.0),
+    "sglang_attention_backend": Knob(KnobKind.STR), "sglang_extra_args": Knob(KnobKind.STR_LIST),
+    "near_tie_gap": Knob(KnobKind.FLOAT, 0.0), "sglang_concurrency": Knob(KnobKind.INT_LIST, 1),
+    "sglang_requests_per_level": Knob(KnobKind.INT, 1),
+    "sglang_offline_check": Knob(KnobKind.BOOL), "offline_near_tie_margin": Knob(KnobKind.FLOAT, 0.0),
+    "acceptance_tolerance": Knob(KnobKind.FLOAT, 0.0),
 }
 
 
 def _comma_ints(value: Any) -> Any:
-    """`--set sglang_concurrency=1,8,32` arrives as the string "1,8,32": the list it spells."""
+    """`--set sglang_concurrency=1,8,32` arrives as the string "1,8,32", and `...=8` as the
+    number 8: the list each spells."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
     if not isinstance(value, str):
         return value
     try:
@@ -164,33 +208,42 @@ def _comma_ints(value: Any) -> Any:
         return value
 
 
+def unknown_knob_message(name: str) -> str:
+    import difflib
+
+    near = difflib.get_close_matches(name, KNOBS, n=1)
+    hint = f" (did you mean {near[0]}?)" if near else ""
+    return f"--set {name}: unknown knob{hint}; known knobs: {', '.join(sorted(KNOBS))}"
+
+
 def check_knobs(extra: dict[str, Any]) -> dict[str, Any]:
+    """`extra` with each knob's value in its kind (`"1,8"` -> [1, 8] for a list of integers);
+    ValueError naming the first unknown knob or bad value."""
     for name, value in list(extra.items()):
         rule = KNOBS.get(name)
-        if rule is not None and rule[0] == "int_list":
+        if rule is None:
+            raise ValueError(unknown_knob_message(name))
+        if rule.kind is KnobKind.INT_LIST:
             extra[name] = value = _comma_ints(value)
-        if rule is not None and not _knob_ok(value, *rule):
-            kind, least = rule
-            want = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
-                    "int_list": "a list of integers", "str_list": "a list of strings"}[kind]
-            bound = f" >= {least:g}" if least is not None else ""
-            raise ValueError(f"--set {name}: expected {want}{bound}, got {value!r}")
+        if not _knob_ok(value, rule):
+            bound = f" >= {rule.least:g}" if rule.least is not None else ""
+            raise ValueError(f"--set {name}: expected {rule.kind.value}{bound}, got {value!r}")
     return extra
 
 
-def _knob_ok(value: Any, kind: str, least: float | None) -> bool:
+def _knob_ok(value: Any, rule: Knob) -> bool:
     def number(v: Any, integral: bool) -> bool:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or (integral and not isinstance(v, int)):
             return False
-        return math.isfinite(v) and (least is None or v >= least)
+        return math.isfinite(v) and (rule.least is None or v >= rule.least)
 
-    if kind in ("int", "float"):
-        return number(value, kind == "int")
-    if kind == "int_list":
+    if rule.kind in (KnobKind.INT, KnobKind.FLOAT):
+        return number(value, rule.kind is KnobKind.INT)
+    if rule.kind is KnobKind.INT_LIST:
         return isinstance(value, list) and bool(value) and all(number(v, True) for v in value)
-    if kind == "str_list":
+    if rule.kind is KnobKind.STR_LIST:
         return isinstance(value, list) and all(isinstance(v, str) for v in value)
-    return isinstance(value, {"bool": bool, "str": str}[kind])
+    return isinstance(value, bool if rule.kind is KnobKind.BOOL else str)
 
 
 def _non_negative_int(name: str, value: Any) -> int:

@@ -90,8 +90,11 @@ from ddtree_ops.hostside.protocol import (  # noqa: E402
     jsonable,
     make_event,
     stage_module_name,
+    stage_names,
+    stages_dir,
 )
 from ddtree_ops.hostside.signals import Redelivery  # noqa: E402
+from ddtree_ops.hostside.stage_output import StageOutput  # noqa: E402
 
 # The release this runner belongs to, `current` resolved as the run starts (a push may switch
 # `current` while the run goes on).
@@ -99,6 +102,11 @@ OWN_RELEASE_ROOT = Path(os.path.realpath(__file__)).parents[2]  # <release>/ddtr
 
 DEFAULT_STAGE_TIMEOUT_S = 600.0
 HEARTBEAT_S = 5.0
+STREAM_POLL_S = 0.5  # with --stream-output: how soon a line a stage wrote is sent
+# With --stream-output, at most this much output per run is sent: the operator's transport
+# stops a command past 256 MiB of stdout (transport/base.py MAX_OUTPUT_BYTES), and the logs
+# stay on the host either way (`collect` fetches them).
+STREAM_LIMIT_BYTES = 64 << 20
 OUTPUT_TAIL_CHARS = 4000
 PID_FILE = "runner.pid"
 
@@ -119,10 +127,6 @@ STOP_GRACE_S = 10.0
 
 # ----------------------------------------------------------------------------- stage catalogue
 
-def stages_dir() -> Path:
-    return Path(__file__).resolve().parent / "stages"
-
-
 def available_stages() -> list[str]:
     """Stages in STAGE_ORDER whose module exists in this release."""
     folder = stages_dir()
@@ -138,7 +142,7 @@ def resolve_stages(requested: list[str] | None) -> list[str]:
     unknown = [s for s in requested
                if not s or s.startswith("_") or not (folder / f"{stage_module_name(s)}.py").is_file()]
     if unknown:
-        every = sorted(p.stem.replace("_", "-") for p in folder.glob("*.py") if not p.name.startswith("_"))
+        every = stage_names(p.stem for p in folder.glob("*.py"))
         raise ValueError(f"unknown stage(s) {', '.join(map(repr, unknown))}; this release has: {', '.join(every)}")
     seen: set[str] = set()
     return [s for s in requested if not (s in seen or seen.add(s))]
@@ -364,8 +368,9 @@ class EventSink:
     def emit(self, kind: EventKind, **fields: Any) -> dict[str, Any]:
         record = make_event(kind, self.run_id, self.host, **fields)
         line = encode_event(record)
-        self._events.write(line + "\n")
-        self._events.flush()
+        if kind is not EventKind.OUTPUT:  # streamed only: the log files it quotes are the record
+            self._events.write(line + "\n")
+            self._events.flush()
         if kind is EventKind.STAGE_END:
             write_json_atomic(self.run_dir / "stages" / f"{record['stage']}.json", record)
         if self.stdout_alive:
@@ -523,6 +528,25 @@ class Supervisor:
         self.worker: Any = None
         self.current: str | None = None  # the stage the worker is in
         self.stage_started = time.monotonic()
+        self.stream_output = bool(plan.get("stream_output"))
+        self.output: StageOutput | None = None  # the current stage's output, followed
+        self.streamed_bytes = 0
+
+    def relay_output(self, final: bool = False) -> None:
+        """The current stage's new output lines: sent as `output` events with --stream-output
+        (up to STREAM_LIMIT_BYTES a run); read either way, so a heartbeat can name the last one."""
+        if self.output is None:
+            return
+        for file, lines in self.output.read(final):
+            if not self.stream_output or self.streamed_bytes > STREAM_LIMIT_BYTES:
+                continue
+            self.streamed_bytes += sum(len(line) + 1 for line in lines)
+            if self.streamed_bytes > STREAM_LIMIT_BYTES:
+                lines = [*lines, f"... streaming stopped after {STREAM_LIMIT_BYTES >> 20} MiB of output; "
+                                 f"the logs are in {self.plan['run_dir']} (`ddtree-ops collect` fetches them)"]
+            self.sink.emit(EventKind.OUTPUT, stage=self.current, file=file, lines=lines)
+        if final:
+            self.output = None
 
     def finish(self, stage: str, **fields: Any) -> None:
         fields.setdefault("output_tail", None)
@@ -537,6 +561,7 @@ class Supervisor:
         if stage is None:
             return
         elapsed = time.monotonic() - self.stage_started if self.current else 0.0
+        self.relay_output(final=True)
         log_path = Path(self.plan["run_dir"]) / "logs" / f"{stage}.log"
         self.finish(stage, status=Status.FAIL.value, reason=reason, duration_s=round(elapsed, 6),
                     metrics={}, tables={}, traceback=None, output_tail=_output_tail(log_path))
@@ -597,17 +622,22 @@ class Supervisor:
         try:
             while True:
                 _raise_if_stopped()
-                wait = HEARTBEAT_S
+                wait = STREAM_POLL_S if self.stream_output and self.output is not None else HEARTBEAT_S
                 if self.current is not None:
                     left = self.stage_started + self.timeout_s - time.monotonic()
                     if left <= 0:
                         return f"timed out after {self.timeout_s:g}s"
                     wait = min(wait, left)
                 if not receiver.poll(wait):
+                    if self.stream_output:
+                        self.relay_output()
                     if time.monotonic() - last_event >= HEARTBEAT_S:
+                        if not self.stream_output:
+                            self.relay_output()  # read for its last line only
                         elapsed = time.monotonic() - self.stage_started if self.current else 0.0
+                        last = self.output.last_line if self.output is not None else ""
                         self.sink.emit(EventKind.HEARTBEAT, stage=self.current,
-                                       elapsed_s=round(elapsed, 3))
+                                       elapsed_s=round(elapsed, 3), last_output=last or None)
                         last_event = time.monotonic()
                     continue
                 try:
@@ -619,15 +649,19 @@ class Supervisor:
                 if kind == "done":
                     return ""
                 if kind == "end":
+                    self.relay_output(final=True)  # the stage's last lines before its end
                     self.current = None
                     self.finish(what, **fields)
                     if fields["status"] == Status.FAIL.value and not self.keep_going:
                         return ""
                 elif what is EventKind.STAGE_START:
                     self.current, self.stage_started = fields["stage"], time.monotonic()
+                    self.output = StageOutput(Path(self.plan["run_dir"]), self.current)
                     self.sink.emit(what, stage=self.current, index=self.index_of[self.current])
                 else:
                     self.sink.emit(what, **fields)
+                    if self.stream_output:
+                        self.relay_output()
         except BaseException:
             self.stop_worker()  # interrupted: nothing more worth waiting for
             raise
@@ -688,7 +722,7 @@ def command_run(args: argparse.Namespace) -> int:
             "expected_release": args.expected_release, "options": options.to_dict(),
             "host_entry": host_entry, "keep_going": args.keep_going,
             "stage_timeout_s": args.stage_timeout,
-            "needs_torch": needs_torch,
+            "needs_torch": needs_torch, "stream_output": args.stream_output,
         }
         meta = dict(stages=stages, options=options.to_dict(), release_root=str(release_root),
                     expected_release=args.expected_release, pid=os.getpid(),
@@ -776,6 +810,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     run.add_argument("--host-entry", default="{}", help="the inventory entry as JSON")
     run.add_argument("--keep-going", action="store_true")
     run.add_argument("--stage-timeout", type=float, default=DEFAULT_STAGE_TIMEOUT_S)
+    run.add_argument("--stream-output", action="store_true",
+                     help="also send each line a stage writes (its log, its artifacts' *.log) as an output event")
     for name in ("stop", "files"):
         cmd = sub.add_parser(name)
         cmd.add_argument("--run-id", required=True)

@@ -263,9 +263,11 @@ class Baseline:
     def index(self) -> dict[tuple[str, str, float, str], MethodSummary]:
         return {entry.key: entry for entry in self.entries}
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": BASELINE_FORMAT, "sources": self.sources, "entries": [e.to_dict() for e in self.entries]}
+
     def to_json(self) -> str:
-        body = {"format": BASELINE_FORMAT, "sources": self.sources, "entries": [e.to_dict() for e in self.entries]}
-        return json.dumps(body, indent=1, sort_keys=True, allow_nan=False) + "\n"  # strict JSON: no NaN
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True, allow_nan=False) + "\n"  # strict JSON: no NaN
 
     @classmethod
     def from_json(cls, text: str, where: str) -> "Baseline":
@@ -339,48 +341,112 @@ def import_reference_runs(paths: Sequence[Path]) -> Baseline:
 # --------------------------------------------------------------------------- the paper
 
 
-def _read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
-    lines = path.read_text(encoding="utf-8").splitlines()
+# The columns of each of the paper's tables in baselines/ (a header line after `#` comments).
+TABLE1_COLUMNS = ("temperature", "dataset", "model", "method", "speedup", "tau")
+SWEEP_COLUMNS = ("budget", "speedup", "tau")
+HISTOGRAM_COLUMNS = ("acceptance_length", "dflash_percent", "ddtree_b512_percent")
+PAPER_BASELINE_HINT = ("use the paper baseline, which joins the three tables (baselines/ddtree-paper.json, "
+                       "or `ddtree-ops baseline paper -o FILE`)")
+
+
+def _read_csv(path: Path) -> tuple[list[str], list[str], list[dict[str, str]]]:
+    """(comments, header, rows) of a paper table: `#` lines, then a CSV with a header."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise BaselineFileError(f"{path}: cannot read: {getattr(err, 'strerror', None) or err}") from None
     comments = [line[1:].strip() for line in lines if line.startswith("#")]
-    rows = list(csv.DictReader(line for line in lines if line and not line.startswith("#")))
-    return comments, rows
+    reader = csv.DictReader(line for line in lines if line and not line.startswith("#"))
+    rows = list(reader)
+    return comments, list(reader.fieldnames or []), rows
+
+
+def _cell(path: Path, index: int, row: dict[str, str], column: str, kind: type) -> Any:
+    """A row's value as `kind`; BaselineFileError naming the file, the row and the column."""
+    try:
+        value = kind(row[column])
+    except (TypeError, ValueError):
+        raise BaselineFileError(f"{path}: row {index + 1}: {column}: expected {kind.__name__}, "
+                                f"got {quoted(row.get(column))}") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise BaselineFileError(f"{path}: row {index + 1}: {column}: expected a finite number, got {row[column]!r}")
+    return value
+
+
+def _table1_entries(path: Path, rows: list[dict[str, str]]) -> list[MethodSummary]:
+    entries = []
+    for index, row in enumerate(rows):
+        method = PAPER_METHODS.get(row["method"])
+        if method is None:
+            raise BaselineFileError(f"{path}: row {index + 1}: method: expected one of {sorted(PAPER_METHODS)}, "
+                                    f"got {quoted(row['method'])}")
+        entries.append(MethodSummary(
+            dataset=DATASET_KEYS.get(row["dataset"], row["dataset"]), model=row["model"],
+            temperature=_cell(path, index, row, "temperature", float), method=method, budget=None,
+            tau=_cell(path, index, row, "tau", float), speedup=_cell(path, index, row, "speedup", float),
+            time_per_output_token=None, histogram={}, requests=None, identical_to_ar=None,
+            source=PAPER_SOURCE + ", Table 1",
+        ))
+    return entries
+
+
+def _sweep_entries(path: Path, rows: list[dict[str, str]],
+                   histograms: Mapping[str, dict[int, float]]) -> list[MethodSummary]:
+    """The budget trade-off figure: MATH-500, Qwen3-8B, T=0 (its header comment says so)."""
+    entries = []
+    for index, row in enumerate(rows):
+        budget = _cell(path, index, row, "budget", int)
+        method = f"ddtree_tb{budget}"
+        entries.append(MethodSummary(
+            dataset="math500", model="Qwen3-8B", temperature=0.0, method=method, budget=budget, tau=_cell(path, index, row, "tau", float),
+            speedup=_cell(path, index, row, "speedup", float), time_per_output_token=None,
+            histogram=histograms.get(method, {}), requests=None, identical_to_ar=None,
+            source=PAPER_SOURCE + ", budget trade-off figure",
+        ))
+    return entries
+
+
+def _histogram(path: Path, rows: list[dict[str, str]], column: str) -> dict[int, float]:
+    return {_cell(path, i, r, "acceptance_length", int): _cell(path, i, r, column, float) / 100
+            for i, r in enumerate(rows)}
 
 
 def paper_baseline(folder: Path = PAPER_DIR) -> Baseline:
     """Table 1, the MATH-500 budget sweep and the Qwen3-8B histogram, as baseline entries."""
-    entries: list[MethodSummary] = []
     sources = []
-
-    comments, rows = _read_csv(folder / "ddtree-paper-table1.csv")
-    sources.append({"file": "ddtree-paper-table1.csv", "source": " ".join(comments)})
-    for row in rows:
-        entries.append(MethodSummary(
-            dataset=DATASET_KEYS.get(row["dataset"], row["dataset"]), model=row["model"],
-            temperature=float(row["temperature"]), method=PAPER_METHODS[row["method"]], budget=None,
-            tau=float(row["tau"]), speedup=float(row["speedup"]), time_per_output_token=None,
-            histogram={}, requests=None, identical_to_ar=None, source=PAPER_SOURCE + ", Table 1",
-        ))
-
-    comments, rows = _read_csv(folder / "ddtree-paper-budget-sweep.csv")
-    sources.append({"file": "ddtree-paper-budget-sweep.csv", "source": " ".join(comments)})
-    hist_comments, hist_rows = _read_csv(folder / "ddtree-paper-acceptance-histogram.csv")
-    sources.append({"file": "ddtree-paper-acceptance-histogram.csv", "source": " ".join(hist_comments)})
-    histograms = {
-        "ddtree_tb512": {int(r["acceptance_length"]): float(r["ddtree_b512_percent"]) / 100 for r in hist_rows},
-    }
-    for row in rows:
-        method = f"ddtree_tb{int(row['budget'])}"
-        entries.append(MethodSummary(
-            dataset="math500", model="Qwen3-8B", temperature=0.0, method=method, budget=int(row["budget"]),
-            tau=float(row["tau"]), speedup=float(row["speedup"]), time_per_output_token=None,
-            histogram=histograms.get(method, {}), requests=None, identical_to_ar=None,
-            source=PAPER_SOURCE + ", budget trade-off figure",
-        ))
+    tables = {}
+    for name in ("ddtree-paper-table1.csv", "ddtree-paper-budget-sweep.csv", "ddtree-paper-acceptance-histogram.csv"):
+        comments, _, rows = _read_csv(folder / name)
+        sources.append({"file": name, "source": " ".join(comments)})
+        tables[name] = rows
+    hist_path = folder / "ddtree-paper-acceptance-histogram.csv"
+    hist_rows = tables["ddtree-paper-acceptance-histogram.csv"]
+    entries = _table1_entries(folder / "ddtree-paper-table1.csv", tables["ddtree-paper-table1.csv"])
+    entries += _sweep_entries(folder / "ddtree-paper-budget-sweep.csv", tables["ddtree-paper-budget-sweep.csv"],
+                              {"ddtree_tb512": _histogram(hist_path, hist_rows, "ddtree_b512_percent")})
     # The DFlash histogram has no DDTree-style key of its own: attach it to Table 1's cell.
     for entry in entries:
         if entry.key == ("math500", "Qwen3-8B", 0.0, "dflash"):
-            entry.histogram = {int(r["acceptance_length"]): float(r["dflash_percent"]) / 100 for r in hist_rows}
+            entry.histogram = _histogram(hist_path, hist_rows, "dflash_percent")
     return Baseline(entries=entries, sources=sources)
+
+
+def csv_baseline(path: Path) -> Baseline:
+    """One of the paper's tables (baselines/*.csv, or a file of the same columns) as a decode
+    baseline of its own cells: Table 1 or the budget sweep. The histogram alone has no tau to
+    compare a run with; any other CSV is none of them. Both are refused naming the file."""
+    comments, header, rows = _read_csv(path)
+    source = [{"file": path.name, "source": " ".join(comments), "sha256": sha256_file(path)}]
+    if tuple(header) == TABLE1_COLUMNS:
+        return Baseline(entries=_table1_entries(path, rows), sources=source)
+    if tuple(header) == SWEEP_COLUMNS:
+        return Baseline(entries=_sweep_entries(path, rows, {}), sources=source)
+    if tuple(header) == HISTOGRAM_COLUMNS:
+        raise BaselineFileError(f"{path}: the paper's acceptance-length histogram alone has no tau or speedup to "
+                                f"compare a run with: {PAPER_BASELINE_HINT}")
+    raise BaselineFileError(
+        f"{path}: a CSV with columns {','.join(header) or '(none)'} is none of the paper's tables (Table 1: "
+        f"{','.join(TABLE1_COLUMNS)}; budget sweep: {','.join(SWEEP_COLUMNS)}); other baselines are JSON or YAML")
 
 
 # --------------------------------------------------------------------------- comparison

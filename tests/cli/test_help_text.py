@@ -44,3 +44,24 @@ def test_rollback_says_why_it_takes_a_source(capsys, monkeypatch):
     out = " ".join(capsys.readouterr().out.replace("│", " ").split())  # help wrapped in a panel
     assert "Checkout whose installer does the rollback on the hosts" in out
     assert "what is removed comes from each host's own deploy record" in out
+
+
+def test_smoke_help_names_every_stage_from_the_stage_registry(capsys, monkeypatch):
+    """Issue #47: `smoke --help` did not list the stage names."""
+    from ddtree_ops.hostside.protocol import STAGE_ORDER
+
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["smoke", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.replace("│", " ").split())  # help wrapped in a panel
+    assert f"Default: {', '.join(STAGE_ORDER)}. Only when named: lossless-full." in out
+
+
+def test_the_stage_list_in_help_follows_the_stage_modules(tmp_path, monkeypatch):
+    """Read from the stage modules and STAGE_ORDER, not a copy: a new stage file shows up."""
+    from ddtree_ops.cli.smoke import stages_help
+    from ddtree_ops.hostside import protocol
+
+    for stem in ("env", "tree_bench", "disk_check", "_helpers", "__init__"):
+        (tmp_path / f"{stem}.py").write_text("")
+    monkeypatch.setattr(protocol, "stages_dir", lambda: tmp_path)
+    assert stages_help().endswith("Default: env, tree-bench. Only when named: disk-check.")

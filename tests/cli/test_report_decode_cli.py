@@ -144,3 +144,28 @@ def test_decode_options_with_a_metrics_baseline_are_a_usage_error(decode_run, tm
     assert code == 2 and "--tau-tolerance applies to a decode baseline" in err
     code, _, _ = report(decode_run, capsys, "--baseline", str(metrics))
     assert code == 0
+
+
+PAPER_TABLES = Path(__file__).resolve().parents[2] / "baselines"
+
+
+@pytest.mark.parametrize("table, compared", [
+    ("ddtree-paper-table1.csv", {"decode-bench.tau.dflash", "decode-bench.tau.ddtree_best"}),
+    ("ddtree-paper-budget-sweep.csv", {"decode-bench.tau.ddtree_tb16"}),
+])
+def test_the_shipped_paper_tables_load_as_baselines(decode_run, capsys, table, compared):
+    """Issue #47: each shipped CSV said "not valid csv" after a JSON parser's error. Named for
+    the paper's cell, the run is compared with it (the tiny models' tau is far below: exit 5)."""
+    code, out, err = report(decode_run, capsys, "--baseline", str(PAPER_TABLES / table), "--baseline-dataset",
+                            "math500", "--baseline-model", "Qwen3-8B", "--json")
+    doc = json.loads(out)
+    assert code == 5 and doc["baseline"]["kind"] == "decode", err
+    assert compared <= {c["metric"] for c in doc["baseline"]["comparisons"]}
+
+
+def test_the_shipped_histogram_alone_is_refused_with_the_true_reason(decode_run, capsys):
+    table = PAPER_TABLES / "ddtree-paper-acceptance-histogram.csv"
+    code, out, err = report(decode_run, capsys, "--baseline", str(table))
+    assert code == 3 and out == "" and err.count("\n") == 1
+    assert f"{table}: the paper's acceptance-length histogram alone has no tau or speedup" in err
+    assert "baselines/ddtree-paper.json" in err and "not valid" not in err

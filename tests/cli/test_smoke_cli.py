@@ -24,6 +24,10 @@ EXTRA_STAGES = {
               'def run(ctx):\n    raise RuntimeError("broken on purpose")\n',
     "hang": 'NAME = "hang"\nDESCRIPTION = "hangs"\nimport time\n'
             'def run(ctx):\n    print("hanging now", flush=True)\n    time.sleep(3600)\n',
+    "quiet": 'NAME = "quiet"\nDESCRIPTION = "says one thing, then works quietly for 3 s"\nNEEDS_TORCH = False\n'
+             'import time\ndef run(ctx):\n    from ddtree_ops.hostside.protocol import StageResult\n'
+             '    print("a line of output", flush=True)\n    ctx.log("halfway there")\n    time.sleep(3)\n'
+             '    return StageResult.passed("done")\n',
 }
 
 
@@ -210,13 +214,19 @@ def test_collect_is_idempotent_and_adopts_missing_records(env, capsys):
     assert report["hosts"]["local"]["stages"]["golden"]["status"] == "pass"
 
 
-def test_bench_runs_the_sweep_and_plots(env, capsys, tmp_path):
-    code, doc = run_json(["bench", "--budgets", "16", "--batch-sizes", "1", "--repeat", "1",
-                          "--plot", str(tmp_path / "p")], capsys)
-    assert code == 0 and doc["command"] == "bench"
+def test_bench_runs_the_sweep_and_plots_before_its_final_line(env, capsys, tmp_path):
+    """Issue #47: bench printed its final "exit 0" line, then drew the charts (~25 s)."""
+    code = main(["bench", "--budgets", "16", "--batch-sizes", "1", "--repeat", "1", "--plot", str(tmp_path / "p")])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 0
+    assert lines[-1].startswith("ddtree-ops: bench run ") and ": exit 0 (" in lines[-1]
+    assert f"ddtree-ops: wrote {tmp_path / 'p' / 'tree-build-vs-budget-bs1.png'}" in lines[:-1]
+    code, doc = run_json(["report"], capsys)
+    assert code == 0
     assert set(doc["hosts"]["local"]["stages"]) >= {"env", "tree-bench"}
     assert {r["builder"] for r in doc["sweep"]} == {"heap", "public", "batched", "floor"}
     assert (tmp_path / "p" / "tree-build-vs-budget-bs1.png").is_file()
+    assert doc["hosts"]["local"]["outcome"] == "pass"
     record = json.loads((env / "runs" / doc["run_id"] / "local" / "stages" / "tree-bench.json").read_text())
     assert record["metrics"]["time_budget_s"] == 0  # the thorough sweep: no time budget
 
@@ -251,6 +261,24 @@ def test_ctrl_c_stops_the_runner_and_keeps_what_arrived(env, checkout):
     # the runner is gone: its pid file was removed when it stopped
     assert not (hang_log.parent.parent / "runner.pid").exists()
     assert list(runs.iterdir())
+
+
+def test_long_work_speaks_in_piped_output_and_verbose_streams_the_stage_log(env, checkout):
+    """Issue #47: a stage silent in a pipe for 499 s. With the interval shortened to 0.5 s (the
+    variable the docs name), a 3 s stage gets `still running` lines naming host, stage, elapsed
+    time and its last words; `-v` streams its output, host-prefixed."""
+    argv = [sys.executable, "-m", "ddtree_ops", "smoke", "--source", str(checkout), "--stages", "quiet", "-v"]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=env, timeout=300,
+                          env={**os.environ, "DDTREE_OPS_PROGRESS_EVERY_S": "0.5"})
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    still = [line for line in lines if line.startswith("ddtree-ops: smoke: local: quiet: still running (")]
+    assert len(still) >= 2, done.stderr  # ~5 expected in 3 s; 2 leaves a wide margin for a busy machine
+    assert all(line.endswith('s; last: "halfway there")') for line in still), still
+    assert "ddtree-ops: local: quiet | a line of output" in lines
+    assert "ddtree-ops: local: quiet | [quiet] halfway there" in lines
+    assert lines.index("ddtree-ops: local: quiet | a line of output") < lines.index(still[0])
+    assert any(line.startswith("ddtree-ops: smoke: local: quiet: pass (") for line in lines)
 
 
 def test_no_push_tests_the_active_release(env, capsys):
@@ -314,10 +342,12 @@ def test_stage_names_are_spelled_as_the_runner_spells_them():
 def test_stage_knobs_reach_the_stages(env, capsys):
     """--set fills options.extra, which the stages read (here tree-bench's vocabulary)."""
     code, doc = run_json(["smoke", "--stages", "tree-bench", "--budgets", "4", "--batch-sizes", "1",
-                          "--repeat", "1", "--set", "vocab=500", "--set", "note=plain text"], capsys)
+                          "--repeat", "1", "--set", "vocab=500", "--set", "sglang_attention_backend=plain text",
+                          "--set", "sglang_concurrency=1,2"], capsys)
     assert code == 0, doc["failures"]
     run = json.loads((env / "runs" / doc["run_id"] / "local" / "run.json").read_text())
-    assert run["options"]["extra"] == {"vocab": 500, "note": "plain text"}
+    assert run["options"]["extra"] == {"vocab": 500, "sglang_attention_backend": "plain text",
+                                       "sglang_concurrency": [1, 2]}
 
 
 def test_a_fleet_baseline_on_a_run_of_some_hosts_checks_only_those(env, capsys, tmp_path):
@@ -333,13 +363,25 @@ def test_a_fleet_baseline_on_a_run_of_some_hosts_checks_only_those(env, capsys, 
     assert "not checked" in captured.out and "host(s) gpu-elsewhere not in this run" in captured.err
 
 
-def test_a_bad_stage_knob_is_refused_before_any_stage_runs(env, capsys):
-    code, doc = run_json(["smoke", "--stages", "env,tree-bench", "--set", "vocab=abc"], capsys)
-    assert code == 2 and doc["exit_code"] == 2
-    assert doc["hosts"]["local"]["outcome"] == "refused"
-    assert doc["failures"] == [{"host": "local", "stage": "-", "detail": None,
-                                "reason": "--set vocab: expected an integer >= 1, got 'abc'"}]
-    assert doc["hosts"]["local"]["stages"] == {}  # nothing ran
+@pytest.mark.parametrize("command", ["smoke", "bench"])
+@pytest.mark.parametrize("setting, message", [
+    ("max_new_token=64", "--set max_new_token: unknown knob (did you mean max_new_tokens?); known knobs: "),
+    ("vocab=abc", "--set vocab: expected an integer >= 1, got 'abc'"),
+])
+def test_a_bad_or_unknown_knob_is_refused_before_anything_is_allocated_or_pushed(env, capsys, command, setting,
+                                                                                  message):
+    """Issue #47: `--set max_new_token=64` (a typo) ran and exited 0; a bad value was refused
+    only after a run id was allocated and the release pushed (and became the latest run)."""
+    code = main([command, "--set", setting, "--plot" if command == "bench" else "--keep-going",
+                 *([str(env / "charts")] if command == "bench" else [])])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"error: {message}" in err and len(err.strip().splitlines()) == 1
+    if "unknown" in message:
+        assert "max_new_tokens, max_prompts, near_tie_gap" in err  # the known ones, listed
+    assert not (env / "runs").exists() and not (env / "wd").exists() and not (env / "charts").exists()
+    code, doc = run_json([command, "--set", setting], capsys)
+    assert code == 2 and doc["exit_code"] == 2 and doc["error"].startswith(message)
 
 
 def test_collect_names_the_run_hosts_it_cannot_reach_through_the_inventory(env, capsys):

@@ -234,3 +234,35 @@ def test_a_reference_run_file_is_refused_with_the_import_hint(tmp_path):
                                           r"`ddtree-ops baseline import run.pt -o baseline.json`"):
         load_any_baseline(path)
     assert issubclass(BaselineFileError, ConfigError)  # decode-format errors exit 3 as well
+
+
+def test_the_paper_baseline_is_the_shipped_file_and_each_table_loads_its_own_cells():
+    shipped = Path(__file__).resolve().parents[2] / "baselines"
+    paper = paper_baseline()
+    assert json.loads(paper.to_json()) == json.loads((shipped / "ddtree-paper.json").read_text())
+    kind, table1 = load_any_baseline(shipped / "ddtree-paper-table1.csv")
+    assert kind is BaselineKind.DECODE
+    by_key = paper.index()
+    assert table1.entries and all(by_key[e.key].tau == e.tau and by_key[e.key].speedup == e.speedup
+                                  for e in table1.entries)
+    assert {e.method for e in table1.entries} == {"dflash", "ddtree_best"}
+    _, sweep = load_any_baseline(shipped / "ddtree-paper-budget-sweep.csv")
+    assert [e.budget for e in sweep.entries] == [16, 32, 64, 128, 256, 512, 1024]
+    assert all(by_key[e.key].tau == e.tau for e in sweep.entries)
+
+
+@pytest.mark.parametrize("content, message", [
+    ("a,b\n1,2\n", "a CSV with columns a,b is none of the paper's tables (Table 1: temperature,dataset,model,"
+                   "method,speedup,tau; budget sweep: budget,speedup,tau); other baselines are JSON or YAML"),
+    ("# note\nbudget,speedup,tau\n16,6.0,x\n", "row 1: tau: expected float, got 'x'"),
+    ("budget,speedup,tau\n16,nan,8\n", "row 1: speedup: expected a finite number, got 'nan'"),
+    ("temperature,dataset,model,method,speedup,tau\n0,MATH-500,Q,EAGLE,1,2\n",
+     "row 1: method: expected one of ['DDTree', 'DFlash'], got 'EAGLE'"),
+    ('{"runs": [', "not valid JSON: "),  # a .csv holding JSON is read (and named) as JSON
+])
+def test_a_csv_that_is_no_paper_table_is_refused_naming_what_is_wrong(tmp_path, content, message):
+    path = tmp_path / "table.csv"
+    path.write_text(content)
+    with pytest.raises(ConfigError) as err:
+        load_any_baseline(path)
+    assert str(err.value).startswith(f"{path}: {message}") and "\n" not in str(err.value)

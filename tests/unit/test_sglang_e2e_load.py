@@ -131,5 +131,23 @@ def test_concurrency_knob_is_checked_and_defaults_to_one_and_eight():
 def test_a_comma_separated_level_list_from_the_command_line_is_read_as_integers():
     assert check_knobs({"sglang_concurrency": "1,8,32"}) == {"sglang_concurrency": [1, 8, 32]}
     assert check_knobs({"sglang_budgets": "64"}) == {"sglang_budgets": [64]}
+    assert check_knobs({"sglang_concurrency": 8}) == {"sglang_concurrency": [8]}  # `--set sglang_concurrency=8`
     with pytest.raises(ValueError, match="sglang_concurrency"):
         check_knobs({"sglang_concurrency": "1,x"})
+
+
+def test_every_set_the_docs_and_the_deploy_hint_print_is_accepted():
+    """A `--set` a doc (or `deploy --budget auto`'s hint) tells a person to type is never refused."""
+    import re
+    from pathlib import Path
+
+    from ddtree_ops.cli.smoke import parse_extra
+    from ddtree_ops.deploy_budget import __file__ as hint_source
+
+    repo = Path(__file__).resolve().parents[2]
+    texts = [p.read_text(encoding="utf-8") for p in [repo / "README.md", *sorted((repo / "docs").rglob("*.md"))]]
+    settings = {m for text in texts for m in re.findall(r"--set ([a-z_]+=[^\s`|)]+)", text) if "..." not in m}
+    settings |= {m.replace("{level}", "8") for m in re.findall(r"--set ([a-z_]+=\{level\})", Path(hint_source).read_text())}
+    assert "sglang_concurrency=8" in settings and "max_new_tokens=64" in settings
+    for setting in sorted(settings):
+        parse_extra([setting])

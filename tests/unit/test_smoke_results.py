@@ -359,6 +359,33 @@ def test_a_streamed_record_with_a_wrong_field_fails_only_its_host(tmp_path, bad,
     assert record in (tmp_path / "run-1" / "h2" / "output.log").read_text()  # kept for a look
 
 
+def test_streamed_output_is_shown_not_kept_and_a_malformed_one_fails_its_host(tmp_path, monkeypatch):
+    """`-v`'s output records: returned for the view, never in events.jsonl (the host's logs are
+    the record), never counted against the stage's records; a malformed one is refused."""
+    from ddtree_ops import results
+
+    monkeypatch.setattr(results, "MAX_RECORDS_PER_STAGE", 50)
+    store = RunStore(tmp_path)
+    store.create_run("run-1", {"hosts": ["h1", "h2"]})
+    recorder = store.host_recorder("run-1", "h1", {})
+    for text in full_run()[:2]:
+        recorder.feed_line(text)
+    for number in range(200):
+        record = recorder.feed_line(line(EventKind.OUTPUT, stage="env", file=None, lines=[f"line {number}"]))
+        assert record["lines"] == [f"line {number}"]
+    for text in full_run()[2:]:
+        recorder.feed_line(text)
+    recorder.close()
+    assert recorder.record_error is None
+    assert '"output"' not in (tmp_path / "run-1" / "h1" / "events.jsonl").read_text()
+    assert store.load("run-1").hosts["h1"].outcome is HostOutcome.PASS
+    broken = store.host_recorder("run-1", "h2", {})
+    assert broken.feed_line(line(EventKind.OUTPUT, host="h2", stage="env", file=None, lines="not a list")) is None
+    assert broken.record_error == "a record was refused: output.lines: expected a list of strings, got 'not a list'"
+    beat = line(EventKind.HEARTBEAT, host="h2", stage="env", elapsed_s=1.0, last_output=7)
+    assert broken.feed_line(beat) is None
+
+
 def test_a_host_flooding_one_stage_with_records_fails_past_the_budget(tmp_path, monkeypatch):
     from ddtree_ops import results
 

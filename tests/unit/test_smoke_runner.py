@@ -129,6 +129,22 @@ def run(ctx):
     from ddtree_ops.hostside.protocol import StageResult
     return StageResult.passed(metrics={"torch_loaded": "torch" in sys.modules, "device": ctx.device})
 """,
+    "serverlog": """
+NAME = "serverlog"
+DESCRIPTION = "writes its log and a server's log in its artifacts folder, then waits quietly"
+NEEDS_TORCH = False
+import sys, time
+def run(ctx):
+    from ddtree_ops.hostside.protocol import StageResult
+    print("starting the server", flush=True)
+    with open(ctx.artifacts_dir / "server-x.log", "w") as log:
+        log.write("loading weights\\nhalf a li")
+        log.flush()
+        time.sleep(float(ctx.host.get("quiet_s", 1.0)))  # a few polls see the unended line
+        log.write("ne\\nUvicorn running\\n")
+    sys.stdout.write("no newline at the end")
+    return StageResult.passed("served")
+""",
     "threadlog": """
 NAME = "threadlog"
 DESCRIPTION = "logs from several threads at once"
@@ -161,7 +177,8 @@ def release(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("release")
     (root / "ddtree_ops" / "hostside" / "stages").mkdir(parents=True)
     shutil.copy(REPO / "ddtree_ops" / "__init__.py", root / "ddtree_ops" / "__init__.py")
-    for name in ("__init__.py", "agent.py", "protocol.py", "release_check.py", "runner.py", "signals.py"):
+    for name in ("__init__.py", "agent.py", "protocol.py", "release_check.py", "runner.py", "signals.py",
+                 "stage_output.py"):
         shutil.copy(REPO / "ddtree_ops" / "hostside" / name, root / "ddtree_ops" / "hostside" / name)
     shutil.copy(REPO / "ddtree_ops" / "hostside" / "stages" / "__init__.py", root / "ddtree_ops" / "hostside" / "stages")
     shutil.copy(REPO / "ddtree_ops" / "hostside" / "stages" / "env.py", root / "ddtree_ops" / "hostside" / "stages")
@@ -306,6 +323,47 @@ def test_bad_options_are_a_usage_error(release, tmp_path):
     code, _, stderr = run_runner(release, tmp_path, "ok", "--options", '{"budgets": [-3]}')
     assert code == 2
     assert "budgets: expected an integer >= 0, got -3" in stderr
+
+
+def test_stream_output_sends_what_the_stage_and_its_server_write_as_it_is_written(release, tmp_path):
+    """`smoke -v`: the runner sends each line of the stage's log and of the *.log files it keeps
+    in its artifacts folder; an unended line waits for its end (or the stage's); nothing of it
+    goes into events.jsonl (the log files are the record)."""
+    code, records, _ = run_runner(release, tmp_path, "serverlog,ok", "--stream-output")
+    assert code == 0
+    sent: dict = {}
+    for record in records:
+        if record["event"] == "output":
+            sent.setdefault((record["stage"], record["file"]), []).extend(record["lines"])
+    assert sent[("serverlog", None)] == ["starting the server", "no newline at the end"]
+    assert sent[("serverlog", "server-x.log")] == ["loading weights", "half a line", "Uvicorn running"]
+    assert "[ok] hello from ok" in sent[("ok", None)]
+    kinds = [r["event"] for r in records]
+    assert kinds.index("output") > kinds.index("stage_start")
+    last_output = max(i for i, r in enumerate(records) if r["event"] == "output" and r["stage"] == "serverlog")
+    assert last_output < next(i for i, r in enumerate(records) if r["event"] == "stage_end")  # before its end
+    kept = (tmp_path / "runs" / "r1" / "events.jsonl").read_text()
+    assert '"output"' not in kept and kept.count("\n") == len(records) - kinds.count("output")
+    code, records, _ = run_runner(release, tmp_path, "serverlog", run_id="r2")  # without: none sent
+    assert code == 0 and "output" not in [r["event"] for r in records]
+
+
+@pytest.mark.slow
+def test_a_heartbeat_names_the_last_line_a_quiet_stage_or_its_server_wrote(release, tmp_path):
+    """A long silent phase (a server loading its model) still says where it is."""
+    code, records, _ = run_runner(release, tmp_path, "serverlog", "--host-entry", '{"quiet_s": 6}')
+    assert code == 0
+    beats = [r for r in records if r["event"] == "heartbeat" and r["stage"] == "serverlog"]
+    assert beats and beats[0]["last_output"] == "loading weights"
+
+
+def test_an_unknown_knob_is_a_usage_error_on_the_host_too(release, tmp_path):
+    """A release older than the operator (--no-push) meets a knob it does not have: refused
+    naming it, never ignored."""
+    code, records, stderr = run_runner(release, tmp_path, "ok", "--options", '{"extra": {"max_new_token": 64}}')
+    assert code == 2
+    assert "--set max_new_token: unknown knob (did you mean max_new_tokens?)" in stderr
+    assert records[-1]["event"] == "run_end" and records[-1]["status"] == "error"
 
 
 def test_stop_interrupts_a_running_run_and_keeps_what_arrived(release, tmp_path):

@@ -364,7 +364,7 @@ def run(ctx):
     from ddtree_ops.hostside.protocol import StageResult
     current = Path(ctx.run_dir).parents[1] / "current"
     os.unlink(current)
-    os.symlink(ctx.options.extra["to"], current)
+    os.symlink(ctx.host["switch_to"], current)
     return StageResult.passed("switched")
 """
 
@@ -382,7 +382,7 @@ def test_a_push_during_a_run_does_not_change_the_release_the_run_executes(tmp_pa
     proc = subprocess.run(
         [sys.executable, str(tmp_path / "current" / "ddtree_ops" / "hostside" / "runner.py"), "run", "--run-id", "t",
          "--workdir", str(tmp_path), "--stages", "switch,whoami,import",
-         "--options", json.dumps({"extra": {"to": f"releases/{second.name}"}})],
+         "--host-entry", json.dumps({"switch_to": f"releases/{second.name}"})],
         capture_output=True, text=True, timeout=120)
     stages = {r["stage"]: r for r in map(json.loads, filter(str.strip, proc.stdout.splitlines())) if r["event"] == "stage_end"}
     assert os.readlink(tmp_path / "current") == f"releases/{second.name}"  # switched mid-run

@@ -36,6 +36,9 @@ def target_config() -> dict:
 
 
 def write_target(folder: Path, seed: int = 0) -> Path:
+    from ddtree.sglang.cpu.torchvision_ops import import_torchvision
+
+    import_torchvision()  # transformers imports it; in the CPU server's environment it needs help
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     config = Qwen3Config(**{k: v for k, v in target_config().items() if k not in ("architectures", "model_type")})

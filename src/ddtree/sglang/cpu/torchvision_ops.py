@@ -28,3 +28,23 @@ def declare_missing_schemas() -> list[str]:
         torch.library.define(f"torchvision::{name}", schema)
         defined.append(name)
     return defined
+
+
+def import_torchvision() -> None:
+    """Import torchvision as a process outside a CPU server needs it (transformers' model
+    classes import it): where its compiled ops load, as they are; where they cannot (the CUDA
+    wheel beside a CPU torch), with the schemas above declared first. Declared only after a
+    failed import, so a working torchvision never meets them. Not installed: nothing to do."""
+    import sys
+
+    try:
+        import torchvision  # noqa: F401
+        return
+    except ImportError:
+        return  # not installed: transformers does without it
+    except RuntimeError:  # "operator torchvision::nms does not exist"
+        pass
+    for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
+        del sys.modules[name]  # the half-imported package, imported again below
+    declare_missing_schemas()
+    import torchvision  # noqa: F401,F811
