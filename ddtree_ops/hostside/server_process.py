@@ -195,7 +195,11 @@ def check_identity(port: int, model_path: str, process: subprocess.Popen | None 
     if not isinstance(info, dict):
         raise NotOurServerError(f"port {port}: /server_info is not an object: not the SGLang server we started")
     found = (str(info.get("model_path")), info.get("port"))
-    if found != (str(model_path), port):
+    # model_path is SGLang's resolved value; launch_command what it was asked (srt/entrypoints/
+    # http_server.py:863-891, srt/utils/common.py:3584-3593): either may name our model
+    asked = str(info.get("launch_command") or "").split()
+    named = str(model_path) in (found[0], *[asked[i + 1] for i, word in enumerate(asked[:-1]) if word == "--model-path"])
+    if not (named and found[1] == port):
         who = f" (ours is pid {process.pid})" if process is not None else ""
         raise NotOurServerError(f"port {port}: the server there reports model {found[0]!r} on port {found[1]}, "
                                 f"we launched {model_path!r} on port {port}{who}")

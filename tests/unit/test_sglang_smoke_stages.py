@@ -155,3 +155,13 @@ def test_a_cpu_host_runs_the_e2e_stage_only_when_its_environment_was_prepared(tm
     monkeypatch.setattr(environment, "prepared", lambda site_packages=None: True)
     assert e2e.serves_on_cpu(ctx)
     assert not e2e.serves_on_cpu(_ctx(tmp_path, "cuda", {"models": {"target": "t", "drafter": "d"}}))
+
+
+def test_the_no_speculation_runs_top2_and_the_measured_margin_noise():
+    from ddtree_ops.hostside.offline_acceptance import MarginNoise
+
+    meta = {"output_top_logprobs": [[[-0.1, 7, None], [-2.6, 3, None]], [], [[-0.5, 1, None], [-0.6, 2, None]]]}
+    assert e2e.server_top2(meta) == [(7, 3, pytest.approx(2.5)), None, (1, 2, pytest.approx(0.1))]
+    noise = MarginNoise([0.01, 0.02, 0.05, 0.4], flips=1).summary()
+    assert noise == {"positions": 4, "median": 0.05, "p99": 0.4, "max": 0.4, "flips": 1}
+    assert MarginNoise([], 0).summary()["max"] is None
