@@ -28,7 +28,7 @@ from ddtree_ops.host_patterns import RangeError, expand
 ALL, UNGROUPED = "all", "ungrouped"
 GROUP_KEYS = {"hosts", "vars", "children"}
 OUR_KEYS = ("transport", "user", "port", "identity_file", "known_hosts", "ssh_config", "python", "workdir",
-            "connect_timeout", "command_timeout", "models")
+            "connect_timeout", "command_timeout", "models", "sglang_port")
 ANSIBLE_KEYS = {
     "ansible_host": "hostname", "ansible_ssh_host": "hostname",
     "ansible_port": "port", "ansible_ssh_port": "port",
@@ -395,6 +395,8 @@ def export(hosts: list[Any]) -> dict[str, Any]:
     plus `ddtree_*` for the rest, so reading it back gives the same hosts."""
     import os
 
+    from ddtree_ops.inventory import BUILTIN_SGLANG_PORT
+
     entries: dict[str, Any] = {}
     groups: dict[str, dict[str, Any]] = {}
     for host in hosts:
@@ -418,6 +420,8 @@ def export(hosts: list[Any]) -> dict[str, Any]:
                 entry[f"ddtree_{key}"] = getattr(value, "value", value)
         if host.models is not None:
             entry["ddtree_models"] = host.models.model_dump()
+        if host.sglang_port != BUILTIN_SGLANG_PORT:
+            entry["ddtree_sglang_port"] = host.sglang_port
         entries[host.name] = entry
         for group in host.groups:
             groups.setdefault(group, {"hosts": {}})["hosts"][host.name] = None

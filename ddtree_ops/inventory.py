@@ -28,6 +28,9 @@ EMBEDDED_INVENTORY_NAME = "<embedded default inventory>"
 BUILTIN_WORKDIR = "~/.ddtree-ops"
 BUILTIN_CONNECT_TIMEOUT_S = 10.0
 BUILTIN_COMMAND_TIMEOUT_S = 600.0
+# Where `ddtree-ops status` finds the host's SGLang server (its HTTP port, `/metrics` with
+# --enable-metrics), read on the host's loopback: SGLang's own default `--port`.
+BUILTIN_SGLANG_PORT = 30000
 
 # YAML aliases (`*name`) may repeat a value, not multiply one: past this many values added by
 # expanding them, a file is refused (nine nested `[*a, *a, ...]` lines make 10^9 of them).
@@ -80,6 +83,7 @@ class _HostKeys(_Strict):
     connect_timeout: Optional[_Seconds] = None
     command_timeout: Optional[_Seconds] = None
     models: Optional[ModelSpec] = None
+    sglang_port: Optional[_Port] = None
 
 
 class HostEntry(_HostKeys):
@@ -112,6 +116,7 @@ class Host:
     groups: tuple[str, ...] = ()
     models: Optional[ModelSpec] = None
     source: str = ""  # the inventory it comes from, for messages that point into it
+    sglang_port: int = BUILTIN_SGLANG_PORT  # the serving SGLang's HTTP port on the host's loopback
 
     @property
     def is_local(self) -> bool:
@@ -356,6 +361,7 @@ def _resolve_host(name: str, entry: HostEntry, defaults: _HostKeys, source: str,
         groups=tuple(entry.groups),
         models=pick("models"),
         source=source,
+        sglang_port=pick("sglang_port") or BUILTIN_SGLANG_PORT,
     )
 
 

@@ -3,7 +3,7 @@
 # plugin's GPU checks, then the CUDA rows of the tree-build and decode benchmarks.
 # It uses that machine's own python3 (it holds a CUDA torch, transformers, pytest, pyyaml) and
 # no venv; logs go to $OUT when it is set, else /tmp/ddtree-device.
-#   usage: bash scripts/device_check.sh      (about 5-7 minutes on an H200)
+#   usage: bash scripts/device_check.sh      (about 6-8 minutes on an H200)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGS="${OUT:-/tmp/ddtree-device}"
@@ -48,6 +48,10 @@ yaml.safe_dump({"hosts": {"local": {"transport": "local", "workdir": sys.argv[2]
                 "models": models}}}, open(sys.argv[2] + "/hosts.yaml", "w"))' "$TINY.json" "$TINY" "$(command -v "$PY")"
       DDTREE_OPS_INVENTORY="$TINY/hosts.yaml" DDTREE_OPS_RUNS_DIR="$TINY/runs" ddtree-ops smoke -H local \
         --stages plugin,sglang-e2e --budgets 8,32 2>&1 | tee "$LOGS/sglang-tiny-smoke.log" || status=1
+      # The plugin's Prometheus series on this GPU (docs/observing.md): /metrics equal to its own
+      # counters, the tree-build time from CUDA events present (about a minute).
+      PYTHONPATH="$PWD:$PYTHONPATH" "$PY" scripts/device_metrics_check.py "$TINY.json" "$LOGS" 2>&1 \
+        | tee "$LOGS/sglang-metrics-check.log" || status=1
     else
       cat "$TINY.err" | tee "$LOGS/sglang-tiny-smoke.log"; status=1
     fi

@@ -28,8 +28,10 @@ def pytest_configure(config):
 # short files fill in around them, instead of one of them starting last and running on alone.
 LONGEST_FILES = (
     "tests/sglang_server/test_cpu_server_e2e.py",  # five real SGLang servers on CPU
+    "tests/sglang_server/test_metrics_and_status.py",  # one more (about 100 s idle), shared by its tests
     "tests/integration/test_deploy_sglang.py",
     "tests/integration/test_deploy_lifecycle.py",
+    "tests/integration/test_ansible_playbook.py",  # three ansible-playbook runs (about 80 s)
     "tests/property/test_core_parity.py",
     "tests/integration/test_smoke_fleet.py",
     "tests/unit/test_decode_lossless.py",

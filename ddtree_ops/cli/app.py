@@ -42,7 +42,7 @@ app = typer.Typer(
 )
 
 # One module per command group; each exposes `register(app)`.
-COMMAND_MODULES: list[str] = ["hosts", "push", "baseline", "smoke", "collect", "report", "bench", "deploy", "sglang"]
+COMMAND_MODULES: list[str] = ["hosts", "push", "baseline", "smoke", "collect", "report", "bench", "deploy", "sglang", "status"]
 
 
 _registered = False

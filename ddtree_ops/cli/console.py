@@ -144,12 +144,13 @@ def without_host(host: str, text: str, state: str = "") -> str:
 _documents_emitted = 0  # how many JSON documents this process began to write on stdout
 
 
-def emit_json(document: Any) -> None:
+def emit_json(document: Any, *, one_line: bool = False) -> None:
     """Write the command's one JSON document on stdout (the CLI boundary writes one for an
-    error only when none was begun here, so a script never reads two)."""
+    error only when none was begun here, so a script never reads two). `one_line`: a document
+    of a stream (`status --watch --json`), one per line."""
     global _documents_emitted
     _documents_emitted += 1  # counted first: a document cut short by a closed pipe still counts
-    sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
+    sys.stdout.write(json.dumps(document, indent=None if one_line else 2, default=str) + "\n")
     sys.stdout.flush()
 
 
@@ -333,6 +334,18 @@ def outcome_json(outcome: Any, to_json: Optional[Callable[[Any], Any]]) -> dict[
     return doc
 
 
+def fanout_document(command: str, result: Any, started: float, to_json: Optional[Callable[[Any], Any]] = None,
+                    extra_json: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """A fan-out's `--json` document: the command, its exit code and time, each host's outcome."""
+    return {
+        "command": command,
+        "exit_code": int(result.exit_code()),
+        "duration_s": round(time.monotonic() - started, 3),
+        **(extra_json or {}),
+        "hosts": {name: outcome_json(o, to_json) for name, o in result.items()},
+    }
+
+
 def summary_table(
     title: str,
     result: Any,
@@ -418,13 +431,7 @@ def run_on_hosts(
     batched = options.rollout is not None and options.rollout.batched
     changes = _changes(rollout, changed, rollback_command, restores) if batched else {}
     if options.json:
-        document = {
-            "command": command,
-            "exit_code": int(code),
-            "duration_s": round(time.monotonic() - started, 3),
-            **(extra_json or {}),
-            "hosts": {name: outcome_json(o, to_json) for name, o in result.items()},
-        }
+        document = fanout_document(command, result, started, to_json, extra_json)
         if batched:
             document["rollout"] = {**rollout.to_dict(), **changes}
         emit_json(document)

@@ -78,6 +78,7 @@ def list_hosts(
                         "connect_timeout": h.connect_timeout,
                         "command_timeout": h.command_timeout,
                         "models": h.models.model_dump() if h.models else None,
+                        "sglang_port": h.sglang_port,
                     }
                     for h in selected
                 },

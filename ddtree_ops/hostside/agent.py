@@ -967,6 +967,59 @@ def op_rollback(workdir, lock_wait, force="0"):
         return {"rollback": call_installer(installer, installer.op_rollback, *args, **options)}
 
 
+# ---------------------------------------------------------------- server status (ddtree-ops status)
+
+METRICS_MAX_BYTES = 8 << 20  # SGLang's /metrics is a few hundred kB; past this it is not SGLang's
+
+
+def op_server_status(workdir, port, timeout_s="10"):
+    """What `ddtree-ops status` shows of a host, in one process of its Python: the SGLang
+    installed there, what `deploy` recorded in the environment (the installer, sent on stdin,
+    knows where), and the serving SGLang's /metrics, read on this host's loopback (no port is
+    opened to the operator). The JSON line after the installer may name the metric families
+    wanted ({"metric_prefixes": [...]}): only their lines travel back."""
+    sys.dont_write_bytecode = True
+    enable_site_packages()
+    installer, sources = load_installer(sys.stdin.buffer)
+    return {"sglang": sglang_facts(),
+            "deployed": call_installer(installer, installer.op_deployed, workdir),
+            "server": local_metrics(int(port), float(timeout_s), tuple(sources.get("metric_prefixes") or ()))}
+
+
+def metric_name(line):
+    """The family or sample name a line of the text format is about ('' for other lines)."""
+    if line.startswith("# HELP ") or line.startswith("# TYPE "):
+        return line[7:].split(" ", 1)[0]
+    if line.startswith("#"):
+        return ""
+    return line.split("{", 1)[0].split(" ", 1)[0]
+
+
+def local_metrics(port, timeout_s, prefixes=()):
+    """{"state": running | not-running | no-metrics | error, "port", "metrics" (text) or "error"}."""
+    import urllib.error
+    import urllib.request
+
+    url = "http://127.0.0.1:%d/metrics" % port
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via $http_proxy
+    try:
+        with direct.open(url, timeout=timeout_s) as reply:
+            body = reply.read(METRICS_MAX_BYTES + 1)
+    except urllib.error.HTTPError as err:
+        state = "no-metrics" if err.code == 404 else "error"
+        return {"state": state, "port": port, "error": "HTTP %d from %s" % (err.code, url)}
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        state = "not-running" if isinstance(reason, ConnectionRefusedError) else "error"
+        return {"state": state, "port": port, "error": "%s: %s" % (url, reason)}
+    if len(body) > METRICS_MAX_BYTES:
+        return {"state": "error", "port": port, "error": "%s: more than %d bytes" % (url, METRICS_MAX_BYTES)}
+    lines = body.decode("utf-8", "replace").splitlines()
+    if prefixes:
+        lines = [line for line in lines if metric_name(line).startswith(prefixes)]
+    return {"state": "running", "port": port, "metrics": "\n".join(lines) + "\n"}
+
+
 # ---------------------------------------------------------------- collect (a run's files)
 
 SHA256_PAX_KEY = "DDTREE.sha256"
@@ -1059,6 +1112,7 @@ OPERATIONS = {
     "deploy": op_deploy,
     "rollback": op_rollback,
     "collect": op_collect,
+    "server-status": op_server_status,
 }
 STREAMING_OPS = ("collect",)  # stdout carries data: the JSON reply goes to stderr instead
 

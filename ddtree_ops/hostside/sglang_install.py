@@ -1050,6 +1050,23 @@ def unrecorded_deployment(workdir, site):
             "payload_files": release_payload_hashes(workdir, found["release"])}
 
 
+def op_deployed(workdir):
+    """What deploy recorded for this environment, read only (`ddtree-ops status`): the release,
+    when and how (forced, qualified), and the server defaults it wrote (`deploy --budget`);
+    "record": None when nothing was deployed here by this workdir."""
+    site = site_dir()
+    record_path = os.path.join(deployment_dir(workdir, site), "record.json")
+    record = read_json(record_path)
+    if not record:
+        return {"site_dir": site, "record": None}
+    defaults = read_json(os.path.join(record["payload_dir"], DEFAULTS_FILE_NAME))
+    return {"site_dir": site, "record": record_path, "release": record.get("release"),
+            "deployed_at": record.get("deployed_at"), "forced": record.get("forced"),
+            "qualifying": record.get("qualifying"), "qualified_by": record.get("qualified_by"),
+            "evidence": (record.get("gate") or {}).get("verdict"),
+            "server_defaults": (defaults or {}).get("variables")}
+
+
 def release_payload_hashes(workdir, release_id):
     """{payload path: sha256} that a payload copied from the release has (copy_payload copies
     its src/ddtree), from the release's manifest; None when the release is not on the host."""

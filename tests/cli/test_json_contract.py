@@ -38,6 +38,8 @@ RAISED = [
     (["hosts", "check", "--json", "-i", "{tmp}/bad.yaml"], "hosts check", 3),
     (["report", "--json", "nosuchrun"], "report", 2),
     (["smoke", "--json", "--stages", "nosuchstage"], "smoke", 2),
+    (["status", "--json", "-H", "nosuch"], "status", 2),
+    (["status", "--json", "--watch", "-i", "{tmp}/bad.yaml"], "status", 3),
 ]
 
 
@@ -62,6 +64,8 @@ PARSED = [
     (["push", "--json", "--bogus"], "push", "No such option: --bogus"),
     (["hosts", "check", "--parallel", "x", "--json"], "hosts check", "--parallel"),
     (["nosuchcommand", "--json"], None, "No such command 'nosuchcommand'"),
+    (["status", "--json", "--port", "0"], "status", "--port"),
+    (["status", "--watch", "--interval", "0", "--json"], "status", "--interval"),
 ]
 
 

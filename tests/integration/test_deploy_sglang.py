@@ -602,6 +602,14 @@ def test_budget_auto_writes_the_recommended_defaults_into_the_payload(host, env,
         "variables": {"DDTREE_ENABLE": "1", "DDTREE_BUDGET": "64"},
         "provenance": {"source": "--budget auto", "run": "r1", "concurrency": 1, "choice": "ddtree"}}
     assert "ddtree_server_defaults.json" in record["payload_files"]
+    # `status` reads the record and the defaults back (no server runs: DDTree as deployed)
+    from sshd_fleet import free_port
+
+    assert main(["status", "-i", str(inventory), "--port", str(free_port()), "--json"]) == 0
+    seen = json.loads(capsys.readouterr().out)["hosts"]["h0"]["result"]
+    assert (seen["deployed"]["release"], seen["deployed"]["record"]) == (result["release"], result["record"])
+    assert seen["ddtree"] == {"enabled": True, "budget": 64, "from": "deploy --budget"}
+    assert seen["sglang"] == "0.5.23" and seen["server"]["state"] == "not-running"
     # The plugin's config in a fresh interpreter of that environment: the file's budget, the
     # environment's where it sets one.
     seen = deployed_config(python)

@@ -75,6 +75,14 @@ def write_models(python: Path, folder: Path, pair: str = SERVED_PAIR) -> dict[st
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def tiny_pair(folder: Path) -> tuple[Path, dict[str, Any], list[list[int]]]:
+    """(the CPU environment's python, the tiny models written under `folder`, their prompts as token ids)."""
+    python = cpu_env_python()
+    models = write_models(python, folder / "models")
+    prompts = [json.loads(line)["input_ids"] for line in Path(models["prompts"]).read_text().splitlines()]
+    return python, models, prompts
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

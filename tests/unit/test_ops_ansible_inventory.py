@@ -184,7 +184,7 @@ def test_hosts_list_format_ansible_reads_back_as_the_same_hosts(tmp_path, capsys
                    workdir: /scratch/d, connect_timeout: 7, command_timeout: 900}
         hosts:
           gpu-a: {hostname: 10.0.0.1, port: 2222, groups: [h200, canary]}
-          gpu-b: {hostname: 10.0.0.2, groups: [h200],
+          gpu-b: {hostname: 10.0.0.2, groups: [h200], sglang_port: 8000,
                   models: {target: Qwen/Qwen3-8B, drafter: z-lab/Qwen3-8B-DFlash-b16, block_size: 16}}
           here: {transport: local}
         """))
@@ -195,7 +195,9 @@ def test_hosts_list_format_ansible_reads_back_as_the_same_hosts(tmp_path, capsys
     assert gpu_a["ansible_host"] == "10.0.0.1" and gpu_a["ansible_port"] == 2222 and gpu_a["ansible_user"] == "ops"
     assert "StrictHostKeyChecking=yes" in gpu_a["ansible_ssh_common_args"]
     assert document["all"]["hosts"]["here"]["ansible_connection"] == "local"
+    assert document["all"]["hosts"]["gpu-b"]["ddtree_sglang_port"] == 8000 and "ddtree_sglang_port" not in gpu_a
     before, after = load_inventory(ours), load_inventory(exported)
+    assert (before.hosts["gpu-a"].sglang_port, before.hosts["gpu-b"].sglang_port) == (30000, 8000)
     assert after.notes == []
     strip = lambda h: {**dataclasses.asdict(h), "source": None, "groups": sorted(h.groups)}  # noqa: E731
     assert {n: strip(h) for n, h in after.hosts.items()} == {n: strip(h) for n, h in before.hosts.items()}

@@ -144,6 +144,9 @@ BAD_INVENTORIES = [
     ("defaults: {python: ''}\nhosts: {a: {}}\n", "hosts.yaml: defaults.python: expected a non-empty string, got ''"),
     ("hosts:\n  a: {hostname: ''}\n", "hosts.yaml: hosts.a.hostname: expected a non-empty string, got ''"),
     ("hosts:\n  a: {port: true}\n", "hosts.yaml: hosts.a.port: expected an integer, got True"),
+    ("hosts:\n  a: {sglang_port: http}\n", "hosts.yaml: hosts.a.sglang_port: expected an integer, got 'http'"),
+    ("defaults: {sglang_port: 0}\nhosts: {a: {}}\n",
+     "hosts.yaml: defaults.sglang_port: input should be greater than or equal to 1, got 0"),
     # every phase is bounded
     ("hosts:\n  a: {connect_timeout: .inf}\n", "hosts.yaml: hosts.a.connect_timeout: expected a finite number, got inf"),
     ("hosts:\n  a: {command_timeout: .nan}\n", "hosts.yaml: hosts.a.command_timeout: expected a finite number, got nan"),

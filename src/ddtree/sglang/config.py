@@ -160,6 +160,12 @@ def load_config(env: Mapping[str, str] | None = None, defaults_path: Path = DEFA
     return _parse_variables(env)
 
 
+def config_from_variables(variables: Mapping[str, str]) -> DDTreeConfig:
+    """The config these DDTREE_* variables alone make (a deploy's server defaults, read back on
+    the operator side); PluginConfigError names a bad one."""
+    return _parse_variables(variables)
+
+
 def _parse_variables(env: Mapping[str, str]) -> DDTreeConfig:
     enabled = _parse_bool(env, ENV_ENABLE, False)
     budget = _parse_int(env, ENV_BUDGET, DEFAULT_BUDGET, MIN_BUDGET, MAX_BUDGET)

@@ -5,12 +5,15 @@ node budget, so it is not comparable with linear DFlash. We log the acceptance l
 (accepted tree indices per round, root included), the tree size, how many trees branched
 (more nodes than depth: wider than one path, which linear DFlash never verifies) and the
 tree-build time from CUDA events, with one host sync per `interval` rounds. Each snapshot is
-logged twice: a line for people and `DDTree metrics {json}` for programs (tests, smoke).
+logged twice: a line for people and `DDTree metrics {json}` for programs (tests, smoke), and,
+with SGLang's `--enable-metrics`, exported to its Prometheus endpoint
+(ddtree.sglang.prometheus_export): the snapshot carries exact sums and the acceptance
+histogram for that.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
@@ -26,6 +29,13 @@ class MetricsSnapshot:
     mean_tree_size: float  # tree tokens per request-round, root included
     mean_build_ms: Optional[float]  # tree build + packing per round (None: not timed)
     branching_trees: int = 0  # request-rounds whose tree has more nodes than depth
+    # Exact sums behind the means (the Prometheus series are these, summed over snapshots):
+    # acceptance_histogram[L] = request-rounds that accepted L tree indices (root included).
+    acceptance_histogram: tuple[int, ...] = ()
+    tree_tokens: int = 0  # tree tokens over the request-rounds, root included
+    timed_rounds: int = 0  # rounds with a build time
+    build_ms_total: float = 0.0
+    build_ms_each: tuple[float, ...] = field(default=(), repr=False)  # per timed round; not logged
 
     def line(self) -> str:
         build = "n/a" if self.mean_build_ms is None else f"{self.mean_build_ms:.3f} ms"
@@ -39,16 +49,22 @@ class MetricsSnapshot:
         return JSON_PREFIX + json.dumps(self.to_dict(), sort_keys=True)
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        fields = dict(self.__dict__)
+        fields.pop("build_ms_each")  # the histogram's input, not the log line's
+        fields["acceptance_histogram"] = list(self.acceptance_histogram)
+        return fields
 
 
 class RoundMetrics:
     """Device-side sums; `record` never syncs. `take()` syncs once and resets."""
 
     def __init__(self, interval: int, device: torch.device | str,
-                 emit: Callable[[MetricsSnapshot], None]):
+                 emit: Callable[[MetricsSnapshot], None], max_acceptance: int = 1):
         self.interval = interval
         self.emit = emit
+        # Acceptance is at most the drafter's block size B (depth <= B-1, plus the root); the
+        # histogram has a bin per length 0..max_acceptance, filled on the device.
+        self._histogram = torch.zeros(max(int(max_acceptance), 1) + 1, dtype=torch.int64, device=device)
         self._accepted = torch.zeros((), dtype=torch.int64, device=device)
         self._tree_tokens = torch.zeros((), dtype=torch.int64, device=device)
         self._branching = torch.zeros((), dtype=torch.int64, device=device)
@@ -66,6 +82,8 @@ class RoundMetrics:
         if self.interval <= 0:
             return None
         self._accepted += accept_lens.sum().to(torch.int64)
+        lengths = accept_lens.to(torch.int64).clamp(0, self._histogram.shape[0] - 1)
+        self._histogram.index_add_(0, lengths, torch.ones_like(lengths))  # no sync (bincount would)
         self._tree_tokens += tree_sizes.sum().to(torch.int64)
         if branching is not None:
             self._branching += branching.sum().to(torch.int64)
@@ -84,7 +102,7 @@ class RoundMetrics:
         accepted = float(self._accepted.item())  # the sync: every recorded event is complete after it
         tree_tokens = float(self._tree_tokens.item())
         branching = int(self._branching.item())
-        timings = [read() for read in self._build_ms]
+        timings = [float(read()) for read in self._build_ms]
         snapshot = MetricsSnapshot(
             rounds=self._rounds,
             requests=self._requests,
@@ -92,8 +110,14 @@ class RoundMetrics:
             mean_tree_size=tree_tokens / requests,
             mean_build_ms=(sum(timings) / len(timings)) if timings else None,
             branching_trees=branching,
+            acceptance_histogram=tuple(int(n) for n in self._histogram.tolist()),
+            tree_tokens=int(tree_tokens),
+            timed_rounds=len(timings),
+            build_ms_total=sum(timings),
+            build_ms_each=tuple(timings),
         )
         self._accepted.zero_()
+        self._histogram.zero_()
         self._tree_tokens.zero_()
         self._branching.zero_()
         self._requests = self._rounds = 0

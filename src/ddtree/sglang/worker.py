@@ -45,7 +45,7 @@ from sglang.srt.model_executor.forward_batch_info import (
     enable_num_token_non_padded,
 )
 from sglang.srt.model_executor.model_runner import SamplingPrewarmResult
-from sglang.srt.runtime_context import get_exec, get_parallel, get_schedule, get_spec
+from sglang.srt.runtime_context import get_exec, get_observability, get_parallel, get_schedule, get_serving, get_spec
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.dflash_utils import resolve_dflash_verify_mask_policy
@@ -72,6 +72,7 @@ from sglang.srt.speculative.spec_utils import (
 
 from ddtree.sglang.errors import HookSelfCheckError, UnsupportedSetupError
 from ddtree.sglang.hooks import active_config, drafter_scope
+from ddtree.sglang.prometheus_export import PrometheusExport
 from ddtree.sglang.round_metrics import RoundMetrics, trees_branch
 from ddtree.sglang.support import (
     check_attention_backend_class,
@@ -126,7 +127,11 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self.speculative_num_draft_tokens = self.verify_width
         self._context_len = int(self.target_worker.model_runner.model_config.context_len)
         self._refuse_unsupported_after_init()
-        self._metrics = RoundMetrics(self.ddtree.metrics_interval, self.device, self._log_metrics)
+        self._metrics = RoundMetrics(self.ddtree.metrics_interval, self.device, self._log_metrics,
+                                     max_acceptance=self.draft_block)
+        # With --enable-metrics, the same snapshots go to SGLang's /metrics (rank 0 only, as the log line).
+        self._prometheus = (PrometheusExport(get_serving().served_model_name, self.ddtree.budget, self.draft_block)
+                            if get_parallel().tp_rank == 0 and get_observability().enable_metrics else None)
         if get_parallel().tp_rank == 0:
             logger.info(
                 "DDTree worker ready: block size %d, budget %d, verify width %d",
@@ -509,6 +514,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if get_parallel().tp_rank == 0:
             logger.info(snapshot.line())
             logger.info(snapshot.json_line())
+            if self._prometheus is not None:
+                self._prometheus.export(snapshot)
 
 
 class _EventTimer:
