@@ -304,7 +304,7 @@ def render_decode_comparison(comparison: "DecodeComparison", console: "Console")
 
 
 SERVER_NOTE = ("server: SGLang's per-request histograms (accepted tokens per verify round, bonus included); "
-               "offline: the offline loop on the same prompts, method, budget and draft block (equal / near-tie / "
+               "offline: the offline loop on the same prompts, method, budget and draft block, following the server's tokens (equal / near-tie / "
                "mismatch: requests); decode-bench and baseline: tau of the same method. Below any by more than the "
                "tolerance: a regression.")
 

@@ -36,7 +36,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-DEFAULT_NEAR_TIE_MARGIN = 0.5  # logits; see docs/smoke.md for how it was measured
+# The near-tie margin, unless given: twice the largest difference measured between the server's
+# and the offline target's top-2 gaps on the same text (MarginNoise), at least MIN_NEAR_TIE_MARGIN.
+AUTO_MARGIN_FACTOR = 2.0
+MIN_NEAR_TIE_MARGIN = 0.02  # logits
 DEFAULT_ACCEPTANCE_TOLERANCE = 0.5  # tokens per round, absolute (as decode-bench's tau)
 SERVER_HISTOGRAM_KEY = "spec_correct_drafts_histogram"  # SGLang's meta_info field
 
@@ -106,6 +109,11 @@ def shown(counts: Sequence[int]) -> str:
     return " ".join(f"{k + 1}:{c}" for k, c in enumerate(counts) if c) or "none"
 
 
+def auto_margin(measured_max: float | None) -> float:
+    """The near-tie margin from the largest measured server-vs-offline gap difference."""
+    return max(MIN_NEAR_TIE_MARGIN, AUTO_MARGIN_FACTOR * (measured_max or 0.0))
+
+
 # ----------------------------------------------------------------------------- the offline side
 
 
@@ -137,13 +145,14 @@ class OfflineRequest:
     prefill_margin: float
     verify_margins: list[list[float]]  # per round, one per committed token (the target's)
     draft_margins: list[list[float]] = field(default_factory=list)  # per round, one per depth of the target's path
+    forced: int = 0  # the first `forced` tokens followed the server's text (DecodeConfig.forced_tokens)
 
     @classmethod
-    def from_result(cls, result: Any) -> "OfflineRequest":
+    def from_result(cls, result: Any, forced: int = 0) -> "OfflineRequest":
         if result.verify_margins is None or result.prefill_margin is None:
             raise ValueError("the offline run kept no margins (DecodeConfig(record_margins=True))")
         return cls(list(result.new_token_ids), list(result.acceptance_lengths), float(result.prefill_margin),
-                   [list(m) for m in result.verify_margins], [list(m) for m in result.draft_margins or []])
+                   [list(m) for m in result.verify_margins], [list(m) for m in result.draft_margins or []], forced)
 
     def position_margins(self) -> list[tuple[int, float]]:
         """(round, margin) per output position: the prefill's token is position 0, round 0."""
@@ -153,9 +162,10 @@ class OfflineRequest:
         return out
 
     def near_ties(self, margin: float) -> list[NearTie]:
-        """Every near-tie, in round order (a round's target ones first)."""
+        """Every near-tie, in round order (a round's target ones first). Where the loop followed
+        the server's text, the target's choices were the server's: no target near-tie there."""
         target = [NearTie(TARGET, r, position, m) for position, (r, m) in enumerate(self.position_margins())
-                  if m < margin]
+                  if m < margin and position >= self.forced]
         draft = [NearTie(DRAFT, r, depth, m) for r, margins in enumerate(self.draft_margins)
                  for depth, m in enumerate(margins, start=1) if m < margin]
         return sorted(target + draft, key=lambda t: (t.round, t.kind != TARGET, t.position))

@@ -67,25 +67,29 @@ class OfflineLoop:
         return self._drafters[block]
 
     def decode(self, methods: Sequence[OfflineMethod], prompt_ids: Sequence[Sequence[int]], max_new_tokens: int,
-               log: Callable[[str], None] = lambda line: None) -> dict[str, list[OfflineRequest]]:
+               log: Callable[[str], None] = lambda line: None,
+               texts: dict[str, Sequence[Sequence[int]]] | None = None) -> dict[str, list[OfflineRequest]]:
         """Per method name, one OfflineRequest per prompt (T=0, no stop tokens: the servers are
-        asked with ignore_eos, so both sides make exactly max_new_tokens)."""
+        asked with ignore_eos, so both sides make exactly max_new_tokens). `texts[name][i]`: the
+        tokens the server made for that method and prompt, which the loop then follows
+        (DecodeConfig.forced_tokens), so that it accepts on the server's own text."""
         import torch
 
         from ddtree.decode import DecodeConfig, generate_ddtree, generate_dflash
 
-        config = DecodeConfig(max_new_tokens=max_new_tokens, record_margins=True)
         found: dict[str, list[OfflineRequest]] = {}
         for method in methods:
             drafter = self.drafter(method.block_size)
             results = []
-            for ids in prompt_ids:
+            for index, ids in enumerate(prompt_ids):
+                forced = None if texts is None else [int(t) for t in texts[method.name][index]]
+                config = DecodeConfig(max_new_tokens=max_new_tokens, record_margins=True, forced_tokens=forced)
                 prompt = torch.tensor([list(ids)], dtype=torch.long)
                 if method.budget is None:
                     result = generate_dflash(self.target, drafter, prompt, config)
                 else:
                     result = generate_ddtree(self.target, drafter, prompt, config, budget=method.budget)
-                results.append(OfflineRequest.from_result(result))
+                results.append(OfflineRequest.from_result(result, len(forced or ())))
             found[method.name] = results
             log(f"offline {method.name}: {len(results)} prompts decoded")
         return found
@@ -134,11 +138,11 @@ class MarginNoise:
 
 
 def run_offline(models: dict[str, Any], prompt_ids: Sequence[Sequence[int]], methods: Sequence[OfflineMethod],
-                max_new_tokens: int, device: str, log: Callable[[str], None] = lambda line: None
-                ) -> dict[str, list[OfflineRequest]]:
+                max_new_tokens: int, device: str, log: Callable[[str], None] = lambda line: None,
+                texts: dict[str, Sequence[Sequence[int]]] | None = None) -> dict[str, list[OfflineRequest]]:
     """OfflineLoop(models, device).decode(...), the models let go after."""
     loop = OfflineLoop(models, device)
     try:
-        return loop.decode(methods, prompt_ids, max_new_tokens, log)
+        return loop.decode(methods, prompt_ids, max_new_tokens, log, texts)
     finally:
         loop.close()

@@ -74,7 +74,7 @@ def plot_server(report: Report, out_dir: Path) -> list[Path]:
         if offline:
             accept.plot([p[0] for p in offline], [p[1] for p in offline], linestyle="none", marker="s",
                         markerfacecolor="none", color=series_style(2, number)["color"],
-                        label=f"{named(host)} · offline loop, same prompts")
+                        label=f"{named(host)} · offline loop on the server's text")
         for flat in report.server:
             if flat["host"] == host and flat.get("method") == "dflash" and as_number(flat.get("acceptance_length")):
                 accept.axhline(flat["acceptance_length"], alpha=0.6, label=f"{named(host)} · server DFlash",

@@ -2,8 +2,8 @@
 
 The sglang-e2e stage's acceptance length (accepted tokens per verify round, from SGLang's
 per-request histograms) stands beside:
-1. the offline loop on the same prompts, method, budget and block (the stage's own check,
-   `ddtree_ops.hostside.acceptance`);
+1. the offline loop with the same method, budget and block on the same prompts, following the
+   server's own tokens (the stage's own check, `ddtree_ops.hostside.acceptance`);
 2. the same host's decode-bench tau in the same run (same method key; a budget served with a
    shorter draft block than decode-bench's is not compared with it);
 3. a decode baseline's cell (`report --baseline FILE`, e.g. from `baseline import`), matched by
@@ -134,7 +134,7 @@ def compare_server(report: Report, tolerance: float, baseline: Any = None, datas
         shorter = row.get("block_size") is not None  # served with a shorter draft block than its own
         cell = None if shorter else _baseline_cell(baseline, row, dataset, model)
         offline = {
-            "the offline loop on the same prompts": as_number(row.get("offline_acceptance_length")),
+            "the offline loop on the server's text": as_number(row.get("offline_acceptance_length")),
             "decode-bench tau": None if shorter else _decode_tau(report, host, method),
             f"baseline {getattr(cell, 'dataset', '')} · {getattr(cell, 'model', '')} tau": None if cell is None else cell.tau,
         }
@@ -143,7 +143,7 @@ def compare_server(report: Report, tolerance: float, baseline: Any = None, datas
             requests = sum(int(as_number(row.get(k)) or 0)
                            for k in ("acceptance_equal", "acceptance_near_tie", "acceptance_mismatch"))
             comparison.checks.append(MismatchCheck(host, method, budget, int(mismatched), requests, server,
-                                                   offline["the offline loop on the same prompts"]))
+                                                   offline["the offline loop on the server's text"]))
         for source, value in offline.items():
             if value is not None:
                 comparison.checks.append(ServerCheck(host, method, budget, server, value, source, tolerance))
@@ -154,7 +154,7 @@ def compare_server(report: Report, tolerance: float, baseline: Any = None, datas
         comparison.rows.append({
             "host": host, "variant": row.get("variant"), "method": method, "budget": budget,
             "block_size": row.get("block_size"), "device": row.get("device"), "acceptance_length": server,
-            "offline_acceptance_length": offline["the offline loop on the same prompts"],
+            "offline_acceptance_length": offline["the offline loop on the server's text"],
             "decode_bench_tau": offline["decode-bench tau"],
             "baseline_tau": None if cell is None else cell.tau,
             "baseline_cell": None if cell is None else f"{cell.dataset} · {cell.model} · T={cell.temperature:g}",

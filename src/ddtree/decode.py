@@ -71,6 +71,11 @@ class DecodeConfig:
     # (DecodeResult.verify_margins / draft_margins, ddtree.margins): where other arithmetic (a
     # bf16 server against this loop, ddtree_ops.hostside.acceptance) may rightly differ.
     record_margins: bool = False
+    # Follow these tokens instead of the target's own choices, as far as they go (T=0 only):
+    # what this drafter and tree accept on a given text, e.g. a server's output, where the
+    # target's near-ties under other arithmetic must not move the text. The target still runs
+    # (its hidden states feed the drafter); past the end of the list it chooses as usual.
+    forced_tokens: Sequence[int] | None = None
     # Where stage times are read from: wall time by default; `time.process_time` on a shared
     # CPU, where other processes' load must not count. Synchronised with the GPU either way.
     timer: Callable[[], float] = time.perf_counter
@@ -82,6 +87,8 @@ class DecodeConfig:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not self.temperature >= 0.0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.forced_tokens is not None and self.temperature != 0.0:
+            raise ValueError(f"forced_tokens follow a text at T=0, got temperature {self.temperature}")
 
 
 @dataclass
@@ -200,8 +207,16 @@ class _Request:
         """Position of the bonus token (= committed rows in the target cache)."""
         return self.num_input + len(self.generated) - 1
 
-    def choose(self, logits: torch.Tensor) -> list[int]:
-        return choose_tokens(logits, self.config.temperature, self.config.generator).tolist()
+    def choose(self, logits: torch.Tensor, depths: Sequence[int] | None = None) -> list[int]:
+        """The target's choice per row; `depths[i]`: row i chooses the token that many places after
+        the next one to commit (default: i; a tree's node depths), which forced_tokens decide."""
+        chosen = choose_tokens(logits, self.config.temperature, self.config.generator).tolist()
+        forced = self.config.forced_tokens
+        if forced is None:
+            return chosen
+        ahead = len(self.generated)
+        depths = range(len(chosen)) if depths is None else depths
+        return [int(forced[ahead + d]) if ahead + d < len(forced) else c for d, c in zip(depths, chosen)]
 
     def prefill(self, hidden_layer_ids: Sequence[int] = ()) -> torch.Tensor | None:
         began = self.clock()
@@ -406,7 +421,7 @@ def generate_ddtree(
         verified = req.clock()
         req.stage_times["verify"] += verified - compiled
 
-        posterior = req.choose(out.logits)  # [N+1]: the target's choice at every tree node
+        posterior = req.choose(out.logits, [0] + tree.node_depths_list)  # [N+1]: the target's choice at every tree node
         accepted, bonus = follow_verified_tree(tree.child_maps, posterior)
         commit = commit_round([root_token] + tree.node_token_ids_list, accepted, bonus)
         req.generated.extend(commit.tokens[1:] + [commit.bonus_token])

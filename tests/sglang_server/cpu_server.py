@@ -58,18 +58,16 @@ def run_in_env(python: Path, script: Path, *args: str, timeout: float = 600) -> 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-# The tiny model pair the server tests serve, and what each is expected to show: the random
-# pair accepts about one token a round, so only a trained pair can show DDTree's trees
-# accepting more than DFlash's chain.
-PAIR_ARGS = {"random": (), "trained": ("--trained",)}
-DDTREE_BEATS_DFLASH = {"random": False, "trained": True}
-SERVED_PAIR = "random"
+# The tiny model pair the acceptance tests serve: the random pair accepts about one token a
+# round, so only the trained one can show DDTree's trees accepting more than DFlash's chain.
+SERVE_TRAINED = False
 
 
-def write_models(python: Path, folder: Path, pair: str = SERVED_PAIR) -> dict[str, Any]:
+def write_models(python: Path, folder: Path, *, trained: bool = False) -> dict[str, Any]:
     """`python -m ddtree.sglang.cpu.tiny_models [--trained] DIR`: the pair's `models:` entry."""
-    done = subprocess.run([str(python), "-m", "ddtree.sglang.cpu.tiny_models", *PAIR_ARGS[pair], str(folder)],
-                          capture_output=True, text=True, env=server_env(), timeout=1200)
+    flags = ["--trained"] if trained else []
+    done = subprocess.run([str(python), "-m", "ddtree.sglang.cpu.tiny_models", *flags, str(folder)],
+                          capture_output=True, text=True, env=server_env(), timeout=3600)
     if done.returncode != 0:
         raise AssertionError(f"tiny_models failed: {done.stderr.strip()[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -93,19 +91,23 @@ class Server:
     def __init__(self, port: int, log: Path, process: subprocess.Popen):
         self.port, self.log, self.process = port, log, process
 
-    def generate(self, input_ids: list[int], max_new_tokens: int) -> dict[str, Any]:
-        """One request at T=0; ignore_eos: exactly max_new_tokens, as the offline loop makes."""
+    def generate(self, input_ids: list[int], max_new_tokens: int, top2: bool = False) -> dict[str, Any]:
+        """One request at T=0; ignore_eos: exactly max_new_tokens, as the offline loop makes;
+        `top2`: with the top-2 log-probs of every output position (meta_info.output_top_logprobs)."""
         sampling = {"temperature": 0, "ignore_eos": True, "max_new_tokens": max_new_tokens}
         payload = {"input_ids": input_ids, "sampling_params": sampling}
+        if top2:
+            payload.update(return_logprob=True, top_logprobs_num=2)
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}/generate", json.dumps(payload).encode(),
                                          {"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as reply:
             return json.loads(reply.read())
 
-    def generate_all(self, prompts: list[list[int]], max_new_tokens: int, concurrency: int) -> list[dict[str, Any]]:
+    def generate_all(self, prompts: list[list[int]], max_new_tokens: int, concurrency: int,
+                     top2: bool = False) -> list[dict[str, Any]]:
         """One request per prompt, `concurrency` in flight; replies in prompt order."""
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
-            return list(pool.map(lambda ids: self.generate(ids, max_new_tokens), prompts))
+            return list(pool.map(lambda ids: self.generate(ids, max_new_tokens, top2), prompts))
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -128,12 +130,15 @@ def output_ids(reply: dict[str, Any]) -> list[int]:
     return [int(t) for t in reply["output_ids"]]
 
 
-def start_server(argv_without_port: Any, log: Path, env: dict[str, str], model_path: str) -> Server:
-    """A server on a free port that is ours once it answers (server_process); a port taken by
-    another process meanwhile fails that start at once, and the next try takes another port."""
+def start_server(argv_without_port: Any, log: Path, env: dict[str, str]) -> Server:
+    """A server on a free port that is ours once it answers (server_process: its socket, and the
+    model path of its argv in /server_info); a port taken by another process meanwhile fails
+    that start at once, and the next try takes another port."""
     for attempt in range(1, PORT_TRIES + 1):
         port = free_port()
-        process = launch(argv_without_port(port), env, log, port)
+        argv = argv_without_port(port)
+        model_path = argv[argv.index("--model-path") + 1]
+        process = launch(argv, env, log, port)
         server = Server(port, log, process)
         try:
             wait_until_serving(process, port, START_TIMEOUT_S, model_path=model_path, log_path=log)
@@ -149,8 +154,8 @@ def start_server(argv_without_port: Any, log: Path, env: dict[str, str], model_p
 
 
 @contextmanager
-def running_server(argv_without_port: Any, log: Path, env: dict[str, str], model_path: str) -> Iterator[Server]:
-    server = start_server(argv_without_port, log, env, model_path)
+def running_server(argv_without_port: Any, log: Path, env: dict[str, str]) -> Iterator[Server]:
+    server = start_server(argv_without_port, log, env)
     try:
         yield server
     finally:

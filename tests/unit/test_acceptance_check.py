@@ -33,6 +33,11 @@ def test_histograms_count_rounds_by_acceptance_length():
         acc.histogram([0])
 
 
+def test_the_margin_is_twice_the_measured_noise_and_never_below_the_floor():
+    assert acc.auto_margin(0.091) == pytest.approx(0.182)
+    assert acc.auto_margin(0.001) == acc.auto_margin(None) == acc.MIN_NEAR_TIE_MARGIN
+
+
 def test_sglangs_meta_info_gives_the_histogram():
     # index k of spec_correct_drafts_histogram: rounds with k accepted drafts (+ the bonus)
     assert acc.server_histogram({"spec_correct_drafts_histogram": [20, 3, 0], "spec_verify_ct": 23}) == [20, 3]

@@ -60,3 +60,31 @@ def test_tree_margins_are_distances_to_the_admission_threshold():
     margins = tree_draft_margins(logits, tree, keep_indices=[0, 1], bonus=0)  # accepted a, target then chose 0
     assert margins == pytest.approx([-0.1 - (-1.0), -1.0 - (-0.1 - math.log(3))])
     assert tree_draft_margins(logits, tree, keep_indices=[0, 1, 3], bonus=1) == pytest.approx([0.9, 0.2])
+
+
+@pytest.mark.parametrize("method", ["dflash", "ddtree"])
+def test_forced_tokens_make_the_loop_accept_on_a_given_text(target, method):
+    """Following the target's own greedy text changes nothing; following another text commits
+    that text, and each round accepts exactly the drafts that match it."""
+    drafter = NoisyTargetDrafter(target, block_size=5, noise=0.5)
+    prompt = torch.tensor([[5, 9, 2, 7]])
+
+    def run(forced=None):
+        config = DecodeConfig(max_new_tokens=20, forced_tokens=forced)
+        if method == "dflash":
+            return generate_dflash(target, drafter, prompt, config)
+        return generate_ddtree(target, drafter, prompt, config, budget=8)
+
+    free = run()
+    same = run(free.new_token_ids)
+    assert (same.new_token_ids, same.acceptance_lengths) == (free.new_token_ids, free.acceptance_lengths)
+    other = free.new_token_ids[:6] + [(t + 1) % target.vocab_size for t in free.new_token_ids[6:]]
+    followed = run(other)
+    assert followed.new_token_ids == other
+    before = 0  # rounds that committed only tokens before the first changed one (index 6) are the same
+    while 1 + sum(free.acceptance_lengths[: before + 1]) <= 5:
+        before += 1
+    assert followed.acceptance_lengths[:before] == free.acceptance_lengths[:before]
+    assert followed.acceptance_lengths != free.acceptance_lengths
+    with pytest.raises(ValueError, match="forced_tokens follow a text at T=0"):
+        DecodeConfig(max_new_tokens=4, temperature=0.5, forced_tokens=[1])

@@ -77,9 +77,9 @@ def test_a_server_accepting_what_the_offline_numbers_say_passes(tmp_path, capsys
     found = doc["server_vs_offline"]
     checks = {(c["method"], c["source"]): c for c in found["checks"]}
     assert checks[("ddtree_tb16", "decode-bench tau")]["offline"] == 1.6
-    assert checks[("ddtree_tb16", "the offline loop on the same prompts")]["ok"]
+    assert checks[("ddtree_tb16", "the offline loop on the server's text")]["ok"]
     # budget 4 was served with a draft block of 5: only the stage's offline loop (same block) judges it
-    assert ("ddtree_tb4", "decode-bench tau") not in checks and ("ddtree_tb4", "the offline loop on the same prompts") in checks
+    assert ("ddtree_tb4", "decode-bench tau") not in checks and ("ddtree_tb4", "the offline loop on the server's text") in checks
     assert found["notes"] == ["local: ddtree_tb4 was served with a draft block of 5 (budget + 1): "
                               "held against the stage's offline loop only"]
     rows = {r["method"]: r for r in found["rows"]}
@@ -94,7 +94,7 @@ def test_a_server_below_the_offline_loop_and_decode_bench_is_a_regression_naming
     lines = [line for line in err.splitlines() if line.startswith("ddtree-ops: regression: sglang-e2e")]
     assert lines == [
         "ddtree-ops: regression: sglang-e2e.acceptance.ddtree_tb16 (budget 16) on local: server acceptance length "
-        "1.200, the offline loop on the same prompts 2.400 (-1.200, below the tolerance 0.5)",
+        "1.200, the offline loop on the server's text 2.400 (-1.200, below the tolerance 0.5)",
         "ddtree-ops: regression: sglang-e2e.acceptance.ddtree_tb16 (budget 16) on local: server acceptance length "
         "1.200, decode-bench tau 2.400 (-1.200, below the tolerance 0.5)"]
     code, _, _ = report(runs, capsys, "--acceptance-tolerance", "1.5")

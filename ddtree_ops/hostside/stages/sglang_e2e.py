@@ -17,13 +17,17 @@ process group), also on failure.
 Acceptance length is SGLang's per-request histogram (meta_info.spec_correct_drafts_histogram:
 rounds per number of accepted drafts) averaged over rounds, i.e. accepted tokens per verify
 round, bonus included: the offline loop's tau. Then the offline loop (`ddtree.decode`) decodes
-the same prompts with each variant's method, budget and block at T=0 and every request's
+the same prompts with each variant's method, budget and block at T=0, following that server's
+own tokens (so a bf16 near-tie of the target cannot move the text), and every request's
 acceptance is held against it (`ddtree_ops.hostside.acceptance`): equal where the offline
-target had no near-tie (top-1 minus top-2 logit below `offline_near_tie_margin`) at a position a
-round committed, else the rounds before the first near-tie present and the variant's mean
-within `acceptance_tolerance`; the `sglang_acceptance` table has a row per variant and prompt,
-the variant rows the histograms side by side. A mismatch fails the stage: the server is
-lossless but does not accept what the same models accept offline.
+choices had no near-tie (less than `offline_near_tie_margin` to spare: the drafter's on the
+target's path, the target's past the server's last token), else the rounds before the first
+near-tie present and the variant's mean within `acceptance_tolerance`. The margin, unless
+given, is twice the largest difference measured between the no-speculation server's top-2 gaps
+and the offline target's on the same text (the no-spec row's `margin_noise`). The
+`sglang_acceptance` table has a row per variant and prompt, the variant rows the histograms side
+by side. A mismatch fails the stage: the server is lossless but does not accept what the same
+models accept offline.
 
 A divergence from the no-speculation tokens is judged by the target's top-1/top-2 log-prob
 gap at that position (from the no-speculation run): below `near_tie_gap` it is a bf16
@@ -43,7 +47,7 @@ budget + 1 >= block_size, at most 256; given, any of 1..1024), sglang_max_new_to
 sglang_port (31000), sglang_start_timeout_s (900), sglang_attention_backend ("flashinfer"),
 near_tie_gap (0.05), sglang_extra_args (list of extra server arguments), sglang_concurrency
 (list, [1, 8]), sglang_requests_per_level (int), sglang_offline_check (true),
-offline_near_tie_margin (0.5 logits), acceptance_tolerance (0.5 tokens per round).
+offline_near_tie_margin (measured), acceptance_tolerance (0.5 tokens per round).
 """
 from __future__ import annotations
 
@@ -448,13 +452,13 @@ def missing_prerequisite(ctx: StageContext) -> str | None:
 @dataclass(frozen=True)
 class OfflineSettings:
     enabled: bool
-    margin: float  # logits: a committed position whose offline top-2 gap is below it is a near-tie
+    margin: float | None  # logits (acceptance.NearTie); None: measured (acceptance.auto_margin)
     tolerance: float  # tokens per round: a variant's mean against the offline one
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any]) -> "OfflineSettings":
-        return cls(bool(extra.get("sglang_offline_check", True)),
-                   float(extra.get("offline_near_tie_margin", acceptance.DEFAULT_NEAR_TIE_MARGIN)),
+        margin = extra.get("offline_near_tie_margin")
+        return cls(bool(extra.get("sglang_offline_check", True)), None if margin is None else float(margin),
                    float(extra.get("acceptance_tolerance", acceptance.DEFAULT_ACCEPTANCE_TOLERANCE)))
 
 
@@ -480,19 +484,22 @@ def check_against_offline(ctx: StageContext, models: dict[str, Any], prompt_ids:
     speculative = [r for r in runs if r.variant.mode is not ServerMode.NO_SPEC]
     methods = [OfflineMethod(r.variant.name, r.variant.budget, r.variant.block_size) for r in speculative]
     loop = OfflineLoop(models, device)
-    try:
-        offline = loop.decode(methods, prompt_ids, max_new_tokens, ctx.log)
+    try:  # each variant's offline run follows that server's own tokens (DecodeConfig.forced_tokens)
+        offline = loop.decode(methods, prompt_ids, max_new_tokens, ctx.log,
+                              texts={r.variant.name: r.outputs for r in speculative})
         reference = runs[0]
         noise = loop.margin_noise(prompt_ids, reference.outputs, [server_top2(m) for m in reference.meta]).summary()
     finally:
         loop.close()
+    margin = settings.margin if settings.margin is not None else acceptance.auto_margin(noise["max"])
+    noise["near_tie_margin"] = margin
     ctx.log(f"server vs offline target, top-2 logit gap differences: {noise}")
     checks = {}
     for run_ in speculative:
         requests = []
         for index, (tokens, counts) in enumerate(zip(run_.outputs, run_.histograms())):
             requests.append(acceptance.check_request(index, tokens, counts or [], offline[run_.variant.name][index],
-                                                     settings.margin))
+                                                     margin))
         checks[run_.variant.name] = acceptance.VariantCheck(run_.variant.name, requests, settings.tolerance)
     return checks, noise
 
@@ -567,9 +574,9 @@ def run(ctx: StageContext) -> StageResult:
         tables[ACCEPTANCE_TABLE] = [r.row(name) for name, check in checks.items() for r in check.requests]
         table[0]["margin_noise"] = noise
         ctx.emit_metric("offline_margin_noise", noise)
-        if noise["max"] is not None and noise["max"] >= offline.margin:
+        if noise["max"] is not None and noise["max"] >= noise["near_tie_margin"]:
             notes.append(f"the server's and the offline target's top-2 gaps were seen to differ by up to "
-                         f"{noise['max']:g}, not below offline_near_tie_margin {offline.margin:g}: raise it")
+                         f"{noise['max']:g}, not below offline_near_tie_margin {noise['near_tie_margin']:g}: raise it")
         for row in table:
             check = checks.get(row["variant"])
             if check is None:

@@ -7,7 +7,7 @@ platform is asked only that and, for the drafter's attention backend, the in-tre
 (speculative_hook.py:896-927), which the stand-in platform answers the same way. Everything else DFLASH does on CPU is SGLang's own
 code. Inert (no hook registered) unless this process runs in an environment prepared by
 ddtree.sglang.cpu.environment with SGLANG_USE_CPU_ENGINE=1, i.e. never on a GPU host. There
-it also injects the test-only drafting fault `SGLANG_CPU_DDTREE_FAULT` names (ddtree.sglang.cpu.faults).
+it also injects the test-only drafting fault `SGLANG_CPU_DDTREE_FAULT` names (ddtree.sglang.cpu.drafting_faults).
 """
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def register() -> None:
     HookRegistry.register(HANDLE_DFLASH, around_handle_dflash, HookType.AROUND)
     _register_attention_backend()
     logger.warning("DDTree CPU test server: DFLASH allowed on device cpu (speculative_hook.py:291-301 guard lifted)")
-    from ddtree.sglang.cpu import faults
+    from ddtree.sglang.cpu import drafting_faults as faults
 
     fault = faults.register(HookRegistry, HookType)
     if fault is not None:
