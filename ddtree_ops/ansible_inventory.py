@@ -144,6 +144,9 @@ def parse_yaml(data: dict[str, Any], source: str) -> AnsibleInventory:
     return inventory
 
 
+MAX_INI_LINE_CHARS = 64 * 1024
+
+
 def parse_ini(text: str, source: str) -> AnsibleInventory:
     inventory = AnsibleInventory(source)
     section, kind = UNGROUPED, "hosts"
@@ -152,6 +155,9 @@ def parse_ini(text: str, source: str) -> AnsibleInventory:
         if not stripped or stripped[0] in "#;":
             continue
         where = f"{source}: line {number}"
+        if len(stripped) > MAX_INI_LINE_CHARS:  # shlex takes time quadratic in a token's length
+            raise ConfigError(f"{where}: {len(stripped)} characters, past the limit of {MAX_INI_LINE_CHARS} for "
+                              "one line (a host and its variables)")
         header = _SECTION.fullmatch(stripped)
         if header:
             section, _, kind = header.group(1).partition(":")

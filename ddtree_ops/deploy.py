@@ -20,6 +20,7 @@ travels with the gate, so a qualified version whose hashes drifted deploys.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Optional
@@ -49,8 +50,8 @@ OLDER_INSTALLER = "src/ddtree/sglang/install.py"
 # is not needed); its data (the shipped manifests, the sources the structural facts read:
 # the worker's and tree_round's, the operator's qualification entries) travels next to them.
 GATE_PACKAGES = ("ddtree", "ddtree.sglang", "ddtree.sglang.manifests")
-GATE_MODULES = ("ddtree.sglang.errors", "ddtree.sglang.manifest", "ddtree.sglang.qualification",
-                "ddtree.sglang.structure", "ddtree.sglang.gate")
+GATE_MODULES = ("ddtree.bounded_files", "ddtree.sglang.errors", "ddtree.sglang.manifest",
+                "ddtree.sglang.qualification", "ddtree.sglang.structure", "ddtree.sglang.gate")
 WORKER = "src/ddtree/sglang/worker.py"
 TREE_ROUND = "src/ddtree/sglang/tree_round.py"
 MANIFESTS_DIR = "src/ddtree/sglang/manifests/"
@@ -201,17 +202,64 @@ def _outcome(bundle: ReleaseBundle, plan: dict[str, Any], **fields: Any) -> Depl
 
 @dataclass(frozen=True)
 class RollbackOutcome:
+    """One rollback undoes exactly one step: the last deploy (rolled-back), a deploy killed
+    before its record (recovered: the environment as that deploy found it), or the rest of a
+    rollback killed half-way (rolled-back, interrupted). `step` says which, in words."""
+
     action: str  # rolled-back | nothing-deployed | recovered
-    release: Optional[str]
+    release: Optional[str]  # the deployment undone
     removed: tuple[str, ...]
     modified_since_deploy: tuple[str, ...]
     recovered: Optional[dict[str, Any]]
     restored: Optional[str] = None  # the release put back (the one `release` had replaced), else None
+    interrupted: bool = False  # the step undone or finished was one a kill had left half-done
+    release_defaults: Optional[dict[str, str]] = None  # the undone deployment's server defaults (--budget)
+    restored_defaults: Optional[dict[str, str]] = None  # the restored one's
+
+    @property
+    def step(self) -> str:
+        undone = f"release {self.release}{_defaults_note(self.release_defaults)}" if self.release else "the deployment"
+        back = (f"release {self.restored}{_defaults_note(self.restored_defaults)} is deployed again"
+                if self.restored else "the plugin is removed")
+        if self.action == "recovered" and self.release:
+            return f"undid the interrupted deploy of {undone}: {back}, as before that deploy"
+        if self.action == "rolled-back" and self.interrupted:
+            return f"finished the interrupted rollback of {undone}: {back}"
+        if self.action == "rolled-back":
+            return f"rolled back {undone}: {back}"
+        if self.action == "recovered":
+            return "removed what a killed deploy left; nothing is deployed"
+        return "nothing deployed: nothing to roll back"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"action": self.action, "release": self.release, "restored": self.restored,
+        return {"action": self.action, "step": self.step, "release": self.release, "restored": self.restored,
+                "interrupted": self.interrupted, "release_defaults": self.release_defaults,
+                "restored_defaults": self.restored_defaults,
                 "removed": list(self.removed), "modified_since_deploy": list(self.modified_since_deploy),
                 "recovered": self.recovered}
+
+
+def _defaults_note(variables: Optional[dict[str, str]]) -> str:
+    """' (DDTREE_BUDGET=16)' for a deployment made with server defaults, '' without."""
+    return f" ({', '.join(f'{k}={v}' for k, v in sorted(variables.items()))})" if variables else ""
+
+
+def _host_defaults(host: Host, value: Any, field_name: str) -> Optional[dict[str, str]]:
+    """Server-default variables a host's reply names: DDTREE_* -> a short value; anything else
+    is a protocol error (the host's words reach the operator's screen)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or len(value) > 8 or not all(
+            isinstance(k, str) and isinstance(v, str) and _DEFAULT_NAME.fullmatch(k) and _DEFAULT_VALUE.fullmatch(v)
+            for k, v in value.items()):
+        raise RemoteStepError(f"{host.name}: rollback: {field_name}: expected DDTREE_* variables, "
+                              f"got {str(value)[:80]!r}")
+    return dict(value)
+
+
+ROLLBACK_ACTIONS = ("rolled-back", "nothing-deployed", "recovered")
+_DEFAULT_NAME = re.compile(r"DDTREE_[A-Z_]{1,32}")
+_DEFAULT_VALUE = re.compile(r"[A-Za-z0-9._-]{0,32}")
 
 
 def rollback_host(transport: Transport, host: Host, bundle: ReleaseBundle, *, force: bool = False) -> RollbackOutcome:
@@ -222,12 +270,18 @@ def rollback_host(transport: Transport, host: Host, bundle: ReleaseBundle, *, fo
                                                               max_output_bytes=AGENT_REPLY_MAX_BYTES))
     reply = reply["rollback"]
     removed = reply.get("removed") or {}
+    action = reply.get("action")
+    if action not in ROLLBACK_ACTIONS:
+        raise RemoteStepError(f"{host.name}: rollback: unknown action {str(action)[:40]!r}")
     return RollbackOutcome(
-        action=reply["action"],
+        action=action,
         release=check_optional_host_id(host.name, IdKind.RELEASE, reply.get("release"), "rollback: release"),
         removed=tuple(removed.get("removed", ())), modified_since_deploy=tuple(removed.get("modified_since_deploy", ())),
         recovered=reply.get("recovered"),
         restored=check_optional_host_id(host.name, IdKind.RELEASE, reply.get("restored"), "rollback: restored"),
+        interrupted=reply.get("interrupted") is True,
+        release_defaults=_host_defaults(host, reply.get("release_defaults"), "release_defaults"),
+        restored_defaults=_host_defaults(host, reply.get("restored_defaults"), "restored_defaults"),
     )
 
 

@@ -1,8 +1,9 @@
 """`deploy --budget`: the plugin's server defaults (DDTREE_ENABLE, DDTREE_BUDGET) a deploy writes.
 
 `auto` takes them from the host's latest recommendation at the concurrency level the operator
-serves (`--for-concurrency`): the newest run in the local run store whose record for that host
-has sglang-e2e load rows at that level. DDTree chosen: enabled with its budget; DFlash or no
+serves (`--for-concurrency`): the newest run in the local run store (in the order the store
+created its runs: a clock set ahead or a hand-named copy cannot make an old run the newest)
+whose record for that host has sglang-e2e load rows at that level. DDTree chosen: enabled with its budget; DFlash or no
 speculation chosen: deployed disabled. Undecided, or no such run: refused before any host is
 touched (exit 3), naming the smoke run that would decide it: so is a run whose lossless
 check failed or is missing (`recommend.lossless_problem`), and a budget outside what the
@@ -59,13 +60,25 @@ def explicit_defaults(budget: int) -> ServerDefaults:
                           f"DDTree enabled, budget {budget} (--budget)")
 
 
-def latest_recommendation(runs_root: Path, host: str, level: int) -> tuple[str, Recommendation] | None:
-    """(run id, verdict) from the newest run whose record for `host` has load rows at `level`."""
+def latest_recommendation(runs_root: Path, host: str, level: int,
+                          left_out: list[str] | None = None) -> tuple[str, Recommendation] | None:
+    """(run id, verdict) from the newest run (RunStore.runs_newest_first: the order the store
+    created them in, not their names) whose record for `host` has load rows at `level`.
+    `left_out` collects the runs not considered, each with why: one dated in the future, or
+    one whose record cannot be read (it decides nothing and hides no other run)."""
     from ddtree_ops.results import RunStore
 
     store = RunStore(runs_root)
-    for run_id in reversed(store.list_runs()):
-        run = store.load(run_id)
+    runs, skipped = store.runs_newest_first()
+    if left_out is not None:
+        left_out.extend(skipped)
+    for run_id in runs:
+        try:
+            run = store.load(run_id)
+        except ConfigError as err:
+            if left_out is not None:
+                left_out.append(str(err))
+            continue
         record = run.hosts.get(host)
         stage = record.stages.get(LOAD_STAGE) if record is not None else None
         rows = stage.tables.get(LOAD_TABLE, []) if stage is not None else []
@@ -79,10 +92,12 @@ def latest_recommendation(runs_root: Path, host: str, level: int) -> tuple[str, 
 def auto_defaults(runs_root: Path, host: str, level: int) -> ServerDefaults:
     """The host's server defaults at `level`, or ConfigError naming what to run."""
     measure = f"`ddtree-ops smoke -H {host} --stages sglang-e2e --set sglang_concurrency={level}`"
-    found = latest_recommendation(runs_root, host, level)
+    left_out: list[str] = []
+    found = latest_recommendation(runs_root, host, level, left_out)
     if found is None:
+        why = f" (left out: {'; '.join(left_out[:3])})" if left_out else ""
         raise ConfigError(f"{host}: --budget auto: no sglang-e2e measurement at {level} concurrent under "
-                          f"{runs_root}; run {measure} first")
+                          f"{runs_root}{why}; run {measure} first")
     run_id, verdict = found
     if verdict.choice is Choice.UNDECIDED:
         raise ConfigError(f"{host}: --budget auto: run {run_id} cannot decide at {level} concurrent "
@@ -91,8 +106,12 @@ def auto_defaults(runs_root: Path, host: str, level: int) -> ServerDefaults:
     if problem:  # recommend refuses such a row already; what is written to a host is checked here too
         raise ConfigError(f"{host}: --budget auto: run {run_id}: the recommended budget {problem}")
     provenance = {"source": "--budget auto", "run": run_id, "concurrency": level, "choice": verdict.choice.value}
+    passed_over = f" (passed over {len(left_out)} run(s): {left_out[0]})" if left_out else ""
+    if left_out:
+        provenance["passed_over"] = left_out
     if verdict.choice is Choice.DDTREE:
         return ServerDefaults({ENV_ENABLE: "1", ENV_BUDGET: str(verdict.budget)}, provenance,
-                              f"DDTree enabled, budget {verdict.budget} (run {run_id}, {level} concurrent)")
+                              f"DDTree enabled, budget {verdict.budget} (run {run_id}, {level} concurrent){passed_over}")
     return ServerDefaults({ENV_ENABLE: "0"}, provenance,
-                          f"DDTree does not pay at {level} concurrent on {host}: deployed disabled (run {run_id})")
+                          f"DDTree does not pay at {level} concurrent on {host}: deployed disabled (run {run_id})"
+                          f"{passed_over}")

@@ -70,6 +70,23 @@ _COLON_TERMS = re.compile(r"(?:[^\s:\[\]]|\[[^\]]*\])+")  # ':'-separated, a [x:
 _KNOWN_SHOWN = 10  # names listed in an unknown-term error (a 100k-host fleet must not be printed)
 
 
+PATTERN_CHARS = "*?["  # a wildcard, or the start of a range or a character class
+
+
+def unaddressable(name: str) -> str | None:
+    """Why no -H pattern could select exactly the host or group `name` (so an inventory may
+    not hold it), or None. `!prod` is the pattern "all but prod", `&x` an intersection, `*`
+    every host; a wildcard or a bracket makes the name a pattern matching others (or none)."""
+    if name in (ALL_HOSTS, "*"):
+        return f"{name!r} means every host"
+    if name[:1] in ("&", "!"):
+        return f"a leading {name[0]!r} makes it a pattern operator ({name[0]}TERM)"
+    found = next((c for c in name if c in PATTERN_CHARS), None)
+    if found is not None:
+        return f"{found!r} makes it a wildcard or range pattern"
+    return None
+
+
 def split_terms(text: str, hosts: Mapping[str, object]) -> list[str]:
     """One -H value as its terms: on ',' when it has one, else on ':' outside brackets (a
     whole value that is a host name, as an IPv6 address may be, stays one term)."""

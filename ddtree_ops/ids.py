@@ -11,6 +11,21 @@ from ddtree_ops.errors import ConfigError, RemoteStepError, UsageError
 from ddtree_ops.hostside.agent import is_safe_id  # the hosts' rule: one definition for both sides
 
 SAFE_ID_RULE = "expected 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
+MAX_FOLDER_NAME_BYTES = 255  # NAME_MAX: a host name is the folder runs/<run-id>/<host>/
+
+
+def folder_name_problem(name: Any) -> str | None:
+    """Why `name` (a host name) cannot name a folder of a run, or None: the one rule for the
+    inventory (refused at load) and for a name read back from a run record."""
+    if not isinstance(name, str) or not name or "/" in name or "\0" in name or name in (".", ".."):
+        return "no '/', NUL, '.' or '..', not empty"
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "not valid text (a lone surrogate)"
+    if size > MAX_FOLDER_NAME_BYTES:
+        return f"{size} bytes long, past the limit of {MAX_FOLDER_NAME_BYTES} for a folder name"
+    return None
 
 
 class IdKind(str, Enum):

@@ -18,7 +18,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic_core import PydanticCustomError
 
 from ddtree_ops.errors import ConfigError, quoted
-from ddtree_ops.host_patterns import ALL_HOSTS, select_names
+from ddtree_ops.host_patterns import ALL_HOSTS, select_names, unaddressable
 
 INVENTORY_ENV = "DDTREE_OPS_INVENTORY"
 DEFAULT_INVENTORY_NAME = "hosts.yaml"
@@ -31,10 +31,6 @@ BUILTIN_COMMAND_TIMEOUT_S = 600.0
 # Where `ddtree-ops status` finds the host's SGLang server (its HTTP port, `/metrics` with
 # --enable-metrics), read on the host's loopback: SGLang's own default `--port`.
 BUILTIN_SGLANG_PORT = 30000
-
-# YAML aliases (`*name`) may repeat a value, not multiply one: past this many values added by
-# expanding them, a file is refused (nine nested `[*a, *a, ...]` lines make 10^9 of them).
-ALIAS_EXPANSION_LIMIT = 10_000
 
 
 
@@ -164,49 +160,36 @@ EMBEDDED_INVENTORY: dict[str, Any] = {"hosts": {"local": {"transport": "local"}}
 def inventory_path(explicit: str | os.PathLike[str] | None = None) -> Path | None:
     """The inventory file to read, or None for the embedded default.
 
-    An explicitly named file (flag or environment) must exist; `./hosts.yaml` is optional."""
+    An explicitly named file (flag or environment) must exist; `./hosts.yaml` is optional.
+    Whatever is there is read by the bounded reader, which refuses a FIFO, a device or a folder."""
     if explicit:
         path = Path(explicit)
-        if not path.is_file():
+        if not path.exists():
             raise ConfigError(f"{path}: inventory file not found (from -i/--inventory)")
         return path
     from_env = os.environ.get(INVENTORY_ENV)
     if from_env:
         path = Path(from_env)
-        if not path.is_file():
+        if not path.exists():
             raise ConfigError(f"{path}: inventory file not found (from ${INVENTORY_ENV})")
         return path
     default = Path(DEFAULT_INVENTORY_NAME)
-    return default if default.is_file() else None
+    return default if default.exists() else None
 
 
 def load_inventory(explicit: str | os.PathLike[str] | None = None) -> Inventory:
     path = inventory_path(explicit)
     if path is None:
         return parse_inventory(EMBEDDED_INVENTORY, source=EMBEDDED_INVENTORY_NAME, base_dir=Path.cwd())
-    import yaml  # pyyaml is only needed when there is a file
+    # pyyaml is only needed when there is a file; the reader bounds size, depth and aliases
+    from ddtree_ops.yaml_files import parse_yaml, read_text_file
 
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: cannot read inventory: {err}") from None
+    text = read_text_file(path, "inventory")
     from ddtree_ops import ansible_inventory as ansible
 
     if ansible.is_ini(text):
         return _from_ansible(ansible.parse_ini(text, str(path)), path)
-    try:
-        data = yaml.load(text, Loader=_inventory_loader(yaml))
-    except _DuplicateKey as err:
-        raise ConfigError(f"{path}: line {err.line}: {quoted(err.key)}: duplicate key (the later entry would win)") from None
-    except _AliasBomb as err:
-        raise ConfigError(f"{path}: {err}") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: invalid YAML: values nested too deeply") from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"line {mark.line + 1}: " if mark is not None else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError(f"{path}: {where}invalid YAML: {problem}") from None
+    data = parse_yaml(text, path)
     if ansible.is_ansible_yaml(data):
         return _from_ansible(ansible.parse_yaml(data, str(path)), path)
     return parse_inventory(data, source=str(path), base_dir=path.resolve().parent)
@@ -219,77 +202,6 @@ def _from_ansible(parsed: Any, path: Path) -> Inventory:
     inventory = parse_inventory(data, source=str(path), base_dir=path.resolve().parent)
     inventory.notes = notes
     return inventory
-
-
-class _DuplicateKey(Exception):
-    def __init__(self, key: Any, line: int):
-        super().__init__(key, line)
-        self.key, self.line = key, line
-
-
-class _AliasBomb(Exception):
-    pass
-
-
-def _check_alias_expansion(root: Any, yaml: Any) -> None:
-    """Refuse a document whose aliases, expanded, add more than ALIAS_EXPANSION_LIMIT values
-    or refer to themselves. Counted on the node graph (each node once), never by expanding."""
-    expanded: dict[int, int] = {}  # id(node) -> values it stands for, aliases expanded
-    on_path: set[int] = set()
-    stack: list[tuple[Any, bool]] = [(root, False)]
-    while stack:
-        node, children_done = stack.pop()
-        key = id(node)
-        if children_done:
-            on_path.discard(key)
-            expanded[key] = 1 + sum(expanded[id(child)] for child in _children(node, yaml))
-            continue
-        if key in expanded:
-            continue
-        if key in on_path:
-            raise _AliasBomb(f"line {node.start_mark.line + 1}: an alias refers to the value that contains it")
-        on_path.add(key)
-        stack.append((node, True))
-        stack.extend((child, False) for child in _children(node, yaml) if id(child) not in expanded)
-    added = expanded[id(root)] - len(expanded)
-    if added > ALIAS_EXPANSION_LIMIT:
-        raise _AliasBomb(f"YAML aliases expand to {added} more values, past the limit of {ALIAS_EXPANSION_LIMIT} "
-                         "(write the values out, or alias fewer)")
-
-
-def _children(node: Any, yaml: Any) -> list[Any]:
-    if isinstance(node, yaml.MappingNode):
-        return [part for pair in node.value for part in pair]
-    if isinstance(node, yaml.SequenceNode):
-        return list(node.value)
-    return []
-
-
-def _inventory_loader(yaml: Any) -> type:
-    """A SafeLoader that refuses an alias bomb (`_check_alias_expansion`) and a key given twice
-    in one mapping (plain safe_load keeps the last)."""
-
-    class InventoryLoader(yaml.SafeLoader):
-        def compose_document(self) -> Any:
-            node = super().compose_document()
-            if node is not None:
-                _check_alias_expansion(node, yaml)
-            return node
-
-        def construct_mapping(self, node: Any, deep: bool = False) -> dict:
-            seen: set = set()
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=deep)
-                try:
-                    duplicate = key in seen
-                except TypeError:  # an unhashable key: the base class reports it
-                    break
-                if duplicate:
-                    raise _DuplicateKey(key, key_node.start_mark.line + 1)
-                seen.add(key)
-            return super().construct_mapping(node, deep=deep)
-
-    return InventoryLoader
 
 
 def parse_inventory(data: Any, *, source: str, base_dir: Path) -> Inventory:
@@ -320,6 +232,13 @@ def _resolve_host(name: str, entry: HostEntry, defaults: _HostKeys, source: str,
         raise ConfigError(
             f"{source}: hosts.{quoted(name)}: invalid host name (no commas, no '/', no outer spaces, not '.', '..' or 'all')"
         )
+    if (why := unaddressable(name)) is not None:
+        raise ConfigError(f"{source}: hosts.{quoted(name)}: no -H pattern can select this host alone: {why}; rename it")
+    from ddtree_ops.ids import folder_name_problem
+
+    unfit = folder_name_problem(name)  # it names the folder runs/<run-id>/<host>/ of every run
+    if unfit is not None:
+        raise ConfigError(f"{source}: hosts.{quoted(name)}: invalid host name ({unfit}; it names a folder of every run)")
 
     def pick(key: str) -> Any:
         own = getattr(entry, key)
@@ -337,6 +256,9 @@ def _resolve_host(name: str, entry: HostEntry, defaults: _HostKeys, source: str,
     for group in entry.groups:
         if not group or "," in group or group == ALL_HOSTS:
             raise ConfigError(f"{source}: hosts.{name}.groups: invalid group name {quoted(group)}")
+        if (why := unaddressable(group)) is not None:
+            raise ConfigError(f"{source}: hosts.{name}.groups: no -H pattern can select the group {quoted(group)}: "
+                              f"{why}; rename it")
 
     def local_path(key: str) -> Optional[str]:
         value = pick(key)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import tempfile
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
@@ -57,9 +56,11 @@ def hash_pinned_files(transport: Transport, host: Host, package_dir: str,
     wanted = sorted(manifest.file_sha256)
     result = transport.run([host.python, "-c", _READER, package_dir, *wanted], timeout=host.command_timeout,
                            max_output_bytes=AGENT_REPLY_MAX_BYTES)
+    from ddtree.bounded_files import FileRefused, parse_json
+
     try:
-        sent = json.loads((result.stdout.strip().splitlines() or [""])[-1])
-    except ValueError:
+        sent = parse_json((result.stdout.strip().splitlines() or [""])[-1], f"{host.name}: pinned files")
+    except FileRefused:
         sent = None
     if result.exit_status != 0 or not isinstance(sent, dict) or sorted(sent) != wanted:
         raise RemoteStepError(f"{host.name}: could not read the pinned sglang files in {package_dir}: "

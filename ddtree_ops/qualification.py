@@ -6,7 +6,6 @@ applies them); this module only finds, loads and writes the file.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
@@ -35,7 +34,7 @@ def load_file(explicit: Optional[Path], inventory_source: str, *, create: bool =
     """The file named (it must exist, unless `create`: qualify writes it) or the default one
     (absent: no entries)."""
     path = explicit if explicit is not None else default_path(inventory_source)
-    if explicit is not None and not create and not path.is_file():
+    if explicit is not None and not create and not path.exists():
         raise ConfigError(f"{path}: qualification file not found")
     try:
         return QualificationFile(path, load(path))
@@ -46,15 +45,14 @@ def load_file(explicit: Optional[Path], inventory_source: str, *, create: bool =
 def add_entry(qualified: QualificationFile, entry: Qualification) -> QualificationFile:
     """Append `entry` (an entry for the same version and files is replaced: the newest run is
     the evidence) and write the file whole, atomically."""
+    from ddtree_ops.hostside.safe_write import WriteRefused, write_file
+
     kept = [e for e in qualified.entries if not (e.sglang == entry.sglang and e.files == entry.files)]
     updated = QualificationFile(qualified.path, kept + [entry])
-    tmp = qualified.path.with_name(f".{qualified.path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(render(updated.entries), encoding="utf-8")
-        os.replace(tmp, qualified.path)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        raise ConfigError(f"{qualified.path}: cannot write: {err.strerror or err}") from None
+    try:  # a link at the file's name is replaced, never written through
+        write_file(qualified.path.parent, qualified.path.name, render(updated.entries))
+    except WriteRefused as err:
+        raise ConfigError(f"{qualified.path}: cannot write: {err.why}") from None
     return updated
 
 
@@ -62,14 +60,20 @@ QUALIFYING_STAGES = ("plugin", "sglang-e2e")  # what a qualification may run; `p
 
 
 def entry_from_run(run: "RunRecord", host: str, stages: list[str], release: str, now: str, *,
-                   version: Optional[str], hashes: dict[str, str], pinned: list[str]) -> tuple[Optional[Qualification], str]:
+                   version: Optional[str], hashes: dict[str, str], pinned: list[str],
+                   code_changed: Optional[list[str]] = None) -> tuple[Optional[Qualification], str]:
     """The qualification one host's run earns (None and why not): every stage passed, the
     structure held, and the files are the ones ddtree-ops hashed itself (`hashes`, from
     ddtree_ops.pinned_files), covering every file the manifest pins (`pinned`). What the host's
-    plugin stage reported is only checked against them, never recorded."""
+    plugin stage reported is only checked against them, never recorded. `code_changed`: the
+    pinned files whose code changed, as the host's gate saw them: then sglang-e2e must have
+    passed too (the gate applies the same rule to the entry: ddtree.sglang.gate.e2e_missing)."""
     record = run.hosts.get(host)
     if record is None:
         return None, "no results in the run"
+    if code_changed and QUALIFYING_STAGES[1] not in stages:
+        return None, (f"code changed in {', '.join(code_changed[:3])}: a static check (plugin) cannot vouch for "
+                      f"it; {QUALIFYING_STAGES[1]} must pass too")
     statuses = {name: (record.stages[name].status.value if name in record.stages else "not_run") for name in stages}
     failed = [f"{name} {status}" for name, status in statuses.items() if status != "pass"]
     if failed:

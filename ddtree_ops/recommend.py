@@ -223,16 +223,22 @@ def run_recommendations(run: Any, margin: float = DEFAULT_MARGIN) -> list[Recomm
     return recommend(_stage_rows(run, LOAD_STAGE, LOAD_TABLE), margin, noisy, lossy)
 
 
+def _cell_key(*values: Any) -> tuple[Any, ...]:
+    """A table cell's key; a value a host wrote as a list or an object (no level, no budget)
+    stands for itself as text, so that it matches nothing measured and breaks no lookup."""
+    return tuple(v if isinstance(v, (str, int, float, type(None))) else f"<{type(v).__name__}>" for v in values)
+
+
 def predicted_vs_measured(run: Any) -> list[dict[str, Any]]:
     """Where decode-bench predicted a cell that sglang-e2e measured (same host, level, method
     and budget): both throughputs and the prediction's error relative to the measurement."""
-    predicted = {(r["host"], r.get("concurrency"), r.get("method"), r.get("budget")): r
+    predicted = {_cell_key(r["host"], r.get("concurrency"), r.get("method"), r.get("budget")): r
                  for r in _stage_rows(run, PREDICTION_STAGE, PREDICTION_TABLE)}
     rows = []
     for measured in _stage_rows(run, LOAD_STAGE, LOAD_TABLE):
         method = _PREDICTED_METHOD.get(str(measured.get("mode")))
         budget = measured.get("budget") if method == "ddtree" else None
-        match = predicted.get((measured["host"], measured.get("concurrency"), method, budget))
+        match = predicted.get(_cell_key(measured["host"], measured.get("concurrency"), method, budget))
         speed, guess = measured.get("tokens_per_s"), match.get("tokens_per_s") if match else None
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
                    for v in (speed, guess)):

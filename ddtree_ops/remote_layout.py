@@ -15,7 +15,6 @@ stdin can carry a release archive on the same channel.
 from __future__ import annotations
 
 import io
-import json
 import os
 import posixpath
 import threading
@@ -143,12 +142,14 @@ def parse_agent_reply(host: Host, op: str, result: CommandResult) -> dict[str, A
         raise RemoteStepError(f"{host.name}: python not found at {host.python!r} (set `python:` in the inventory)")
     if result.exit_status == 126:
         raise RemoteStepError(f"{host.name}: python at {host.python!r} is not executable")
+    from ddtree.bounded_files import FileRefused, parse_json
+
     lines = result.stdout.strip().splitlines()
     reply = None
     if lines:
-        try:
-            reply = json.loads(lines[-1])
-        except ValueError:
+        try:  # the host's word: nested past MAX_DEPTH it is no reply (it would break every later walk)
+            reply = parse_json(lines[-1], f"{host.name}: agent {op} reply")
+        except FileRefused:
             reply = None
     if not isinstance(reply, dict):
         raise RemoteStepError(

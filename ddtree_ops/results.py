@@ -26,8 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ddtree.bounded_files import FileRefused, open_regular, parse_json, read_bytes
+from ddtree.bounded_files import read_json as bounded_read_json
+
 from ddtree_ops.errors import ConfigError, UsageError, quoted
 from ddtree_ops.hostside.protocol import Status as StageStatus  # the runner's own enum, read back
+from ddtree_ops.hostside.safe_write import WriteRefused, open_append, write_file
 from ddtree_ops.ids import is_safe_id
 from ddtree_ops.outcome import STOPPED_RUN_ENDS, HostOutcome, judge_finished_host
 
@@ -54,29 +58,74 @@ def check_run_id(run_id: str) -> str:
 
 
 def check_host_dir_name(path: Path, name: Any) -> str:
-    """A host name read back from a run record becomes a folder name: same rule as the
-    inventory's (no '/', not '.', '..', empty or with NUL)."""
-    if not isinstance(name, str) or not name or "/" in name or "\0" in name or name in (".", ".."):
-        from ddtree_ops.ids import shown
+    """A host name read back from a run record becomes a folder name: the inventory's rule
+    (ddtree_ops.ids.folder_name_problem)."""
+    from ddtree_ops.ids import folder_name_problem, shown
 
-        raise ConfigError(f"{path}: hosts: unsafe host name {shown(name)} (it names a folder of the run)")
+    unfit = folder_name_problem(name)
+    if unfit is not None:
+        raise ConfigError(f"{path}: hosts: unsafe host name {shown(name)} ({unfit}; it names a folder of the run)")
     return name
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+STORE_FILE = ".ddtree-ops-store.json"  # {"id": this run store's id, "last": the last run's sequence number}
+STORE_LOCK = ".ddtree-ops-store.lock"
+FUTURE_SLACK_S = 86400.0  # a run named up to a day ahead of this clock is clock skew, not the future
+_SMALL_JSON_MAX = 1 << 20
+
+
+def run_id_time(run_id: str) -> float | None:
+    """When a run id made by new_run_id says it was made (UTC), or None for another name."""
+    import calendar
+
+    try:
+        return float(calendar.timegm(time.strptime(run_id[:15], "%Y%m%d-%H%M%S")))
+    except ValueError:
+        return None
+
+
+def _small_json(path: Path) -> Any:
+    """A small JSON file's value, or None for anything else (absent, large, not a plain file,
+    not UTF-8 JSON, nested too deep): for ordering runs, where one bad file costs only itself."""
+    from ddtree.bounded_files import read_json as read_bounded
+
+    try:
+        return read_bounded(path, max_bytes=_SMALL_JSON_MAX)
+    except (OSError, ValueError):
+        return None
+
+
+def write_json_atomic(root: Path, relpath: list[str], data: Any) -> Path:
+    """root/relpath holds `data` as JSON, whole or not at all, written following no link below
+    the runs root (hostside.safe_write.write_file); ConfigError naming the path otherwise."""
+    return write_under(root, relpath, json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def write_under(root: Path, relpath: list[str], text: str) -> Path:
+    try:
+        return write_file(root, relpath, text)
+    except WriteRefused as err:
+        raise ConfigError(str(err)) from None
+
+
+def append_under(root: Path, relpath: list[str]) -> Any:
+    """root/relpath opened to append text (no link followed below root); ConfigError otherwise."""
+    try:
+        return open_append(root, relpath)
+    except WriteRefused as err:
+        raise ConfigError(str(err)) from None
 
 
 def read_json(path: Path) -> dict[str, Any]:
+    """A run record (run.json, a stage copy) through the bounded reader: a regular file, of
+    bounded size, UTF-8 JSON nested at most MAX_DEPTH deep; {} when absent. Anything else is a
+    ConfigError naming the file, which costs only the record's host (`_load_or_fail`)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = bounded_read_json(path)
     except FileNotFoundError:
         return {}
-    except (OSError, json.JSONDecodeError) as err:
-        raise ConfigError(f"{path}: unreadable run record: {err}") from err
+    except FileRefused as err:
+        raise ConfigError(f"{path}: unreadable run record: {err.why}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -88,8 +137,8 @@ def parse_record(line: str) -> dict[str, Any] | None:
     if not line.startswith("{"):
         return None
     try:
-        record = json.loads(line)
-    except (ValueError, RecursionError):  # not JSON, a 5000-digit number, nesting past Python's stack
+        record = parse_json(line, "a record")
+    except FileRefused:  # not JSON, a 5000-digit number, nested past MAX_DEPTH
         return None
     if isinstance(record, dict) and "event" in record and "v" in record:
         return record
@@ -168,12 +217,12 @@ def check_record_owner(record: dict[str, Any], run_id: str, host: str, where: st
 class HostRecorder:
     """Writes one host's records as they arrive (thread-confined: one per host thread)."""
 
-    def __init__(self, host_dir: Path, host: str, meta: dict[str, Any], run_id: str,
+    def __init__(self, root: Path, run_id: str, host: str, meta: dict[str, Any],
                  clock: Callable[[], float] = time.time):
-        self.host_dir, self.host, self.run_id, self.clock = host_dir, host, run_id, clock
-        (host_dir / "stages").mkdir(parents=True, exist_ok=True)
-        self._events = open(host_dir / "events.jsonl", "a", encoding="utf-8")
-        self._stray = host_dir / "output.log"
+        """Writes runs `root`/run_id/host/..., following no link below `root`."""
+        self.root, self.host, self.run_id, self.clock = root, host, run_id, clock
+        self.host_dir = root / run_id / host
+        self._events = append_under(root, [run_id, host, "events.jsonl"])
         self.meta: dict[str, Any] = {"host": host, **meta}
         self.stage_states: dict[str, str] = {}  # stage -> "running" or its final status
         self.record_error: str | None = None  # the first record refused (wrong field, a flood): the host fails
@@ -205,7 +254,7 @@ class HostRecorder:
                 record = None  # kept as stray output for a look, never read as a result
         if record is None:
             if line.strip():
-                with self._stray.open("a", encoding="utf-8") as out:
+                with append_under(self.root, self._parts("output.log")) as out:
                     out.write(line.rstrip("\n") + "\n")
             return None
         kind = record.get("event")
@@ -228,7 +277,7 @@ class HostRecorder:
             self.stage_began[stage] = self.last_heard
         elif kind == "stage_end" and isinstance(stage, str) and _STAGE_RE.fullmatch(stage):
             self.stage_states[stage] = str(record.get("status"))
-            write_json_atomic(self.host_dir / "stages" / f"{stage}.json", record)
+            write_json_atomic(self.root, self._parts("stages", f"{stage}.json"), record)
         elif kind == "run_end":
             self.run_end = record
             self.meta.update(remote_status=record.get("status"), counts=record.get("counts"),
@@ -269,8 +318,15 @@ class HostRecorder:
         self.meta.update(fields)
         self._save_meta()
 
+    def _parts(self, *names: str) -> list[str]:
+        return [self.run_id, self.host, *names]
+
+    def write_text(self, name: str, text: str) -> None:
+        """A file of the host's folder (e.g. the runner's stderr), written whole."""
+        write_under(self.root, self._parts(name), text)
+
     def _save_meta(self) -> None:
-        write_json_atomic(self.host_dir / "run.json", self.meta)
+        write_json_atomic(self.root, self._parts("run.json"), self.meta)
 
     def close(self) -> None:
         self._events.close()
@@ -284,20 +340,69 @@ class RunStore:
         return self.root / check_run_id(run_id)
 
     def create_run(self, run_id: str, meta: dict[str, Any]) -> Path:
-        path = self.run_dir(run_id)
-        path.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path / "run.json", {"run_id": run_id, **meta})
-        return path
+        write_json_atomic(self.root, [check_run_id(run_id), "run.json"],
+                          {"run_id": run_id, **meta, "created": self._next_sequence()})
+        return self.run_dir(run_id)
+
+    def _next_sequence(self) -> dict[str, Any]:
+        """{"store": this store's id, "seq": n}: the n-th run this store created. "Newest" is the
+        order runs were created in here, which no clock set ahead and no folder name moves."""
+        import fcntl
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / STORE_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # two operators creating runs at once each get their own number
+            state = self._store_state() or {"id": secrets.token_hex(8), "last": 0}
+            state["last"] += 1
+            write_json_atomic(self.root, [STORE_FILE], state)
+            return {"store": state["id"], "seq": state["last"]}
+        finally:
+            os.close(fd)
+
+    def _store_state(self) -> dict[str, Any] | None:
+        """{"id", "last"} of this store, or None when it has none (yet, or it is unreadable)."""
+        state = _small_json(self.root / STORE_FILE)
+        if isinstance(state, dict) and isinstance(state.get("id"), str) and type(state.get("last")) is int:
+            return state
+        return None
+
+    def runs_newest_first(self) -> tuple[list[str], list[str]]:
+        """(run ids, newest first; ["RUN: why it is left out"]). Runs this store created come
+        first, in the order it created them; then runs it did not (an older ddtree-ops, a copy
+        from elsewhere, a folder renamed by hand: its run.json names another run), newest name
+        first, except one whose name is dated in the future, which is left out, named: its
+        name says nothing about when it was made."""
+        store = (self._store_state() or {}).get("id")
+        ours: list[tuple[int, str]] = []
+        others, left_out = [], []
+        for run_id in self.list_runs():
+            try:  # an unreadable record decides nothing, and is named (the one record reader)
+                meta = read_json(self.root / run_id / "run.json")
+            except ConfigError as err:
+                left_out.append(str(err))
+                continue
+            created = meta.get("created")
+            if store and isinstance(created, dict) and created.get("store") == store \
+                    and type(created.get("seq")) is int and meta.get("run_id") == run_id:
+                ours.append((created["seq"], run_id))
+                continue
+            dated = run_id_time(run_id)
+            if dated is not None and dated > time.time() + FUTURE_SLACK_S:
+                left_out.append(f"{run_id}: dated {time.strftime('%Y-%m-%d', time.gmtime(dated))}, in the future "
+                                "(a clock set ahead, or a folder named by hand), and not created by this run store")
+            else:
+                others.append(run_id)
+        return [r for _, r in sorted(ours, reverse=True)] + sorted(others, reverse=True), left_out
 
     def update_run(self, run_id: str, **fields: Any) -> None:
-        path = self.run_dir(run_id) / "run.json"
-        data = read_json(path)
+        data = read_json(self.run_dir(run_id) / "run.json")
         data.update(fields)
-        write_json_atomic(path, data)
+        write_json_atomic(self.root, [run_id, "run.json"], data)
 
     def host_recorder(self, run_id: str, host: str, meta: dict[str, Any],
                       clock: Callable[[], float] = time.time) -> HostRecorder:
-        return HostRecorder(self.run_dir(run_id) / host, host, meta, run_id, clock)
+        return HostRecorder(self.root, check_run_id(run_id), host, meta, clock)
 
     def list_runs(self) -> list[str]:
         if not self.root.is_dir():
@@ -306,16 +411,18 @@ class RunStore:
                       if p.is_dir() and (p / "run.json").is_file() and is_safe_id(p.name))
 
     def latest_run(self) -> str:
-        runs = self.list_runs()
+        """The newest run (see runs_newest_first)."""
+        runs, left_out = self.runs_newest_first()
         if not runs:
-            raise UsageError(f"no runs under {self.root} (run `ddtree-ops smoke` first, or "
+            why = f" ({'; '.join(left_out[:3])})" if left_out else ""
+            raise UsageError(f"no runs under {self.root}{why} (run `ddtree-ops smoke` first, or "
                              f"point --runs-dir / ${RUNS_DIR_ENV} at your runs)")
-        return runs[-1]
+        return runs[0]
 
     def load(self, run_id: str | None = None) -> "RunRecord":
         run_id = self.latest_run() if run_id is None else run_id  # "" is a bad id, not "latest"
         path = self.run_dir(run_id)
-        if not (path / "run.json").is_file():
+        if not (path / "run.json").exists():  # there but not a file (a FIFO): read_json names it
             known = ", ".join(self.list_runs()[-5:]) or "none"
             raise UsageError(f"no run {run_id!r} under {self.root} (latest: {known})")
         meta = read_json(path / "run.json")
@@ -323,7 +430,10 @@ class RunStore:
         if not isinstance(hosts, list):
             raise ConfigError(f"{path / 'run.json'}: hosts: expected a list, got {type(hosts).__name__}")
         hosts = [check_host_dir_name(path / "run.json", h) for h in hosts]
-        asked = meta.get("stages") if isinstance(meta.get("stages"), list) else []
+        asked = meta.get("stages")
+        if asked is not None and not (isinstance(asked, list) and all(isinstance(s, str) for s in asked)):
+            raise ConfigError(f"{path / 'run.json'}: stages: expected a list of stage names, got {quoted(asked)}")
+        asked = asked or []
         return RunRecord(run_id=run_id, path=path, meta=meta,
                          hosts={h: _load_or_fail(path / h, h, run_id, asked) for h in hosts})
 
@@ -429,23 +539,44 @@ class RunRecord:
         return names
 
 
+MAX_EVENT_LOG_BYTES = 256 << 20  # a run's log holds a few MB; read whole into records
+
+
 def read_events(path: Path, run_id: str | None = None, host: str | None = None) -> list[dict[str, Any]]:
-    """The smoke records of an event log; with run_id and host, ConfigError naming the file and
-    line for a record of another run or host (nothing of a mixed log is used)."""
-    if not path.is_file():
+    """The smoke records of an event log ([] when there is none); with run_id and host,
+    ConfigError naming the file and line for a record of another run or host (nothing of a
+    mixed log is used). Read by the bounded reader: a regular file of at most
+    MAX_EVENT_LOG_BYTES, lines of at most a transport line (MAX_LINE_BYTES)."""
+    try:
+        handle = open_regular(path, MAX_EVENT_LOG_BYTES)
+    except FileNotFoundError:
         return []
-    records = []
-    with path.open(encoding="utf-8", errors="replace") as handle:
-        for number, line in enumerate(handle, 1):
-            record = parse_record(line)
-            if record is None:
-                continue
-            if run_id is not None and host is not None:
-                check_record_owner(record, run_id, host, f"{path}: line {number}")
-                why = record_field_error(record)
-                if why is not None:
-                    raise ConfigError(f"{path}: line {number}: {why}")
-            records.append(record)
+    except FileRefused as err:
+        raise ConfigError(f"{path}: unreadable event log: {err.why}") from None
+    with handle:
+        return parse_events(handle, path, run_id, host)
+
+
+def parse_events(source: Any, path: Path, run_id: str | None = None, host: str | None = None) -> list[dict[str, Any]]:
+    """`read_events` of an open binary file (or BytesIO) that holds the log of `path`."""
+    from ddtree_ops.transport.base import MAX_LINE_BYTES
+
+    records, consumed = [], 0
+    for number, raw in enumerate(iter(lambda: source.readline(MAX_LINE_BYTES + 1), b""), 1):
+        if len(raw) > MAX_LINE_BYTES:
+            raise ConfigError(f"{path}: line {number}: longer than {MAX_LINE_BYTES} bytes: refused")
+        consumed += len(raw)
+        if consumed > MAX_EVENT_LOG_BYTES:  # it grew while read (a writer still appending)
+            raise ConfigError(f"{path}: more than {MAX_EVENT_LOG_BYTES} bytes: refused")
+        record = parse_record(raw.decode("utf-8", "replace"))
+        if record is None:
+            continue
+        if run_id is not None and host is not None:
+            check_record_owner(record, run_id, host, f"{path}: line {number}")
+            why = record_field_error(record)
+            if why is not None:
+                raise ConfigError(f"{path}: line {number}: {why}")
+        records.append(record)
     return records
 
 
@@ -472,6 +603,20 @@ def _load_or_fail(host_dir: Path, host: str, run_id: str, asked: list[str]) -> H
         return HostRecord(host=host, meta={}, stages={}, outcome=HostOutcome.FAIL, error=str(err))
 
 
+def _check_host_meta(meta: dict[str, Any], path: Path) -> None:
+    """The operator-side facts `load_host` reads from a host's run.json, each of its kind:
+    ConfigError naming the file and field otherwise (a hand-edited or planted record)."""
+    outcome = meta.get("outcome")
+    if outcome is not None and (not isinstance(outcome, str) or outcome not in {o.value for o in HostOutcome}):
+        allowed = ", ".join(o.value for o in HostOutcome)
+        raise ConfigError(f"{path}: outcome: expected one of {allowed}, got {quoted(outcome)}")
+    for name in ("error", "record_error", "state"):
+        if not isinstance(meta.get(name), (str, type(None))):
+            raise ConfigError(f"{path}: {name}: expected a string, got {quoted(meta.get(name))}")
+    if not isinstance(meta.get("lost"), (dict, type(None))):
+        raise ConfigError(f"{path}: lost: expected an object, got {quoted(meta.get('lost'))}")
+
+
 def load_host(host_dir: Path, host: str, run_id: str, asked: list[str] | None = None) -> HostRecord:
     """A host's results from its folder; the event log is the truth, `collect` may have
     replaced it with the host's own (more complete) copy. A record of another run or host
@@ -479,6 +624,7 @@ def load_host(host_dir: Path, host: str, run_id: str, asked: list[str] | None = 
     `asked`: the stages the operator asked for (run.json); the outcome of a finished host is
     judged from those and the stage records (ddtree_ops.outcome), never from its run_end."""
     meta = read_json(host_dir / "run.json")
+    _check_host_meta(meta, host_dir / "run.json")
     events = read_events(host_dir / "events.jsonl", run_id, host)
     asked = [str(s) for s in asked or []]
     planned: list[str] = []
@@ -553,7 +699,7 @@ def sha256_file(path: Path) -> str:
     import hashlib
 
     digest = hashlib.sha256()
-    with path.open("rb") as handle:
+    with open_regular(path, max_bytes=None) as handle:  # never blocks on a FIFO put there meanwhile
         for chunk in iter(lambda: handle.read(1 << 16), b""):
             digest.update(chunk)
     return digest.hexdigest()
@@ -564,29 +710,38 @@ def adopt_remote_records(host_dir: Path, run_id: str, host: str) -> bool:
 
     Everything is read and checked first: a record of another run or host in the host's log or
     stage copies (e.g. another run's files copied there) is a ConfigError naming the file, and
-    the local records stay as they were."""
+    the local records stay as they were. The log adopted is the very bytes that were checked;
+    everything is written following no link below the runs root (`host_dir`/../..)."""
+    import io
+
+    if host_dir.name != host or host_dir.parent.name != run_id:
+        raise ConfigError(f"{host_dir}: not the folder of host {host} in run {run_id}")
+    root, parts = host_dir.parent.parent, [run_id, host]
     remote = host_dir / "remote"
     remote_events = remote / "events.jsonl"
-    if not remote_events.is_file():
+    try:
+        raw = read_bytes(remote_events, MAX_EVENT_LOG_BYTES)
+    except FileNotFoundError:
         return False
-    theirs = read_events(remote_events, run_id, host)
+    except FileRefused as err:
+        raise ConfigError(f"{remote_events}: unreadable event log: {err.why}") from None
+    theirs = parse_events(io.BytesIO(raw), remote_events, run_id, host)
     ours = read_events(host_dir / "events.jsonl")
     if len(theirs) <= len(ours):
         return False
     stage_copies = {stage_file.name: read_stage_copy(stage_file, run_id, host)
                     for stage_file in sorted((remote / "stages").glob("*.json"))
                     if _STAGE_RE.fullmatch(stage_file.stem)}
-    import shutil
-
-    tmp = host_dir / ".events.jsonl.tmp"
-    shutil.copyfile(remote_events, tmp)
-    os.replace(tmp, host_dir / "events.jsonl")
+    try:
+        write_file(root, [*parts, "events.jsonl"], raw)
+    except WriteRefused as err:
+        raise ConfigError(str(err)) from None
     for name, record in stage_copies.items():
-        write_json_atomic(host_dir / "stages" / name, record)
+        write_json_atomic(root, [*parts, "stages", name], record)
     meta = read_json(host_dir / "run.json")
     meta["collected"] = time.time()
     if any(r.get("event") == "run_end" for r in theirs) and meta.get("outcome") != HostOutcome.LOST.value:
         meta.pop("outcome", None)  # the host finished: its run_end decides the outcome
     # a host lost during the run stays lost: its history shows what it finished afterwards
-    write_json_atomic(host_dir / "run.json", meta)
+    write_json_atomic(root, [*parts, "run.json"], meta)
     return True

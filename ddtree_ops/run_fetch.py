@@ -5,8 +5,9 @@ already hold under `runs/<run-id>/<host>/remote/` ({relpath: [size, sha256]}), a
 one tar stream of every other file of the run, each member carrying its sha256. Here the
 stream is unpacked as it arrives, member by member, with the checks a hostile or broken host
 calls for: regular files only (no links, devices or directories), relative paths without
-`..`, no existing link on the way, every file written under a temporary name and renamed only
-when its sha256 matches. Idempotent (a re-run fetches nothing) and resumable (every file that
+`..`, no link followed anywhere below the runs folder (hostside.safe_write: a linked run, host
+or `remote/` folder is refused, a link at a file's name is replaced), every file written
+under a temporary name and renamed only when its sha256 matches. Idempotent (a re-run fetches nothing) and resumable (every file that
 landed before an interruption is complete and is not fetched again).
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import hashlib
 import json
 import os
 import queue
+import stat
 import tarfile
 import threading
 from dataclasses import dataclass, field
@@ -23,9 +25,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ddtree_ops.errors import ConfigError, RemoteStepError, quoted
+from ddtree_ops.hostside.safe_write import WriteRefused, is_temporary, make_folders, open_folder, replacing
 from ddtree_ops.inventory import Host
 from ddtree_ops.remote_layout import agent_argv, agent_preamble, parse_agent_reply
-from ddtree_ops.results import adopt_remote_records, sha256_file
+from ddtree_ops.results import adopt_remote_records
 from ddtree_ops.transport.base import Transport
 
 SHA256_PAX_KEY = "DDTREE.sha256"  # = hostside.agent.SHA256_PAX_KEY
@@ -35,6 +38,7 @@ DEFAULT_MAX_BYTES = 8 << 30
 MAX_FILES = 10_000  # files in one collect: empty files cost no bytes, but each costs a file
 MAX_HEADER_BYTES = 1 << 20  # one member's headers (a GNU long name, pax records) at most
 MAX_NAME_BYTES = 4096  # a member's path (PATH_MAX)
+MAX_PART_BYTES = 255  # one folder or file name in it (NAME_MAX)
 PART_SUFFIX = ".part"  # a file being received; never counted as held
 _QUEUE_CHUNKS = 64  # backpressure: at most this many chunks wait for the unpacker
 
@@ -56,20 +60,48 @@ class UnsafeMember(Exception):
     """An archive member that must not be written (the message says which and why)."""
 
 
-def held_files(root: Path) -> dict[str, list[Any]]:
-    """{relpath: [size, sha256]} of the regular files under root (links and partial files
-    are not held: they are fetched again)."""
+def held_files(root: Path, relpath: list[str] | None = None) -> dict[str, list[Any]]:
+    """{relpath: [size, sha256]} of the regular files under root/relpath (links are not held:
+    they are fetched again, replacing the link). What an interrupted receive left (a partial or
+    temporary file) is removed. The walk follows no link below root: a folder there that is a
+    link is neither entered nor reported."""
     held: dict[str, list[Any]] = {}
-    if not root.is_dir():
-        return held
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
-        for name in filenames:
-            path = Path(dirpath) / name
-            if name.endswith(PART_SUFFIX) or path.is_symlink() or not path.is_file():
-                continue
-            held[path.relative_to(root).as_posix()] = [path.stat().st_size, sha256_file(path)]
+    try:
+        top = open_folder(root, relpath)
+    except WriteRefused:
+        return held  # absent (or not ours to walk): nothing is held, collect refuses the folder itself
+    try:
+        for dirpath, _, filenames, folder in os.fwalk(".", dir_fd=top, follow_symlinks=False):
+            for name in filenames:
+                if name.endswith(PART_SUFFIX) or is_temporary(name):
+                    try:
+                        os.unlink(name, dir_fd=folder)
+                    except OSError:
+                        pass
+                    continue
+                digest = _regular_file_digest(folder, name)
+                if digest is not None:
+                    held[os.path.normpath(os.path.join(dirpath, name)).replace(os.sep, "/")] = digest
+    finally:
+        os.close(top)
     return held
+
+
+def _regular_file_digest(folder: int, name: str) -> list[Any] | None:
+    """[size, sha256] of the regular file `name` in `folder` (opened without following a link,
+    without blocking on a FIFO); None for anything else."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        digest = hashlib.sha256()
+        for chunk in iter(lambda: handle.read(1 << 16), b""):
+            digest.update(chunk)
+        return [info.st_size, digest.hexdigest()]
 
 
 def member_relpath(member: tarfile.TarInfo) -> str:
@@ -84,23 +116,9 @@ def member_relpath(member: tarfile.TarInfo) -> str:
         raise UnsafeMember(f"archive member {quoted(name)} is not a relative path")
     if any(part in ("", ".", "..") for part in name.split("/")):
         raise UnsafeMember(f"archive member {quoted(name)} has an empty, '.' or '..' part")
+    if any(len(part.encode("utf-8", "surrogateescape")) > MAX_PART_BYTES for part in name.split("/")):
+        raise UnsafeMember(f"archive member {quoted(name)} has a part longer than {MAX_PART_BYTES} bytes")
     return name
-
-
-def safe_target(root: Path, relpath: str) -> Path:
-    """root/relpath, refusing any existing link on the way (it could lead outside root)."""
-    path = root
-    for part in relpath.split("/")[:-1]:
-        path = path / part
-        if path.is_symlink() or (path.exists() and not path.is_dir()):
-            raise UnsafeMember(f"archive member {quoted(relpath)}: {path} is a link or not a folder")
-    target = path / relpath.split("/")[-1]
-    if target.is_symlink() or target.is_dir():
-        raise UnsafeMember(f"archive member {quoted(relpath)}: {target} is a link or a folder")
-    real_root = os.path.realpath(root)
-    if os.path.commonpath([real_root, os.path.realpath(target.parent)]) != real_root:
-        raise UnsafeMember(f"archive member {quoted(relpath)} would land outside {root}")
-    return target
 
 
 class _ChunkStream:
@@ -157,14 +175,17 @@ class _ChunkStream:
 class _Unpacked:
     fetched: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)  # sha256 differed (changed while sent)
-    error: Optional[str] = None
+    error: Optional[str] = None  # the host's archive was refused or broken
+    local_error: Optional[str] = None  # a place here we will not write (a link on the way)
 
 
-def unpack_stream(stream: Any, root: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> _Unpacked:
-    """Write each member of a tar stream under root (see the module docstring); stops at the
-    first unsafe member, the first member past `max_bytes` or MAX_FILES in all, a header past
-    MAX_HEADER_BYTES (with a `_ChunkStream`), or a broken stream, and says why in `error`;
-    what landed before stays."""
+def unpack_stream(stream: Any, root: Path, max_bytes: int = DEFAULT_MAX_BYTES,
+                  prefix: tuple[str, ...] = ()) -> _Unpacked:
+    """Write each member of a tar stream under root/prefix (see the module docstring), following
+    no link below root; stops at the first unsafe member, the first member past `max_bytes` or
+    MAX_FILES in all, a header past MAX_HEADER_BYTES (with a `_ChunkStream`), or a broken
+    stream, and says why in `error`; at a link (or a file) where a folder belongs, and says so
+    in `local_error`. What landed before stays."""
     outcome = _Unpacked()
     total = 0
     bounded = isinstance(stream, _ChunkStream)
@@ -184,10 +205,7 @@ def unpack_stream(stream: Any, root: Path, max_bytes: int = DEFAULT_MAX_BYTES) -
                 expected = member.pax_headers.get(SHA256_PAX_KEY, "")
                 if len(expected) != 64:
                     raise UnsafeMember(f"archive member {quoted(relpath)} carries no sha256")
-                target = safe_target(root, relpath)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                safe_target(root, relpath)  # again: nothing became a link meanwhile
-                if _receive(archive.extractfile(member), target, expected):
+                if _receive(archive.extractfile(member), root, (*prefix, *relpath.split("/")), expected):
                     outcome.fetched.append(relpath)
                 else:
                     outcome.changed.append(relpath)
@@ -195,28 +213,29 @@ def unpack_stream(stream: Any, root: Path, max_bytes: int = DEFAULT_MAX_BYTES) -
         outcome.error = f"refused the host's archive: {err}"
     except (tarfile.TarError, EOFError) as err:
         outcome.error = f"broken archive stream: {err}"
+    except WriteRefused as err:
+        outcome.local_error = str(err)
     return outcome
 
 
-def _receive(source: Any, target: Path, expected: str) -> bool:
-    """Write to target.part (never following a link there), rename if the sha256 matches."""
-    tmp = target.with_name(target.name + PART_SUFFIX)
-    if tmp.is_symlink() or tmp.exists():
-        tmp.unlink()
+class _Changed(Exception):
+    """The member's bytes do not hash to the sha256 it carries."""
+
+
+def _receive(source: Any, root: Path, parts: tuple[str, ...], expected: str) -> bool:
+    """Write root/parts under a temporary name (hostside.safe_write.replacing: no link followed
+    below root), renamed over its name only if the sha256 matches."""
     digest = hashlib.sha256()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
     try:
-        with os.fdopen(fd, "wb") as out:
+        with replacing(root, parts) as out:
             for chunk in iter(lambda: source.read(1 << 16), b""):
                 digest.update(chunk)
                 out.write(chunk)
-        if digest.hexdigest() != expected:
-            return False
-        os.replace(tmp, target)
-        return True
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+            if digest.hexdigest() != expected:
+                raise _Changed()
+    except _Changed:
+        return False
+    return True
 
 
 def collect_host_files(transport: Transport, host: Host, workdir: str, run_id: str, host_dir: Path,
@@ -228,15 +247,20 @@ def collect_host_files(transport: Transport, host: Host, workdir: str, run_id: s
     from ddtree_ops.ids import IdKind, check_cli_id
 
     check_cli_id(IdKind.RUN, run_id)
-    root = host_dir / "remote"
-    root.mkdir(parents=True, exist_ok=True)
-    stdin = agent_preamble() + json.dumps(held_files(root)).encode("utf-8") + b"\n"
+    if host_dir.name != host.name or host_dir.parent.name != run_id:
+        raise ConfigError(f"{host_dir}: not the folder of host {host.name} in run {run_id}")
+    runs, remote = host_dir.parent.parent, (run_id, host.name, "remote")  # written following no link below runs/
+    try:
+        make_folders(runs, remote)
+    except WriteRefused as err:
+        raise ConfigError(f"{host.name}: collect: {err}") from None
+    stdin = agent_preamble() + json.dumps(held_files(runs, list(remote))).encode("utf-8") + b"\n"
     stream = _ChunkStream()
     unpacked: list[_Unpacked] = []
 
     def unpack() -> None:
         try:
-            unpacked.append(unpack_stream(stream, root, max_bytes))
+            unpacked.append(unpack_stream(stream, runs, max_bytes, prefix=remote))
         finally:
             stream.stop_reading()
 
@@ -249,6 +273,8 @@ def collect_host_files(transport: Transport, host: Host, workdir: str, run_id: s
         stream.end()
         reader.join(timeout)
     outcome = unpacked[0] if unpacked else _Unpacked(error="the unpacker did not finish")
+    if outcome.local_error:
+        raise ConfigError(f"{host.name}: collect: {outcome.local_error} ({len(outcome.fetched)} file(s) landed)")
     if outcome.error and "refused" in outcome.error:
         raise RemoteStepError(f"{host.name}: collect: {outcome.error}")
     # The agent's reply is the last line of stderr (stdout carried the archive).

@@ -230,7 +230,7 @@ def execute_smoke(
             raise
         recorder.note(runner_exit_status=result.exit_status, finished=time.time())
         if result.stderr.strip():
-            (recorder.host_dir / "runner.stderr").write_text(result.stderr, encoding="utf-8")
+            recorder.write_text("runner.stderr", result.stderr)
         if result.exit_status == 127:
             from ddtree_ops.remote_layout import python_not_found
 
@@ -290,16 +290,29 @@ def settle_hosts(selected: list["Host"], recorders: dict[str, Any], fanout: Any,
                  runner_started: dict[str, str], interrupted: bool, store: Any,
                  plan: SmokePlan) -> None:
     """Record each host's operator-side outcome next to what it streamed: interrupted,
-    unreachable (never connected), failed before its runner started, or lost mid-run."""
+    unreachable (never connected), failed before its runner started, or lost mid-run. A host
+    whose folder cannot be written (a link planted there) is left as its result says; the
+    others are still recorded."""
+    from ddtree_ops.errors import ConfigError
+
+    for host in selected:
+        try:
+            _settle_host(host, recorders, fanout, runner_started, interrupted, store, plan)
+        except ConfigError:
+            continue
+
+
+def _settle_host(host: "Host", recorders: dict[str, Any], fanout: Any, runner_started: dict[str, str],
+                 interrupted: bool, store: Any, plan: SmokePlan) -> None:
     from ddtree_ops.fanout import HostState
     from ddtree_ops.outcome import HostOutcome
 
-    for host in selected:
-        recorder = recorders.get(host.name)
-        if recorder is None:
-            recorder = store.host_recorder(plan.run_id, host.name, {
-                "inventory": host_entry(host), "release": plan.release_id})
-            recorders[host.name] = recorder
+    recorder = recorders.get(host.name)
+    if recorder is None:
+        recorder = store.host_recorder(plan.run_id, host.name, {
+            "inventory": host_entry(host), "release": plan.release_id})
+        recorders[host.name] = recorder
+    try:
         outcome = fanout.get(host.name) if fanout is not None else None
         if interrupted:
             recorder.note(outcome=HostOutcome.INTERRUPTED.value)
@@ -318,6 +331,7 @@ def settle_hosts(selected: list["Host"], recorders: dict[str, Any], fanout: Any,
                 recorder.note(outcome=HostOutcome.FAIL.value, error=outcome.message(), state=outcome.state.value)
         elif outcome is not None and outcome.ok:
             recorder.note(outcome=None)
+    finally:
         recorder.close()
 
 

@@ -31,6 +31,7 @@ LONGEST_FILES = (
     "tests/sglang_server/test_metrics_and_status.py",  # one more (about 100 s idle), shared by its tests
     "tests/integration/test_deploy_sglang.py",
     "tests/integration/test_deploy_lifecycle.py",
+    "tests/integration/test_deploy_steps.py",  # a deploy and a rollback killed at every step (about 100 s idle)
     "tests/integration/test_ansible_playbook.py",  # three ansible-playbook runs (about 80 s)
     "tests/property/test_core_parity.py",
     "tests/integration/test_smoke_fleet.py",
@@ -68,6 +69,45 @@ def sshd_fleet(tmp_path_factory):
     yield start
     for fleet in fleets:
         fleet.stop()
+
+
+_LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
+
+
+def _is_loopback(host) -> bool:
+    import ipaddress
+
+    if host is None or (isinstance(host, (str, bytes)) and not host):
+        return True  # a passive/any-address lookup (a server binding), not a destination
+    name = host.decode() if isinstance(host, bytes) else str(host)
+    if name.lower().rstrip(".") in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(name.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+@pytest.fixture(autouse=True, scope="session")
+def lookups_reach_only_loopback():
+    """Tests send traffic only to loopback. A host a test means to be unreachable
+    (`gpu-a.invalid`, an example inventory's `10.0.0.9`) would still send a DNS query to the
+    machine's resolver, or a SYN to that address, when the code under test reaches for it. In
+    this process every lookup of anything but loopback fails as an unknown name does (the code
+    then reports "cannot resolve", exit 4), and nothing leaves the machine."""
+    import socket
+
+    real = socket.getaddrinfo
+
+    def loopback_only(host, *args, **kwargs):
+        if not _is_loopback(host):
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real(host, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(socket, "getaddrinfo", loopback_only)
+        patch.setattr(socket, "gethostbyname", lambda host: loopback_only(host, None)[0][4][0])
+        yield
 
 
 @pytest.fixture(autouse=True)

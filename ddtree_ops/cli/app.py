@@ -68,15 +68,24 @@ def debug_log_path() -> Path:
     return base / "ddtree-ops" / "debug.log"
 
 
-def _record_traceback() -> Path | None:
+def _open_debug_log() -> Any:
+    """The debug log opened to append; a link at its name is refused, never written through
+    (hostside.safe_write): a traceback must not land in whatever file someone linked there."""
+    from ddtree_ops.hostside.safe_write import open_append
+
     path = debug_log_path()
+    return open_append(path.parent, path.name)
+
+
+def _record_traceback() -> Path | None:
+    from ddtree_ops.hostside.safe_write import WriteRefused
+
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a", encoding="utf-8") as log:
+        with _open_debug_log() as log:
             log.write(inert(traceback.format_exc()))  # remote text in messages: inert here too
             log.write("\n")
-        return path
-    except OSError:
+        return debug_log_path()
+    except (OSError, WriteRefused):
         return None
 
 
@@ -86,9 +95,7 @@ class _DebugLogHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            path = debug_log_path()
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with path.open("a", encoding="utf-8") as log:
+            with _open_debug_log() as log:
                 log.write(inert(f"{record.name} {record.levelname}: {self.format(record)}") + "\n")
         except Exception:  # noqa: BLE001 - logging must never break or spam the command
             pass
@@ -169,6 +176,12 @@ def _run_command(args: list[str]) -> tuple[int, Optional[str]]:
             say(f"error: {message}")
         return ExitCode.USAGE, message
     except Exception as err:  # noqa: BLE001 - the boundary: a bug, reported in one line
+        from ddtree.bounded_files import FileRefused  # here: `--help` imports neither
+        from ddtree_ops.hostside.safe_write import WriteRefused
+
+        if isinstance(err, (FileRefused, WriteRefused)):  # a file handed to us, or a place to write, refused
+            say(f"error: {err}")
+            return ExitCode.CONFIG, str(err)
         log = _record_traceback()
         where = f" (traceback in {log})" if log else ""
         message = f"unexpected error: {type(err).__name__}: {err}{where}"

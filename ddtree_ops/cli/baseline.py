@@ -24,14 +24,14 @@ OutputOpt = Annotated[
 
 
 def _emit(baseline, output: Optional[Path]) -> None:  # noqa: ANN001 - Baseline, imported lazily
-    from ddtree_ops.report.baselines import write_atomically
     from ddtree_ops.cli.console import say
+    from ddtree_ops.local_dirs import write_output_file
 
     text = baseline.to_json()
     if output is None:
         typer.echo(text, nl=False)
         return
-    write_atomically(output, text)
+    write_output_file(output, text, "the baseline")
     say(f"wrote {len(baseline.entries)} baseline entries to {output}")
 
 
@@ -71,47 +71,53 @@ def import_runs(
     return 0
 
 
-def _already_baselines(runs: List[Path]) -> list[Path]:
+def _already_baselines(runs: List[Path]) -> list[tuple[Path, str]]:
     """The inputs that are baseline files already (JSON that `report --baseline` reads, such
-    as the paper's numbers in baselines/), told by a cheap look, before torch is imported."""
-    from ddtree_ops.report.metric_checks import BaselineKind, baseline_kind
+    as the paper's numbers in baselines/), with their text, told by a cheap look before torch is
+    imported. Only regular files are looked at (a FIFO or /dev/zero is left to the importer,
+    which refuses it)."""
+    from ddtree.bounded_files import FileRefused, open_regular
+
+    from ddtree_ops.errors import ConfigError
+    from ddtree_ops.report.metric_checks import BaselineKind, baseline_kind, read_baseline_document
 
     found = []
     for path in runs:
         try:
-            head = path.read_bytes()[:1]
-        except OSError:
+            with open_regular(path, max_bytes=None) as handle:
+                head = handle.read(1)
+        except (OSError, FileRefused):
             continue  # the importer names it
         if head in (b"{", b"[") or path.suffix in (".json", ".yaml", ".yml"):
-            from ddtree_ops.errors import ConfigError
-            from ddtree_ops.report.metric_checks import read_baseline_document
-
             try:
-                if baseline_kind(read_baseline_document(path)) is BaselineKind.DECODE:
-                    found.append(path)
+                document = read_baseline_document(path)
             except ConfigError:
                 continue  # not a baseline either: the importer says what it is
+            if baseline_kind(document) is BaselineKind.DECODE:
+                found.append((path, json.dumps(document, indent=1, sort_keys=True) + "\n"))
     return found
 
 
-def _use_as_is(runs: List[Path], already: list[Path], output: Optional[Path]) -> int:
-    """A baseline given to `import`: said so at once; alone, it is passed through unchanged."""
+def _use_as_is(runs: List[Path], already: list[tuple[Path, str]], output: Optional[Path]) -> int:
+    """A baseline given to `import`: said so at once; alone, it is passed through (as the JSON
+    that was read: what is copied is what was checked)."""
     from ddtree_ops.cli.console import say
     from ddtree_ops.errors import UsageError
 
-    names = ", ".join(str(p) for p in already)
+    names = ", ".join(str(p) for p, _ in already)
     if len(runs) > 1:
         raise UsageError(f"{names}: already a baseline, not a reference run file: give it to "
                          f"`ddtree-ops report --baseline`, and the .pt run files alone to `baseline import`")
     say(f"{names} is already a baseline (nothing to import): use it as is, "
         f"`ddtree-ops report --baseline {names}`")
+    text = already[0][1]
     if output is not None:
-        from ddtree_ops.results import write_json_atomic
+        from ddtree_ops.local_dirs import write_output_file
 
-        write_json_atomic(output, json.loads(already[0].read_text(encoding="utf-8")))
+        write_output_file(output, text, "the baseline")
         say(f"copied it to {output}")
     else:
-        typer.echo(already[0].read_text(encoding="utf-8"), nl=False)
+        typer.echo(text, nl=False)
     return 0
 
 

@@ -251,8 +251,8 @@ def rollback(
     fail_fast: FailFastOpt = False,
     accept_new_host_keys: AcceptNewHostKeysOpt = False,
 ) -> int:
-    """Undo the last `deploy` on each host: remove exactly what it added (and finish an interrupted deploy's cleanup),
-    and put back byte for byte the release it replaced, if any;
+    """Undo one step on each host, and say which: the last `deploy` (remove exactly what it added, and put back byte
+    for byte the release it replaced, if any), or a deploy or rollback that was killed half-way (then only that);
     a file changed since deploy is named and everything kept, unless --force."""
     from ddtree_ops.cli.console import run_on_hosts
     from ddtree_ops.deploy import rollback_host
@@ -270,9 +270,8 @@ def rollback(
         selected,
         task,
         FanoutOptions(inventory, hosts, json_out, parallel, fail_fast, accept_new_host_keys),
-        columns=["action", "release", "restored", "removed", "modified"],
-        row=lambda o: [o.value.action, o.value.release or "-", o.value.restored or "-", str(len(o.value.removed)),
-                       str(len(o.value.modified_since_deploy))],
+        columns=["action", "step", "removed", "modified"],
+        row=lambda o: [o.value.action, o.value.step, str(len(o.value.removed)), str(len(o.value.modified_since_deploy))],
         to_json=lambda outcome: outcome.to_dict(),
     )
 

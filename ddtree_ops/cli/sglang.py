@@ -3,9 +3,11 @@ for a new ddtree-ops.
 
 qualify  on each host (whose SGLang keeps the structure the plugin hooks): deploy the plugin
          for qualification (drifted hashes allowed, recorded), run the `plugin` stage (and
-         `sglang-e2e` on a GPU host), and record each host that passed in the qualification
-         file next to the inventory: version, file hashes, run id. `deploy` then accepts it.
-diff     what changed between two SGLang installations in the files the plugin hooks, by hook.
+         `sglang-e2e`), and record each host that passed in the qualification file next to
+         the inventory: version, file hashes, run id, stages. `deploy` then accepts it. Where the
+         code of a pinned file changed (not only its comments), `plugin` alone, a static check,
+         is not enough: `sglang-e2e` must pass too (a GPU host, or the CPU test server).
+diff     what changed between two SGLang installations in every file the gate checks, by hook.
 
 Exit codes: 0 ok · 2 bad arguments · 3 bad inventory or qualification file · 4 unreachable ·
 5 refused or a stage failed · 6 some hosts qualified, others not.
@@ -64,11 +66,14 @@ def qualify(
         f"drifted hashes are allowed and recorded)")
 
     installed: dict[str, tuple[str, Optional[str]]] = {}  # host -> (sglang package dir, version), as deploy saw it
+    code_changed: dict[str, list[str]] = {}  # host -> its pinned files whose code changed, as its gate saw them
 
     def task(ctx: Any) -> Any:
         ctx.report("deploying")
         outcome = deploy_host(ctx.transport, ctx.host, bundle, qualified=qualification, mode=InstallMode.QUALIFY)
-        installed[ctx.host.name] = (str((outcome.gate or {}).get("package_dir")), (outcome.gate or {}).get("version"))
+        gate = outcome.gate or {}
+        installed[ctx.host.name] = (str(gate.get("package_dir")), gate.get("version"))
+        code_changed[ctx.host.name] = changed_code(gate)
         return outcome
 
     code = run_on_hosts("qualify: deploy", selected, task,
@@ -79,6 +84,13 @@ def qualify(
     if code != ExitCode.OK:
         say(f"qualify: nothing recorded (the deploy step did not pass on every host: exit {code})")
         return code
+    static_only = {name: files for name, files in code_changed.items() if files and E2E_STAGE not in stage_list}
+    for name, files in static_only.items():
+        say(f"qualify: {name}: not recorded: code changed in {len(files)} pinned file(s) ({'; '.join(files[:3])}), "
+            f"and a static check cannot vouch for changed code: run `--stages plugin,{E2E_STAGE}` on a host with a "
+            f"GPU or one prepared as the CPU test server (docs/sglang-plugin.md)")
+    if static_only:
+        return int(ExitCode.REMOTE)
     run_id = new_run_id()
     code = run_smoke(inventory=inventory, hosts=hosts, stages=stage_list, options={}, keep_going=True,
                      json_out=False, push=True, source=source, stage_timeout_s=stage_timeout, runs_dir=runs_dir,
@@ -94,7 +106,7 @@ def qualify(
             say(f"qualify: {host.name}: not recorded: {err}")
             continue
         entry, why = entry_from_run(run, host.name, stage_list, bundle.release_id, now, version=version,
-                                    hashes=hashes, pinned=pinned)
+                                    hashes=hashes, pinned=pinned, code_changed=code_changed[host.name])
         if entry is None:
             say(f"qualify: {host.name}: not recorded: {why}")
             continue
@@ -105,6 +117,20 @@ def qualify(
     if code != ExitCode.OK:
         return code
     return int(ExitCode.OK if recorded == len(selected) else ExitCode.PARTIAL if recorded else ExitCode.REMOTE)
+
+
+E2E_STAGE = "sglang-e2e"
+
+
+def changed_code(gate: dict[str, Any]) -> list[str]:
+    """'file: where it changed' for each pinned file whose code (not only comments) changed, as
+    the host's gate judged it; every drifted file when the gate predates that judgement."""
+    drifted = {Path(f["file"]).as_posix(): f["detail"].split("; ", 1)[-1] for f in gate.get("findings", [])
+               if f.get("kind") == "hash-mismatch"}
+    if "code_changed" not in gate:
+        return [f"{file}: {detail}" for file, detail in drifted.items()]
+    changed = [rel for rel in gate["code_changed"] if isinstance(rel, str)]
+    return [next((f"{file}: {d}" for file, d in drifted.items() if file.endswith("/" + rel)), rel) for rel in changed]
 
 
 def own_hashes(host: Any, package_dir: str, version: Optional[str],
@@ -152,7 +178,7 @@ def diff(
     b: Annotated[str, typer.Argument(help="Newer SGLang: package folder, site-packages or a python.")],
     json_out: JsonOpt = False,
 ) -> int:
-    """What changed between two SGLang installations in the files the plugin hooks, by hook."""
+    """What changed between two SGLang installations in every file the gate checks, by hook."""
     from ddtree.sglang.diff import diff_installations
     from ddtree.sglang.manifests import SUPPORTED, newest
 
@@ -168,7 +194,7 @@ def diff(
             lines.append(f"  {f.file}: {f.state}")
             continue
         touched = f.hooks_touched
-        lines.append(f"  {f.file}: changed: {len(touched)} of {len(f.hooks)} hooked definitions"
+        lines.append(f"  {f.file} ({f.checked_as.value}): changed: {len(touched)} of {len(f.hooks)} hooked definitions"
                      + (f", {len(f.elsewhere)} other definitions" if f.elsewhere else "")
                      + (" (comments or formatting only)" if not touched and not f.elsewhere else ""))
         for hook in touched:

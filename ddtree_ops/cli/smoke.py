@@ -7,7 +7,6 @@ runners are stopped, what arrived is kept) · 2 bad options · 3 bad inventory.
 """
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
@@ -382,6 +381,8 @@ def parse_extra(settings: Optional[list[str]]) -> dict[str, Any]:
     """`--set key=value` pairs -> options.extra (JSON values, else strings), checked against
     the stages' knob table (the one the runner checks with) before anything is allocated or
     pushed: an unknown knob or a bad value is a usage error naming it."""
+    from ddtree.bounded_files import FileRefused, NotJson, parse_json
+
     from ddtree_ops.errors import UsageError
     from ddtree_ops.hostside.protocol import check_knobs
 
@@ -392,9 +393,11 @@ def parse_extra(settings: Optional[list[str]]) -> dict[str, Any]:
         if not sep or not key.replace("_", "").isalnum():
             raise UsageError(f"--set: expected KEY=VALUE with a name of letters, digits and _, got {setting!r}")
         try:
-            value = json.loads(raw)
-        except ValueError:
+            value = parse_json(raw, f"--set {key}")
+        except NotJson:
             value = raw
+        except FileRefused as err:  # nested past the depth limit
+            raise UsageError(str(err)) from None
         if isinstance(value, float) and not math.isfinite(value):
             raise UsageError(f"--set {key}: expected a finite value, got {raw!r}")
         extra[key] = value

@@ -912,11 +912,11 @@ def op_deploy(workdir, release_id, keep, lock_wait, force, allow_shared_env="0")
     host lacks an intact copy), then gate + install + verify with the installer."""
     check_id(release_id, "release id")
     sys.dont_write_bytecode = True  # leave no bytecode in site-packages or the payload
-    enable_site_packages()
     installer, sources = load_installer(sys.stdin.buffer)
     ensure_layout(workdir)
     started = time.monotonic()
     with Lock(workdir, "deploy", lock_wait):
+        enable_site_packages()  # the .pth files as they are once the lock is ours (the installer rereads ours)
         # The installer also locks the environment (other workdirs may deploy into it): it
         # waits what this lock's wait left over.
         env_wait = remaining_wait(lock_wait, started)
@@ -957,11 +957,11 @@ def accepted_options(operation, **options):
 
 def op_rollback(workdir, lock_wait, force="0"):
     sys.dont_write_bytecode = True
-    enable_site_packages()
     installer, _ = load_installer(sys.stdin.buffer)
     ensure_layout(workdir)
     started = time.monotonic()
     with Lock(workdir, "rollback", lock_wait):
+        enable_site_packages()
         args = with_env_wait(installer.op_rollback, (workdir,), remaining_wait(lock_wait, started))
         options = accepted_options(installer.op_rollback, force=force == "1")
         return {"rollback": call_installer(installer, installer.op_rollback, *args, **options)}

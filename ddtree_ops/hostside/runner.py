@@ -93,6 +93,7 @@ from ddtree_ops.hostside.protocol import (  # noqa: E402
     stage_names,
     stages_dir,
 )
+from ddtree_ops.hostside.safe_write import WriteRefused, make_folders, open_append, write_file  # noqa: E402
 from ddtree_ops.hostside.signals import Redelivery  # noqa: E402
 from ddtree_ops.hostside.stage_output import StageOutput  # noqa: E402
 
@@ -191,7 +192,7 @@ def _redirect_output(log_path: Path) -> None:
     """Point fds 1 and 2 (Python, C extensions and faulthandler alike) at the stage's log."""
     sys.stdout.flush()
     sys.stderr.flush()
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)  # never through a link
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
@@ -358,12 +359,22 @@ class EventSink:
     """Writes each event to stdout and to the run folder; a closed stdout (dropped SSH
     channel) is noted and the run goes on writing files only."""
 
-    def __init__(self, run_dir: Path, run_id: str, host: str):
-        self.run_dir, self.run_id, self.host = run_dir, run_id, host
+    def __init__(self, workdir: Path, run_id: str, host: str):
+        """Writes WORKDIR/runs/RUN_ID/..., following no link below the workdir (safe_write)."""
+        self.workdir, self.run_id, self.host = workdir, run_id, host
+        self.run_dir = workdir / "runs" / run_id
         self.stdout_alive = True
-        (run_dir / "stages").mkdir(parents=True, exist_ok=True)
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        self._events = open(run_dir / "events.jsonl", "a", encoding="utf-8")
+        make_folders(workdir, self.parts("stages"))
+        make_folders(workdir, self.parts("logs"))
+        self._events = open_append(workdir, self.parts("events.jsonl"))
+
+    def parts(self, *names: str) -> list[str]:
+        """The path of a file of this run, below the workdir."""
+        return ["runs", self.run_id, *names]
+
+    def write_json(self, parts: list[str], data: Any) -> None:
+        """A JSON file of the run folder (strict JSON), written whole, never through a link."""
+        write_file(self.workdir, parts, json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n")
 
     def emit(self, kind: EventKind, **fields: Any) -> dict[str, Any]:
         record = make_event(kind, self.run_id, self.host, **fields)
@@ -372,7 +383,7 @@ class EventSink:
             self._events.write(line + "\n")
             self._events.flush()
         if kind is EventKind.STAGE_END:
-            write_json_atomic(self.run_dir / "stages" / f"{record['stage']}.json", record)
+            self.write_json(self.parts("stages", f"{record['stage']}.json"), record)
         if self.stdout_alive:
             try:
                 sys.stdout.write(line + "\n")
@@ -383,13 +394,6 @@ class EventSink:
 
     def close(self) -> None:
         self._events.close()
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n",
-                   encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _output_tail(log_path: Path) -> str:
@@ -677,7 +681,11 @@ def command_run(args: argparse.Namespace) -> int:
     run_dir = workdir / "runs" / args.run_id
     release_root = Path(os.path.expanduser(args.release_root)) if args.release_root \
         else OWN_RELEASE_ROOT
-    sink = EventSink(run_dir, args.run_id, args.host)
+    try:
+        sink = EventSink(workdir, args.run_id, args.host)
+    except WriteRefused as err:  # e.g. a link planted at runs/<run-id>: nothing is written through it
+        print(f"runner: {err}", file=sys.stderr)
+        return EXIT_USAGE
     signal.signal(signal.SIGTERM, _raise_interrupted)
     signal.signal(signal.SIGINT, _raise_interrupted)
     _REDELIVERY.install()
@@ -700,7 +708,7 @@ def command_run(args: argparse.Namespace) -> int:
         needs_torch = any(stage_needs_torch(stage) for stage in stages)
         try:
             # `stop` finds the runner by this file: written only once a stop is handled
-            (run_dir / PID_FILE).write_text(f"{os.getpid()}\n", encoding="utf-8")
+            write_file(workdir, sink.parts(PID_FILE), f"{os.getpid()}\n")
             try:
                 refusal = release_problem(release_root, workdir, default_root=not args.release_root)
             except Exception as err:  # noqa: BLE001 - a release we cannot even check is not run
@@ -728,8 +736,8 @@ def command_run(args: argparse.Namespace) -> int:
                     expected_release=args.expected_release, pid=os.getpid(),
                     keep_going=args.keep_going, stage_timeout_s=args.stage_timeout, **preload)
         sink.emit(EventKind.RUN_START, **meta)
-        write_json_atomic(run_dir / "run.json", {"run_id": args.run_id, "host": args.host,
-                                                 **jsonable(meta, "run.json")})
+        sink.write_json(sink.parts("run.json"), {"run_id": args.run_id, "host": args.host,
+                                                  **jsonable(meta, "run.json")})
         supervisor = Supervisor(plan, stages, sink)
         if refusal is not None:
             supervisor.not_run(f"not run: {refusal}")
@@ -747,7 +755,7 @@ def command_run(args: argparse.Namespace) -> int:
                   exit_code=code)
         summary = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
         summary.update(status=status.value, counts=counts, duration_s=duration, exit_code=code)
-        write_json_atomic(run_dir / "run.json", summary)
+        sink.write_json(sink.parts("run.json"), summary)
         return code
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

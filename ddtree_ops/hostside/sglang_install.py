@@ -56,7 +56,12 @@ DIST_NAME = "ddtree_sglang_plugin"
 DIST_VERSION = "0.1.0"
 PTH_NAME = DIST_NAME + ".pth"
 ENTRY_POINTS = "[sglang.srt.plugins]\nddtree = ddtree.sglang.plugin:register\n"
-FAULT_ENV = "DDTREE_DEPLOY_FAULT"  # tests: "after-pth" / "rollback-after-pth" exits hard mid-install / mid-rollback
+FAULT_ENV = "DDTREE_DEPLOY_FAULT"  # tests: the process exits hard at that point (INSTALL_FAULTS, ROLLBACK_FAULTS)
+# Every point between two changes an install makes, in order (tests kill it at each one).
+INSTALL_FAULTS = ("after-journal", "after-payload", "after-old-site-removed", "after-pth", "after-site-files",
+                  "after-probe", "after-record", "after-old-payload-removed")
+ROLLBACK_FAULTS = ("rollback-after-journal", "rollback-after-remove", "rollback-after-pth",
+                   "rollback-after-site-files", "rollback-after-record")
 INSTALLER_TAG = b"ddtree-ops\n"  # dist-info INSTALLER: how a deployment is recognised without its record
 # Server defaults (`deploy --budget`) go into the payload next to `ddtree`, where the plugin's
 # config reads them (ddtree.sglang.config.DEFAULTS_FILE_NAME: the same name).
@@ -70,6 +75,12 @@ class InstallError(Exception):
 
 
 # ---------------------------------------------------------------- small helpers
+
+
+def fault(point):
+    """Tests: exit hard here, as a kill -9 would, when FAULT_ENV names this point."""
+    if os.environ.get(FAULT_ENV) == point:
+        os._exit(137)
 
 
 def sha256_file(path):
@@ -140,22 +151,82 @@ def write_json(path, document):
     write_atomic(path, (json.dumps(document, indent=1, sort_keys=True) + "\n").encode("utf-8"))
 
 
-def read_json(path):
-    """A record or journal (never read through a link), or None when there is none."""
+READ_MAX = 16 << 20  # bytes: a record is tens of kilobytes
+
+
+def read_bounded(path, follow=True):
+    """A plain file's bytes (at most READ_MAX, never blocking on a FIFO; with follow=False
+    never through a link), None when it is absent; OSError naming it otherwise."""
+    import errno
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW))
     except FileNotFoundError:
         return None
     with os.fdopen(fd, "rb") as handle:
-        return json.loads(handle.read().decode("utf-8"))
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise OSError(errno.EINVAL, "not a plain file", path)
+        data = handle.read(READ_MAX + 1)
+    if len(data) > READ_MAX:
+        raise OSError(errno.EFBIG, "larger than %d bytes" % READ_MAX, path)
+    return data
+
+
+def read_json(path):
+    """A record or journal (never read through a link), or None when there is none. One that
+    deploy did not write (not JSON, nested past the stack, fields of other types) is refused
+    naming the file: nothing is removed on the word of a file we cannot read."""
+    try:
+        data = read_bounded(path, follow=False)
+        if data is None:
+            return None
+        document = json.loads(data.decode("utf-8"))
+    except OSError as err:
+        raise InstallError("corrupt", "%s: %s; not a record deploy wrote, so nothing was changed: move it out of"
+                                      " the way" % (path, err.strerror or err))
+    except (ValueError, RecursionError) as err:
+        raise InstallError("corrupt", "%s: not JSON deploy wrote (%s); nothing was changed: move it out of the way"
+                                      % (path, type(err).__name__))
+    problem = document_problem(document)
+    if problem is not None:
+        raise InstallError("corrupt", "%s: %s: not a record deploy wrote; nothing was changed: move it out of the"
+                                      " way" % (path, problem))
+    return document
+
+
+def document_problem(document, where="", depth=0):
+    """Why a record or journal is not one deploy writes (its fields' types), or None."""
+    def strings(value):
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+    def string_map(value):
+        return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+    if not isinstance(document, dict):
+        return "%sexpected an object" % where
+    checks = (("release", lambda v: isinstance(v, str)), ("files", lambda v: string_map(v) or strings(v)),
+              ("dirs", strings), ("payload_dir", lambda v: isinstance(v, str)),
+              ("payload_files", lambda v: v is None or string_map(v)),
+              ("server_defaults", lambda v: v is None or string_map(v)),
+              ("previous", lambda v: v is None or isinstance(v, dict)))
+    for key, ok in checks:
+        if key in document and not ok(document[key]):
+            return "%s%s: not what deploy writes" % (where, key)
+    if document.get("previous") is not None:
+        if depth > 2:
+            return "%sprevious: nested deeper than deploy writes" % where
+        return document_problem(document["previous"], "%sprevious." % where, depth + 1)
+    return None
 
 
 def read_text(path):
+    """A small text file deploy reads (a .pth, a dist-info's INSTALLER or RECORD), or None when
+    it is absent or not a plain file of at most READ_MAX bytes (never blocking on a FIFO)."""
     try:
-        with open(path, "rb") as handle:
-            return handle.read().decode("utf-8", "replace")
+        data = read_bounded(path)
     except OSError:
         return None
+    return None if data is None else data.decode("utf-8", "replace")
 
 
 def os_error_line(err):
@@ -240,6 +311,8 @@ def load_modules(payload):
 
 
 def environment_facts():
+    """What the plan checks about this environment, read now: the caller holds the environment
+    lock, and what another deploy changed while this one waited counts (see import_path)."""
     site = site_dir()
     facts = {
         "python": sys.executable,
@@ -248,24 +321,48 @@ def environment_facts():
         "site_dir": site,
         "site_writable": os.access(site, os.W_OK),
     }
-    spec = importlib.util.find_spec("sglang")
-    facts["sglang_dir"] = list(spec.submodule_search_locations)[0] if spec and spec.submodule_search_locations else None
-    ddtree_spec = importlib.util.find_spec("ddtree")
-    facts["ddtree_dir"] = (
-        list(ddtree_spec.submodule_search_locations)[0]
-        if ddtree_spec and ddtree_spec.submodule_search_locations else None
-    )
+    path = import_path(site)
+    facts["sglang_dir"] = package_dir_on(path, "sglang")
+    facts["ddtree_dir"] = package_dir_on(path, "ddtree")
     return facts
 
 
-def foreign_entry_points():
-    from importlib.metadata import entry_points
+def import_path(site):
+    """sys.path as a fresh interpreter of this environment has it now. This process read the
+    .pth files when it started, maybe before it waited for the lock while another deploy
+    switched ours to another payload: the payload folders it added then (any workdir's) are
+    replaced by the one our .pth names now, where site would put it (appended)."""
+    path = [p for p in sys.path if not (p and owning_workdir(p))]
+    pth = os.path.join(site, PTH_NAME)
+    if os.path.isfile(pth) and not os.path.islink(pth):
+        line = ((read_text(pth) or "").strip().splitlines() or [""])[0].strip()
+        if line and os.path.isdir(line) and line not in path:
+            path.append(line)
+    return path
 
-    return sorted(
-        "%s (%s)" % (ep.value, ep.dist.name if ep.dist else "?")
-        for ep in entry_points(group="sglang.srt.plugins")
-        if ep.name == "ddtree" and not (ep.dist and ep.dist.name.replace("-", "_") == DIST_NAME)
-    )
+
+def package_dir_on(path, name):
+    """Where `import name` would find the package on `path` (the first match; nothing that
+    this process imported or serves from memory counts), or None."""
+    import importlib.machinery
+
+    importlib.invalidate_caches()  # a directory listing cached before the lock is stale too
+    spec = importlib.machinery.PathFinder.find_spec(name, path)
+    return list(spec.submodule_search_locations)[0] if spec and spec.submodule_search_locations else None
+
+
+def foreign_entry_points(path=None):
+    """Other distributions that declare sglang.srt.plugins:ddtree on `path` (default sys.path)."""
+    from importlib.metadata import distributions
+
+    found = []
+    for dist in distributions(path=list(sys.path if path is None else path)):
+        name = (dist.metadata["Name"] or "?") if dist.metadata else "?"
+        if name.replace("-", "_") == DIST_NAME:
+            continue
+        found += ["%s (%s)" % (ep.value, name) for ep in dist.entry_points
+                  if ep.group == "sglang.srt.plugins" and ep.name == "ddtree"]
+    return sorted(set(found))
 
 
 def entry_point_refusal(foreign):
@@ -340,8 +437,8 @@ def write_site_files(site, release_id, payload_dir, plan, fault_point="after-pth
     contents = site_file_contents(site, release_id, payload_dir, plan)
     for path, data in contents.items():
         write_atomic(path, data)
-        if fault_point and path == plan["pth"] and os.environ.get(FAULT_ENV) == fault_point:
-            os._exit(137)  # killed half-way (tests)
+        if fault_point and path == plan["pth"]:
+            fault(fault_point)
     return dict((path, hashlib.sha256(data).hexdigest()) for path, data in contents.items())
 
 
@@ -397,6 +494,37 @@ def server_defaults_bytes(sources):
     """The defaults file the operator asked for (stdin's "server_defaults"), or None."""
     wanted = sources.get("server_defaults")
     return None if wanted is None else (json.dumps(wanted, indent=1, sort_keys=True) + "\n").encode("utf-8")
+
+
+DEFAULTS_READ_MAX = 1 << 16  # a defaults file deploy writes is a few hundred bytes
+
+
+def defaults_of(document):
+    """The server-default variables a deployment (record or journal) was made with, for the
+    reply ({} none, None unknown): its own field, or (a record from an older installer) its
+    payload's defaults file."""
+    if not document:
+        return None
+    if "server_defaults" in document:
+        return document["server_defaults"] or {}
+    if not document.get("payload_dir"):
+        return None
+    path = os.path.join(document["payload_dir"], DEFAULTS_FILE_NAME)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        return {}
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            return None
+        data = handle.read(DEFAULTS_READ_MAX + 1)
+    try:
+        variables = json.loads(data.decode("utf-8")).get("variables") if len(data) <= DEFAULTS_READ_MAX else None
+    except (ValueError, RecursionError, AttributeError):
+        return None
+    return variables if isinstance(variables, dict) else None
 
 
 def defaults_changed(record, wanted):
@@ -594,6 +722,7 @@ def finish_commit(directory, record, previous):
     for payload_dir in sorted(payload_dirs(previous) - payload_dirs(record)):
         if os.path.isdir(payload_dir) and not os.path.islink(payload_dir):
             shutil.rmtree(payload_dir)
+    fault("after-old-payload-removed")
     os.unlink(os.path.join(directory, "journal.json"))
 
 
@@ -637,6 +766,8 @@ def recover(workdir, site):
     if os.path.exists(journal_path):
         raise InstallError("recover", "%s: an interrupted install could not be undone%s" % (journal_path, clause))
     outcome["removed"] = strays + outcome["removed"]
+    outcome.update(interrupted_deploy=journal["release"], release_defaults=journal.get("server_defaults"),
+                   restored_defaults=defaults_of(journal.get("previous")) if outcome.get("restored") else None)
     return outcome
 
 
@@ -761,7 +892,7 @@ def make_plan(workdir, release_id, mode, sources, allow_shared_env=False):
         ours.append(found["payload_dir"])  # reported below as the deployment in the way
     if ddtree_dir and not any(ddtree_dir.startswith(d + os.sep) for d in ours):
         refusals.append("%s: another `ddtree` package is importable here (%s)" % (sys.executable, ddtree_dir))
-    foreign = foreign_entry_points()
+    foreign = foreign_entry_points(import_path(site))
     if foreign:
         refusals.append(entry_point_refusal(foreign))
     if found and ours_elsewhere(found):
@@ -823,8 +954,9 @@ def gate_refusal(gate):
         files = "%d pinned file(s) differ from sglang %s: %s%s" % (len(drifted), against, what, tail)
     else:
         files = "its pinned files match sglang %s" % against
-    return ("sglang %s: %s: %s; qualify it with `ddtree-ops sglang qualify`, or --force deploys anyway"
-            " (recorded)" % (version, gate.get("verdict", "not pinned"), files))
+    note = "; %s" % gate["qualification_note"] if gate.get("qualification_note") else ""
+    return ("sglang %s: %s: %s%s; qualify it with `ddtree-ops sglang qualify`, or --force deploys anyway"
+            " (recorded)" % (version, gate.get("verdict", "not pinned"), files, note))
 
 
 def op_plan(workdir, release_id, mode, sources, allow_shared_env=False):
@@ -865,9 +997,11 @@ def install_locked(site, workdir, release_id, mode, sources, allow_shared_env=Fa
     payload_dir = plan["payload_dir"]
     journal_path = os.path.join(directory, "journal.json")
     journal = {"release": release_id, "started": time.time(), "files": files["files"],
-               "dirs": [files["dist_info"], payload_dir], "previous": old}
+               "dirs": [files["dist_info"], payload_dir], "previous": old,
+               "server_defaults": (sources.get("server_defaults") or {}).get("variables")}
     make_own_dir(directory)
     write_json(journal_path, journal)
+    fault("after-journal")
     replaced = None
     previous = kept_for_rollback(old)  # judged before the old site files make way
     try:
@@ -877,10 +1011,14 @@ def install_locked(site, workdir, release_id, mode, sources, allow_shared_env=Fa
             shutil.rmtree(payload_dir)  # a leftover that no record names
         payload_files = copy_payload(release_src, payload_dir)
         write_server_defaults(payload_dir, server_defaults_bytes(sources), payload_files)
+        fault("after-payload")
         if old:
             replaced = remove_recorded(site_part(old))
+        fault("after-old-site-removed")
         site_hashes = write_site_files(site, release_id, payload_dir, files)
+        fault("after-site-files")
         probe = verify_in_fresh_interpreter(force, plan["gate"], plan["qualifying"])
+        fault("after-probe")
         if probe.get("verdict") == "failed":
             raise InstallError("verify", "installed plugin failed its check: %s" % "; ".join(probe.get("reasons", [])))
         for path, digest in site_hashes.items():  # still what was written, before it is called ok
@@ -898,10 +1036,12 @@ def install_locked(site, workdir, release_id, mode, sources, allow_shared_env=Fa
             "qualified_by": plan["gate"].get("qualified_by"),
             "gate": plan["gate"],
             "probe": {"verdict": probe.get("verdict"), "reasons": probe.get("reasons")},
+            "server_defaults": journal["server_defaults"],  # the variables written into the payload, or None
             "deployed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "previous": previous,  # what `rollback` puts back, byte for byte (None: it removes everything)
         }
         write_json(record_path, record)
+        fault("after-record")
     except Exception as err:  # noqa: BLE001 - whatever failed, the previous deployment goes back
         if isinstance(err, InstallError):
             kind, message = err.kind, str(err)
@@ -942,10 +1082,19 @@ def op_rollback(workdir, lock_wait=None, force=False):
 def rollback_locked(site, workdir, force=False):
     recovered = recover(workdir, site)
     directory = deployment_dir(workdir, site)
+    # A rollback undoes exactly one step. A rollback killed half-way, finished just now, is the
+    # rollback asked for; so is undoing a deploy killed before its record (the environment is
+    # back as that deploy found it): neither goes on to roll back one more deployment.
     if recovered and recovered.get("rollback_of"):
-        # a rollback killed half-way, finished just now: that is the rollback asked for, not one more
-        return {"ok": True, "action": "rolled-back", "release": recovered["rollback_of"],
-                "restored": recovered["restored"], "removed": recovered, "recovered": recovered, "site_dir": site}
+        return {"ok": True, "action": "rolled-back", "interrupted": True, "release": recovered["rollback_of"],
+                "restored": recovered["restored"], "release_defaults": recovered.get("release_defaults"),
+                "restored_defaults": recovered.get("restored_defaults"), "removed": recovered,
+                "recovered": recovered, "site_dir": site}
+    if recovered and recovered.get("interrupted_deploy"):
+        return {"ok": True, "action": "recovered", "interrupted": True, "release": recovered["interrupted_deploy"],
+                "restored": recovered.get("restored"), "release_defaults": recovered.get("release_defaults"),
+                "restored_defaults": recovered.get("restored_defaults"), "removed": recovered,
+                "recovered": recovered, "site_dir": site}
     record_path = os.path.join(directory, "record.json")
     record = read_json(record_path)
     if record is None:
@@ -970,14 +1119,18 @@ def rollback_locked(site, workdir, force=False):
     # forced past a previous payload that changed: it goes too, never run again
     dirs = list(record["dirs"]) + ([previous["payload_dir"]] if previous and not restoring else [])
     journal = {"op": "rollback", "release": record["release"], "started": time.time(),
-               "files": record["files"], "dirs": dirs, "previous": restoring}
+               "files": record["files"], "dirs": dirs, "previous": restoring,
+               "server_defaults": defaults_of(record)}
     make_own_dir(directory)  # as an install makes it: gone if deleted with the record (unrecorded_deployment)
     write_json(os.path.join(directory, "journal.json"), journal)
+    fault("rollback-after-journal")
     removed = finish_rollback(site, directory, journal)
     removed["modified_since_deploy"] = changed
     removed.pop("rollback_of")
-    return {"ok": True, "action": "rolled-back", "release": record["release"], "restored": removed.pop("restored"),
-            "removed": removed, "recovered": recovered, "site_dir": site}
+    return {"ok": True, "action": "rolled-back", "interrupted": False, "release": record["release"],
+            "restored": removed.pop("restored"), "release_defaults": removed.pop("release_defaults"),
+            "restored_defaults": removed.pop("restored_defaults"), "removed": removed, "recovered": recovered,
+            "site_dir": site}
 
 
 def finish_rollback(site, directory, journal):
@@ -986,21 +1139,25 @@ def finish_rollback(site, directory, journal):
     bytes they had; its record) or, with nothing to put back, drop the record; then the
     journal. Every step may be repeated, so a rollback killed anywhere finishes here."""
     removed = remove_recorded(journal)
+    fault("rollback-after-remove")
     record_path = os.path.join(directory, "record.json")
     previous = journal.get("previous")
     if previous:
         write_site_files(site, previous["release"], previous["payload_dir"], planned_files(site, previous["release"]),
                          fault_point="rollback-after-pth")
+        fault("rollback-after-site-files")
         write_json(record_path, previous)
     elif os.path.exists(record_path):
         os.unlink(record_path)
+    fault("rollback-after-record")
     os.unlink(os.path.join(directory, "journal.json"))
     if not previous:
         try:
             os.rmdir(directory)
         except OSError:
             pass
-    removed.update(rollback_of=journal["release"], restored=previous["release"] if previous else None)
+    removed.update(rollback_of=journal["release"], restored=previous["release"] if previous else None,
+                   release_defaults=journal.get("server_defaults"), restored_defaults=defaults_of(previous))
     return removed
 
 

@@ -16,15 +16,13 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, BinaryIO, Iterable, Mapping, Sequence
 
 from ddtree.runsummary import AUTOREGRESSIVE_KEY, MethodSummary, summarize_methods
-from ddtree_ops.errors import BaselineFileError, UsageError, quoted
+from ddtree_ops.errors import BaselineFileError, quoted
 from ddtree_ops.results import sha256_file
 
 BASELINE_FORMAT = "ddtree-ops-baseline/1"
@@ -59,23 +57,47 @@ def short_model_name(name: str) -> str:
 # --------------------------------------------------------------------------- reference runs
 
 
+# A reference run file holds at most MAX_ARCHIVE_BYTES inside its archive; the file itself, a
+# little more (torch.save stores members uncompressed, plus zip headers).
+MAX_REFERENCE_FILE_BYTES = MAX_ARCHIVE_BYTES + (64 << 20)
+
+
+def open_reference_run(path: Path) -> BinaryIO:
+    """The reference run file, opened once (the checks and the load read this very file): a
+    regular file of at most MAX_REFERENCE_FILE_BYTES (a FIFO or /dev/zero is refused, never
+    read); BaselineFileError naming the file otherwise."""
+    from ddtree.bounded_files import FileRefused, open_regular
+
+    try:
+        return open_regular(path, MAX_REFERENCE_FILE_BYTES)
+    except FileNotFoundError:
+        raise BaselineFileError(f"{path}: no such file") from None
+    except FileRefused as err:
+        if path.is_dir():
+            raise BaselineFileError(f"{path}: a folder; give the reference run files in it (e.g. {path}/*.pt)") from None
+        raise BaselineFileError(str(err)) from None
+
+
 def load_reference_run(path: Path) -> dict[str, Any]:
     """Read one reference run file with the restricted unpickler; raise BaselineFileError."""
+    with open_reference_run(path) as handle:
+        return read_reference_run(handle, path)
+
+
+def read_reference_run(handle: BinaryIO, path: Path) -> dict[str, Any]:
+    """The reference run in the open file `handle` (named `path` in messages)."""
     import pickle
     import types
     import warnings
 
     import torch
 
-    if path.is_dir():
-        raise BaselineFileError(f"{path}: a folder; give the reference run files in it (e.g. {path}/*.pt)")
-    if not path.is_file():
-        raise BaselineFileError(f"{path}: no such file")
-    _check_archive(path)
+    _check_archive(handle, path)
     try:
+        handle.seek(0)
         with torch.serialization.safe_globals([types.SimpleNamespace]), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # protocol notes on odd files: the error below says it all
-            data = torch.load(path, map_location="cpu", weights_only=True)
+            data = torch.load(handle, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         found = re.search(r"GLOBAL ([\w.]+)", str(err))
         if found:
@@ -84,7 +106,7 @@ def load_reference_run(path: Path) -> dict[str, Any]:
                 "never holds (nothing from the file was run)"
             ) from None
         # torch's own text here is boilerplate about loading unsafely: never our advice
-        raise BaselineFileError(f"{path}: not a reference run file we can read safely ({_pickle_kind(path)}; "
+        raise BaselineFileError(f"{path}: not a reference run file we can read safely ({_pickle_kind(handle)}; "
                                 "nothing from the file was run)") from None
     except Exception as err:  # noqa: BLE001 - untrusted bytes fail in many ways, all meaning the same
         raise BaselineFileError(f"{path}: not a torch.save file: {type(err).__name__}: {_first_line(err)}") from None
@@ -92,7 +114,7 @@ def load_reference_run(path: Path) -> dict[str, Any]:
     return data
 
 
-def _check_archive(path: Path) -> None:
+def _check_archive(handle: BinaryIO, path: Path) -> None:
     """Only a torch.save archive is read, and only if its members inflate to at most
     MAX_ARCHIVE_BYTES (torch allocates each member at its declared size; torch.save never
     compresses, so a deflated member is a crafted one). Torch's legacy format is refused: its
@@ -100,10 +122,11 @@ def _check_archive(path: Path) -> None:
     import zipfile
 
     try:
-        with zipfile.ZipFile(path) as archive:
+        handle.seek(0)
+        with zipfile.ZipFile(handle) as archive:
             members = archive.infolist()
     except (OSError, zipfile.BadZipFile, ValueError):
-        raise BaselineFileError(f"{path}: not a reference run file we can read safely ({_pickle_kind(path)}; "
+        raise BaselineFileError(f"{path}: not a reference run file we can read safely ({_pickle_kind(handle)}; "
                                 "nothing from the file was run)") from None
     total = 0
     for member in members:
@@ -114,17 +137,27 @@ def _check_archive(path: Path) -> None:
                 f"{MAX_ARCHIVE_BYTES} bytes ({member.file_size} bytes in this member); refused before reading it")
 
 
-def _pickle_kind(path: Path) -> str:
+def _pickle_kind(handle: BinaryIO) -> str:
     try:
-        with path.open("rb") as handle:
-            head = handle.read(4)
-    except OSError:
+        handle.seek(0)
+        head = handle.read(4)
+    except (OSError, ValueError):
         return "unreadable"
     if head.startswith(b"PK\x03\x04"):
         return "a torch.save archive holding what the restricted loader does not accept"
     if head.startswith(b"\x80"):
         return "a raw pickle, not torch.save's archive"
     return "neither torch.save's archive nor a pickle"
+
+
+def _sha256_of(handle: BinaryIO) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    handle.seek(0)
+    for chunk in iter(lambda: handle.read(1 << 16), b""):
+        digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _first_line(err: BaseException) -> str:
@@ -271,10 +304,12 @@ class Baseline:
 
     @classmethod
     def from_json(cls, text: str, where: str) -> "Baseline":
+        from ddtree.bounded_files import FileRefused, parse_json
+
         try:
-            body = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise BaselineFileError(f"{where}: not JSON: {err}") from None
+            body = parse_json(text, where)
+        except FileRefused as err:
+            raise BaselineFileError(str(err)) from None
         return cls.from_dict(body, where)
 
     @classmethod
@@ -299,27 +334,16 @@ class Baseline:
 
 
 def read_baseline(path: Path) -> Baseline:
-    if not path.is_file():
-        raise BaselineFileError(f"{path}: no such file")
-    return Baseline.from_json(path.read_text(encoding="utf-8"), str(path))
+    """A decode baseline file, read by the bounded reader (regular file, size, UTF-8, depth)."""
+    from ddtree.bounded_files import FileRefused, read_text
 
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write via a temporary file in the same folder and rename: never a half-written file."""
-    if path.is_dir():
-        raise UsageError(f"{path}: is a folder; name the baseline file to write (e.g. {path / 'baseline.json'})")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    except OSError as err:
-        raise UsageError(f"{path}: cannot write the baseline here: {err.strerror or err}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        text = read_text(path)
+    except FileNotFoundError:
+        raise BaselineFileError(f"{path}: no such file") from None
+    except FileRefused as err:
+        raise BaselineFileError(str(err)) from None
+    return Baseline.from_json(text, str(path))
 
 
 def import_reference_runs(paths: Sequence[Path]) -> Baseline:
@@ -328,13 +352,15 @@ def import_reference_runs(paths: Sequence[Path]) -> Baseline:
     seen: dict[tuple, str] = {}
     sources = []
     for path in paths:
-        data = load_reference_run(path)
+        with open_reference_run(path) as handle:  # the bytes hashed are the bytes read
+            data = read_reference_run(handle, path)
+            digest = _sha256_of(handle)
         for entry in summarize_reference_run(path, data):
             if entry.key in seen:
                 raise BaselineFileError(f"{path}: {entry.key} already comes from {seen[entry.key]}")
             seen[entry.key] = path.name
             entries.append(entry)
-        sources.append({"file": path.name, "sha256": sha256_file(path)})
+        sources.append({"file": path.name, "sha256": digest})
     return Baseline(entries=entries, sources=sources)
 
 
@@ -351,10 +377,14 @@ PAPER_BASELINE_HINT = ("use the paper baseline, which joins the three tables (ba
 
 def _read_csv(path: Path) -> tuple[list[str], list[str], list[dict[str, str]]]:
     """(comments, header, rows) of a paper table: `#` lines, then a CSV with a header."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise BaselineFileError(f"{path}: cannot read: {getattr(err, 'strerror', None) or err}") from None
+    from ddtree.bounded_files import FileRefused, read_text
+
+    try:  # the bounded reader: a FIFO or a device given as a table is refused, never read
+        lines = read_text(path).splitlines()
+    except FileRefused as err:
+        raise BaselineFileError(f"{path}: cannot read: {err.why}") from None
+    except OSError as err:
+        raise BaselineFileError(f"{path}: cannot read: {err.strerror or err}") from None
     comments = [line[1:].strip() for line in lines if line.startswith("#")]
     reader = csv.DictReader(line for line in lines if line and not line.startswith("#"))
     rows = list(reader)

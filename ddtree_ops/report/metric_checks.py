@@ -23,14 +23,13 @@ by `ddtree-ops baseline import|paper`): `compare_decode` checks every host's dec
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from ddtree_ops.errors import ConfigError
+from ddtree_ops.errors import ConfigError, quoted
 from ddtree_ops.noise import Noise, cell_noise
 from ddtree_ops.report.model import TIMINGS_TABLE, as_number, on_host, shown_value
 from ddtree_ops.results import RunRecord
@@ -115,31 +114,38 @@ NOT_A_BASELINE = ("not a baseline: expected a metrics baseline (a mapping with a
 
 
 def read_baseline_document(path: Path) -> Any:
-    """The parsed JSON/YAML of a baseline file; a torch.save file gets a hint, not a parse error."""
+    """The parsed JSON/YAML of a baseline file (read by the bounded readers: a regular file of
+    bounded size, depth and aliases); a torch.save file gets a hint, not a parse error."""
+    from ddtree.bounded_files import FileRefused, NotJson, decode_text, parse_json, read_bytes
+
     try:
-        raw = path.read_bytes()
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read baseline: {err.strerror or err}") from err
+        raw = read_bytes(path)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: cannot read baseline: no such file") from None
+    except FileRefused as err:
+        raise ConfigError(f"{path}: cannot read baseline: {err.why}") from None
     if raw.startswith(b"PK\x03\x04") or raw.startswith(b"\x80"):  # torch.save zip / raw pickle
         raise ConfigError(f"{path}: {NOT_A_BASELINE}; this is a torch.save file (a reference run?): turn "
                           f"it into a baseline with `ddtree-ops baseline import {path.name} -o baseline.json`")
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
+        text = decode_text(raw, path)
+    except FileRefused:
         raise ConfigError(f"{path}: {NOT_A_BASELINE} (the file is not UTF-8 text)") from None
     syntax = document_syntax(path, text)
     if syntax == "CSV":  # one of the paper's tables: a decode baseline of its own cells
         from ddtree_ops.report.baselines import csv_baseline  # lazy: pulls in torch via ddtree
 
         return csv_baseline(path).to_dict()
-    try:
-        if syntax == "YAML":
-            import yaml
+    if syntax == "YAML":
+        from ddtree_ops.yaml_files import parse_yaml
 
-            return yaml.safe_load(text)
-        return json.loads(text)
-    except Exception as err:  # noqa: BLE001 - yaml and json errors alike
-        raise ConfigError(f"{path}: not valid {syntax}: {str(err).splitlines()[0]}") from err
+        return parse_yaml(text, path)  # bounded depth and aliases; ConfigError naming the line
+    try:
+        return parse_json(text, path)
+    except NotJson as err:
+        raise ConfigError(f"{path}: not valid {syntax}: {err.detail}") from None
+    except FileRefused as err:
+        raise ConfigError(f"{path}: {err.why}") from None
 
 
 def document_syntax(path: Path, text: str) -> str:
@@ -191,34 +197,34 @@ def parse_metric_checks(data: dict[str, Any], path: Path) -> list[MetricCheck]:
     for index, entry in enumerate(data["metrics"]):
         where = f"{path}: metrics[{index}]"
         if not isinstance(entry, dict):
-            raise ConfigError(f"{where}: expected a mapping, got {entry!r}")
+            raise ConfigError(f"{where}: expected a mapping, got {quoted(entry)}")
         unknown = sorted(set(entry) - _CHECK_KEYS)
         if unknown:
-            raise ConfigError(f"{where}: unknown key(s) {unknown}")
+            raise ConfigError(f"{where}: unknown key(s) {quoted(unknown)}")
         metric = entry.get("metric")
         if not isinstance(metric, str) or "." not in metric:
-            raise ConfigError(f"{where}.metric: expected '<stage>.<name>', got {metric!r}")
+            raise ConfigError(f"{where}.metric: expected '<stage>.<name>', got {quoted(metric)}")
         if "expected" not in entry:
             raise ConfigError(f"{where}: missing `expected`")
         if _is_non_finite(entry["expected"]):  # inf would pass every `lower` check, nan fail all
-            raise ConfigError(f"{where}.expected: expected a finite value, got {entry['expected']!r}")
+            raise ConfigError(f"{where}.expected: expected a finite value, got {quoted(entry['expected'])}")
         try:
             better = Better(entry.get("better", "equal"))
         except ValueError:
             raise ConfigError(f"{where}.better: expected lower, higher or equal, got "
-                              f"{entry.get('better')!r}") from None
+                              f"{quoted(entry.get('better'))}") from None
         tolerances = {}
         for key in ("tolerance", "abs_tolerance"):
             value = entry.get(key, 0.0)
             # NaN would fail every check and inf pass every one: neither is a tolerance
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-                raise ConfigError(f"{where}.{key}: expected a finite number >= 0, got {value!r}")
+                raise ConfigError(f"{where}.{key}: expected a finite number >= 0, got {quoted(value)}")
             tolerances[key] = float(value)
         hosts = entry.get("hosts", [])
         if isinstance(hosts, str):
             hosts = [hosts]
         if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
-            raise ConfigError(f"{where}.hosts: expected a list of host names, got {hosts!r}")
+            raise ConfigError(f"{where}.hosts: expected a list of host names, got {quoted(hosts)}")
         checks.append(MetricCheck(metric=metric, expected=entry["expected"], better=better,
                                   hosts=tuple(hosts), **tolerances))
     return checks

@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddtree_ops.errors import quoted
 from ddtree_ops.noise import GPU_BUSY_LIMIT_PCT, LOAD_PER_CPU_LIMIT, MIN_SAMPLES, SPREAD_LIMIT, Noise, cell_noise, load_problem
 from ddtree_ops.outcome import HostOutcome, exit_code_for
 from ddtree_ops.results import RunRecord, StageStatus
@@ -147,6 +148,42 @@ def _last_line(text: str | None) -> str | None:
     return lines[-1][:300] if lines else None
 
 
+# The fields a table's rows are grouped and sorted by, and what each must be.
+_INTEGER, _INTEGER_OR_NONE, _TEXT = "an integer", "an integer or null", "a string"
+_TEXT_OR_NONE = "a string or null"
+_ROW_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
+    SWEEP_TABLE: (("builder", _TEXT), ("batch_size", _INTEGER), ("budget", _INTEGER)),
+    DECODE_TABLE: (("budget", _INTEGER_OR_NONE),),
+    SERVER_TABLE: (("variant", _TEXT), ("method", _TEXT_OR_NONE), ("budget", _INTEGER_OR_NONE),
+                   ("block_size", _INTEGER_OR_NONE)),
+    SERVER_LOAD_TABLE: (("variant", _TEXT), ("concurrency", _INTEGER), ("budget", _INTEGER_OR_NONE))}
+
+
+def _fits(value: Any, kind: str) -> bool:
+    if kind == _TEXT:
+        return isinstance(value, str)
+    if kind == _TEXT_OR_NONE:
+        return value is None or isinstance(value, str)
+    return (kind == _INTEGER_OR_NONE and value is None) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def _keyed_rows(host: str, record: Any, table: str, failures: list[Failure]) -> list[dict[str, Any]]:
+    """The table's rows of a stage record, each with its `host`; a row whose key field is not
+    what it must be (a host's record may hold anything) is left out and named as that host's
+    failure, so that grouping and sorting meet only comparable values."""
+    if record is None:
+        return []
+    kept = []
+    for index, row in enumerate(record.tables.get(table, [])):
+        bad = next(((key, kind) for key, kind in _ROW_KEYS[table] if not _fits(row.get(key), kind)), None)
+        if bad is None:
+            kept.append({"host": host, **row})
+        else:
+            failures.append(Failure(host, record.stage, f"{table}[{index}].{bad[0]}: expected {bad[1]}, got "
+                                                        f"{quoted(row.get(bad[0]))} (the row is left out)", None))
+    return kept
+
+
 def build_report(run: RunRecord) -> Report:
     stages = run.stage_names()
     statuses: dict[str, dict[str, str]] = {}
@@ -179,16 +216,10 @@ def build_report(run: RunRecord) -> Report:
             for row in record.tables.get(TIMINGS_TABLE, []):
                 if isinstance(row.get("cell"), str):
                     timings.setdefault(name, {})[f"{stage}.{row['cell']}"] = row
-        bench = host.stages.get(SWEEP_STAGE)
-        if bench is not None:
-            sweep += [{"host": name, **row} for row in bench.tables.get(SWEEP_TABLE, [])]
-        decoded = host.stages.get(DECODE_STAGE)
-        if decoded is not None:
-            decode += [{"host": name, **row} for row in decoded.tables.get(DECODE_TABLE, [])]
-        served = host.stages.get(SERVER_STAGE)
-        if served is not None:
-            server += [{"host": name, **row} for row in served.tables.get(SERVER_TABLE, [])]
-            server_load += [{"host": name, **row} for row in served.tables.get(SERVER_LOAD_TABLE, [])]
+        sweep += _keyed_rows(name, host.stages.get(SWEEP_STAGE), SWEEP_TABLE, failures)
+        decode += _keyed_rows(name, host.stages.get(DECODE_STAGE), DECODE_TABLE, failures)
+        server += _keyed_rows(name, host.stages.get(SERVER_STAGE), SERVER_TABLE, failures)
+        server_load += _keyed_rows(name, host.stages.get(SERVER_STAGE), SERVER_LOAD_TABLE, failures)
     report = Report(run_id=run.run_id, stages=stages, hosts=list(run.hosts),
                     outcomes={h: r.outcome for h, r in run.hosts.items()}, statuses=statuses,
                     durations=durations, reasons=reasons, failures=failures, sweep=sweep,

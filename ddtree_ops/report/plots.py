@@ -3,6 +3,7 @@ acceptance length and speedup vs budget, a decode baseline overlaid. matplotlib 
 only when a chart is drawn."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -120,24 +121,25 @@ def plot_decode(report: Report, out_dir: Path,
                 baseline: list[dict[str, Any]] | None = None) -> list[Path]:
     """tau and speedup against the DDTree budget, a line per host (DFlash as a dashed level);
     `baseline` rows (`budget`, `tau`, `speedup`, optional `label`) are overlaid."""
-    rows = [r for r in report.decode if as_number(r.get("budget")) is not None]
+    rows = [r for r in report.decode if _finite(r.get("budget")) is not None]
     if not rows:
         return []
     plt = _pyplot()
-    out_dir.mkdir(parents=True, exist_ok=True)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     for axis, key, label in ((axes[0], "tau", "acceptance length tau"),
                              (axes[1], "speedup", "speedup over autoregressive")):
         hosts = sorted({r["host"] for r in rows})
         for number, host in enumerate(hosts):
-            points = sorted((r["budget"], r[key], None, None, bool(r.get("noisy")) and key == "speedup")
-                            for r in rows if r["host"] == host and as_number(r.get(key)) is not None)
+            points = sorted(((_finite(r["budget"]), _finite(r.get(key)), None, None,
+                              bool(r.get("noisy")) and key == "speedup")
+                             for r in rows if r["host"] == host and _finite(r.get(key)) is not None),
+                            key=lambda p: p[:2])
             if points:
                 _plot_series(axis, points, f"{host} · DDTree", series_style(0, number))
             for flat in report.decode:
                 if flat["host"] == host and flat.get("method") == "dflash" and \
-                        as_number(flat.get(key)) is not None:
-                    axis.axhline(flat[key], alpha=0.6, label=f"{host} · DFlash",
+                        _finite(flat.get(key)) is not None:
+                    axis.axhline(_finite(flat[key]), alpha=0.6, label=f"{host} · DFlash",
                                  **series_style(1, number))  # DFlash's colour, the host's line style
         _overlay_baseline(axis, baseline or [], key)
         axis.set_xscale("log", base=2)
@@ -149,10 +151,7 @@ def plot_decode(report: Report, out_dir: Path,
         axis.legend(unique.values(), unique.keys(), fontsize=7)
     fig.suptitle(f"DDTree decode vs budget · run {report.run_id}")
     fig.tight_layout()
-    path = out_dir / "decode-vs-budget.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return [path]
+    return [_save(plt, fig, out_dir, "decode-vs-budget.png")]
 
 
 def plot_sweep(report: Report, out_dir: Path) -> list[Path]:
@@ -161,7 +160,6 @@ def plot_sweep(report: Report, out_dir: Path) -> list[Path]:
     if not report.sweep:
         return []
     plt = _pyplot()
-    out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for batch_size in sorted({r.get("batch_size") for r in report.sweep}):
         rows = [r for r in report.sweep if r.get("batch_size") == batch_size]
@@ -170,10 +168,11 @@ def plot_sweep(report: Report, out_dir: Path) -> list[Path]:
         builders = sorted({r["builder"] for r in report.sweep})
         for host in hosts:
             for builder in builders:
-                points = sorted((r["budget"], r["per_request_ms"], r.get("min_ms"), r.get("max_ms"),
-                                 bool(r.get("noisy"))) for r in rows
-                                if r["host"] == host and r["builder"] == builder
-                                and as_number(r.get("per_request_ms")) is not None)
+                points = sorted(((_finite(r.get("budget")), _finite(r.get("per_request_ms")), _finite(r.get("min_ms")),
+                                  _finite(r.get("max_ms")), bool(r.get("noisy"))) for r in rows
+                                 if r["host"] == host and r["builder"] == builder
+                                 and _finite(r.get("budget")) is not None
+                                 and _finite(r.get("per_request_ms")) is not None), key=lambda p: p[:2])
                 if points:
                     _plot_series(axis, points, f"{host} · {builder}", series_style(builders.index(builder),
                                                                                  hosts.index(host)))
@@ -185,11 +184,34 @@ def plot_sweep(report: Report, out_dir: Path) -> list[Path]:
         axis.grid(True, which="both", alpha=0.3)
         axis.legend(fontsize=7, title=NOISY_LEGEND, title_fontsize=7)
         fig.tight_layout()
-        path = out_dir / f"tree-build-vs-budget-bs{batch_size}.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(plt, fig, out_dir, f"tree-build-vs-budget-bs{batch_size}.png"))
     return written
+
+
+def _save(plt: Any, fig: Any, out_dir: Path, name: str) -> Path:
+    """The chart as `out_dir/name`, written whole and never through a link at that name (a
+    link there is replaced: hostside.safe_write.write_file); ConfigError naming the path if the
+    folder cannot take it."""
+    import io
+
+    from ddtree_ops.errors import ConfigError
+    from ddtree_ops.hostside.safe_write import WriteRefused, write_file
+
+    png = io.BytesIO()
+    try:
+        fig.savefig(png, dpi=120, format="png")
+    finally:
+        plt.close(fig)
+    try:
+        return write_file(out_dir, name, png.getvalue())
+    except WriteRefused as err:
+        raise ConfigError(str(err)) from None
+
+
+def _finite(value: Any) -> float | None:
+    """A row's value as a finite number to draw, else None (a host's record may hold anything)."""
+    number = as_number(value)
+    return number if number is not None and math.isfinite(number) else None
 
 
 NOISY_LEGEND = "hollow marker: noisy; band: min-max"

@@ -10,6 +10,8 @@ import threading
 from dataclasses import dataclass
 from typing import Optional
 
+from ddtree.bounded_files import FileRefused, read_text
+
 from ddtree_ops.errors import ConfigError
 from ddtree_ops.inventory import Host
 from ddtree_ops.transport.paramiko_import import paramiko
@@ -45,12 +47,12 @@ def read_known_hosts(path: str, host_name: str) -> KnownHosts:
         return KnownHosts((), frozenset())
     if not os.path.isfile(path):
         raise ConfigError(f"{path}: known_hosts of host {host_name}: not a file")
-    try:
-        with open(path, encoding="utf-8") as handle:
-            lines = handle.read().splitlines()
-    except (OSError, ValueError) as err:
-        reason = getattr(err, "strerror", None) or str(err).splitlines()[0]
-        raise ConfigError(f"{path}: known_hosts of host {host_name}: cannot read it: {reason}") from None
+    try:  # the bounded reader: a regular file of bounded size (one swapped for a FIFO is refused)
+        lines = read_text(path).splitlines()
+    except FileNotFoundError:
+        return KnownHosts((), frozenset())
+    except FileRefused as err:
+        raise ConfigError(f"{path}: known_hosts of host {host_name}: cannot read it: {err.why}") from None
     parsed: list[tuple[Optional[str], object]] = []
     for lineno, raw in enumerate(lines, 1):
         line = raw.strip()

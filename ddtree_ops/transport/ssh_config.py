@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ddtree.bounded_files import FileRefused, read_text
+
 from ddtree_ops.errors import ConfigError
 from ddtree_ops.inventory import Host
 from ddtree_ops.transport.paramiko_import import paramiko
@@ -90,8 +92,10 @@ def load_ssh_config(host: Host) -> Optional["paramiko.SSHConfig"]:
     config_path = default_path(host.ssh_config, "~/.ssh/config")
     if not config_path or not os.path.lexists(config_path):
         return None
-    try:
-        config = paramiko.SSHConfig.from_path(config_path)
+    try:  # the bounded reader: a FIFO or /dev/zero is refused, never read (paramiko would read it whole)
+        config = paramiko.SSHConfig.from_text(read_text(config_path))
+    except FileRefused as err:
+        raise ConfigError(f"{config_path}: ssh_config of host {host.name}: cannot read it: {err.why}") from None
     except (OSError, paramiko.SSHException, ValueError) as err:
         reason = getattr(err, "strerror", None) or (str(err).splitlines() or [type(err).__name__])[0]
         raise ConfigError(f"{config_path}: ssh_config of host {host.name}: cannot read it: {reason}") from None

@@ -3,6 +3,8 @@ recommendation in the local run store, and refuses before touching any host when
 The run records are written through RunStore as the host runner writes them."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 from test_report_recommend_cli import BUSY, QUIET, load_rows, lossless_rows, write_run
@@ -98,3 +100,48 @@ def test_auto_refuses_a_budget_the_plugin_would_refuse_naming_it(tmp_path, capsy
     code, err = deploy_auto(tmp_path, capsys)
     assert code == 3, err
     assert f"has a budget that must be an integer between 1 and 1024, got {bad!r}" in err
+
+
+LOSSY = dict(status="fail", reason="ddtree-b64: prompt 0 differs at token 3")
+
+
+def test_a_run_named_under_a_fast_clock_is_not_the_newest(tmp_path, capsys):
+    """#49 item 8: a run made while the clock was set ahead is named 20990101-...; a run made
+    after it (the clock put right) failed its lossless check. "Newest" is the order the run
+    store created them in, so --budget auto refuses on the truly newer run; by name, the 2099
+    run decided forever."""
+    write_run(tmp_path / "runs", {"gpu-a": (load_rows(1, 100.0, 200.0, 300.0), QUIET)}, run_id="20990101-000000-aaaa")
+    write_run(tmp_path / "runs", {"gpu-a": (load_rows(1, 100.0, 200.0, 300.0), QUIET)}, run_id="20261207-100000-bbbb",
+              **LOSSY)
+    code, err = deploy_auto(tmp_path, capsys)
+    assert code == 3, err
+    assert "gpu-a: --budget auto: run 20261207-100000-bbbb cannot decide at 1 concurrent (not lossless" in err
+    assert main(["report", "--runs-dir", str(tmp_path / "runs"), "--json"]) in (0, 5)
+    assert '"run_id": "20261207-100000-bbbb"' in capsys.readouterr().out
+
+
+def test_a_hand_named_copy_of_an_old_run_is_not_the_newest(tmp_path, capsys):
+    """A copy of an older, passing run under a name dated in the future, its run id rewritten
+    in every file (so its records are consistent), is not the newest: the store made it first.
+    A run this store did not create and whose name is dated in the future is left out, named."""
+    import shutil
+
+    runs = tmp_path / "runs"
+    write_run(runs, {"gpu-a": (load_rows(1, 100.0, 200.0, 300.0), QUIET)}, run_id="20261201-100000-aaaa")
+    write_run(runs, {"gpu-a": (load_rows(1, 100.0, 200.0, 300.0), QUIET)}, run_id="20261201-110000-bbbb", **LOSSY)
+    shutil.copytree(runs / "20261201-100000-aaaa", runs / "20991231-235959-ffff")
+    for path in (runs / "20991231-235959-ffff").rglob("*"):
+        if path.is_file():
+            path.write_text(path.read_text().replace("20261201-100000-aaaa", "20991231-235959-ffff"))
+    code, err = deploy_auto(tmp_path, capsys)
+    assert code == 3 and "run 20261201-110000-bbbb cannot decide" in err, err
+
+    shutil.rmtree(runs / "20261201-100000-aaaa")
+    shutil.rmtree(runs / "20261201-110000-bbbb")
+    meta = runs / "20991231-235959-ffff" / "run.json"  # now as if made elsewhere, or by an older ddtree-ops
+    meta.write_text(json.dumps({k: v for k, v in json.loads(meta.read_text()).items() if k != "created"}))
+    code, err = deploy_auto(tmp_path, capsys)
+    assert code == 3, err
+    assert ("gpu-a: --budget auto: no sglang-e2e measurement at 1 concurrent under "
+            f"{runs} (left out: 20991231-235959-ffff: dated 2099-12-31, in the future (a clock set ahead, or a folder "
+            "named by hand), and not created by this run store)") in err

@@ -5,6 +5,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from ddtree_ops.cli.app import main
@@ -148,3 +149,33 @@ def test_check_names_an_sglang_plugins_list_without_ddtree(tmp_path, capsys, mon
     monkeypatch.setenv("SGLANG_PLUGINS", "someone_else, ddtree")
     assert main(["hosts", "check", "-i", str(path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["hosts"]["local"]["result"]["sglang"]["plugins_problem"] is None
+
+
+# (name, also refused in an Ansible inventory: there a range names the hosts it expands to)
+UNADDRESSABLE = [("!prod", True), ("&x", True), ("*", True), ("gpu-*", True), ("gpu?", True), ("gpu-[01:02]", False)]
+
+
+@pytest.mark.parametrize("name, in_ansible", UNADDRESSABLE)
+def test_a_host_no_pattern_can_select_is_refused_at_load_naming_it(tmp_path, capsys, name, in_ansible):
+    """#49 item 4: `-H '!prod'` means every host but prod, so a host named `!prod` could never
+    be selected alone (it was, with the rest, by that very pattern). Such names, in our
+    hosts.yaml and in an Ansible inventory, are refused when the inventory loads: exit 3,
+    one line naming the file and the host."""
+    ours = tmp_path / "hosts.yaml"
+    ours.write_text(yaml.safe_dump({"hosts": {"prod": {"hostname": "prod.invalid"},
+                                              name: {"hostname": "other.invalid"}}}))
+    ansible = tmp_path / "inventory.yml"
+    ansible.write_text(yaml.safe_dump({"all": {"hosts": {"prod": {"ansible_host": "prod.invalid"},
+                                                         name: {"ansible_host": "other.invalid"}}}}))
+    for inventory in (ours, ansible) if in_ansible else (ours,):
+        assert main(["hosts", "list", "-i", str(inventory), "-H", "!prod"]) == 3
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and str(inventory) in err and repr(name) in err, err
+        assert "no -H pattern can select this host alone" in err, err
+
+
+def test_a_group_no_pattern_can_select_is_refused_at_load(tmp_path, capsys):
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(yaml.safe_dump({"hosts": {"prod": {"hostname": "p.invalid", "groups": ["!gpus"]}}}))
+    assert main(["hosts", "list", "-i", str(inventory)]) == 3
+    assert "hosts.prod.groups: no -H pattern can select the group '!gpus'" in capsys.readouterr().err

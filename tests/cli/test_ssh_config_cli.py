@@ -5,6 +5,7 @@ chmod 000 would not stop root, so each case is something that truly fails to rea
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -21,10 +22,13 @@ def broken_config(tmp_path: Path, kind: str) -> tuple[Path, str]:
     path = tmp_path / f"ssh_config-{kind}"
     if kind == "folder":
         path.mkdir()
-        return path, "Is a directory"
+        return path, "a folder, not a regular file"
+    if kind == "fifo":
+        os.mkfifo(path)  # read as a file it would hang the command
+        return path, "a FIFO, not a regular file"
     if kind == "bytes":
         path.write_bytes(b"Host gpu-a\n  HostName \xff\xfe\xfd\n")
-        return path, "can't decode"
+        return path, "not UTF-8 text (byte 0xff at offset 22)"
     path.write_text("Host gpu-a\n  =broken\n")
     return path, "Unparsable line"
 
@@ -41,7 +45,7 @@ def write_inventory(tmp_path: Path, config: Path, *, per_host: bool) -> Path:
     return inventory
 
 
-@pytest.mark.parametrize("kind", ["folder", "bytes", "unparsable"])
+@pytest.mark.parametrize("kind", ["folder", "fifo", "bytes", "unparsable"])
 @pytest.mark.parametrize("per_host", [False, True], ids=["defaults", "per-host"])
 def test_an_unreadable_ssh_config_is_a_config_error(tmp_path, capsys, monkeypatch, kind, per_host):
     monkeypatch.setenv("DDTREE_OPS_RUNS_DIR", str(tmp_path / "runs"))

@@ -41,11 +41,11 @@ def make_host_run(workdir: Path, host: str = "local") -> Path:
     return run_dir
 
 
-def make_local_run(runs: Path, hosts: dict[str, Path]) -> Path:
+def make_local_run(runs: Path, hosts: dict[str, Path], run_id: str = RUN_ID) -> Path:
     """The operator's record of the run: which hosts, and each host's workdir."""
-    run = runs / RUN_ID
+    run = runs / run_id
     run.mkdir(parents=True)
-    (run / "run.json").write_text(json.dumps({"run_id": RUN_ID, "hosts": sorted(hosts)}))
+    (run / "run.json").write_text(json.dumps({"run_id": run_id, "hosts": sorted(hosts)}))
     for name, workdir in hosts.items():
         (run / name).mkdir()
         (run / name / "run.json").write_text(json.dumps({"host": name, "workdir": str(workdir)}))
@@ -234,7 +234,7 @@ def test_an_existing_local_link_is_never_written_through(local_env, tmp_path, ca
     (host_dir / "remote" / "logs").symlink_to(outside)
     code, doc = collect_json(capsys)
     assert code == 5
-    assert "is a link or not a folder" in doc["hosts"]["local"]["error"]
+    assert f"{host_dir / 'remote' / 'logs'}: a link on the way to a file we write: refused" in doc["hosts"]["local"]["error"]
     assert list(outside.iterdir()) == []
 
 

@@ -187,7 +187,7 @@ def test_a_tampered_hooked_file_is_refused_unless_forced(host, env, capsys):
         assert code == 5
         error = doc["hosts"]["h0"]["error"]
         assert "sglang 0.5.23: structure ok, hashes drifted, not qualified: 1 pinned file(s) differ from sglang " \
-               f"0.5.23: {hooked}: changed only outside the hooked definitions; qualify it with" in error
+               f"0.5.23: {hooked}: comments or formatting only (its code is the pinned code); qualify it with" in error
         assert site_listing(python) == before
 
         code, doc = run_cli(capsys, inventory, snapshot, "deploy", "--force")

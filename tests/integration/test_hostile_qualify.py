@@ -142,3 +142,60 @@ def test_a_host_missing_a_pinned_file_is_refused_naming_it_and_nothing_is_record
     assert code == 5, err
     assert f"{sglang[0] / gone}: missing-file: not found" in err and "nothing recorded" in err, err
     assert not qualified.exists() or json.loads(qualified.read_text())["qualified"] == []
+
+
+EAGLE_UTILS = "srt/speculative/eagle_utils.py"
+# One line of eagle_sample (the tree verify the worker calls), changed so accept lengths break.
+ACCEPT_INDEX = b"(bs, verify_input.max_tree_depth), -1, dtype=torch.int32, device=device"
+BROKEN_ACCEPT_INDEX = b"(bs, verify_input.max_tree_depth - 1), -1, dtype=torch.int32, device=device"
+
+
+def test_a_changed_hooked_eagle_sample_is_never_qualified_by_a_static_check(fleet, tmp_path, capsys):
+    """#49 item 9: h0's eagle_sample has a one-line change (its structure holds). `qualify
+    --stages plugin` (the form for a host without a GPU) used to record it as qualified from a
+    static check, and deploy then said "qualified". Changed pinned code needs sglang-e2e to
+    have passed: qualify refuses to record without it, and the gate on the host refuses an
+    entry without it (one an older ddtree-ops recorded), naming the file; with it, it deploys.
+    h0's other drift, a comment in spec_info.py, needs no end-to-end pass (its code is pinned)."""
+    from ddtree.sglang.qualification import Qualification, render
+
+    inventory, snapshot, sglang, _, _ = fleet
+    eagle = sglang[0] / EAGLE_UTILS
+    original = eagle.read_bytes()
+    assert original.count(ACCEPT_INDEX) == 1
+    eagle.write_bytes(original.replace(ACCEPT_INDEX, BROKEN_ACCEPT_INDEX))
+    try:
+        qualified = tmp_path / "sglang-qualified.json"
+        code = main(["sglang", "qualify", "-i", str(inventory), "-H", "h0", "--source", str(snapshot),
+                     "--stages", "plugin", "--qualified", str(qualified), "--runs-dir", str(tmp_path / "runs")])
+        err = capsys.readouterr().err
+        assert code == 5, err
+        assert (f"qualify: h0: not recorded: code changed in 1 pinned file(s) ({eagle}: hooked definitions changed: "
+                "eagle_sample), and a static check cannot vouch for changed code: run `--stages plugin,sglang-e2e`") \
+            in err, err
+        assert not qualified.exists() or json.loads(qualified.read_text())["qualified"] == []
+
+        pinned = newest(SUPPORTED).file_sha256
+        files = {rel: hashlib.sha256((sglang[0] / rel).read_bytes()).hexdigest() for rel in pinned}
+
+        def entry(**stages: str) -> str:
+            return render([Qualification(sglang="0.5.23", files=files, run="20261201-220000-abcdef", host="h0",
+                                         stages=stages)])
+
+        qualified.write_text(entry(plugin="pass"))  # as a static-only qualification was recorded before
+        code = main(["deploy", "-i", str(inventory), "-H", "h0", "--source", str(snapshot), "--qualified",
+                     str(qualified), "--json"])
+        error = json.loads(capsys.readouterr().out)["hosts"]["h0"]["error"]
+        assert code == 5 and "structure ok, hashes drifted, not qualified" in error, error
+        assert ("the qualification by run 20261201-220000-abcdef (plugin pass) does not vouch for it: code changed in "
+                f"{EAGLE_UTILS}, which needs sglang-e2e to have passed") in error, error
+
+        qualified.write_text(entry(plugin="pass", **{"sglang-e2e": "pass"}))
+        code = main(["deploy", "-i", str(inventory), "-H", "h0", "--source", str(snapshot), "--qualified",
+                     str(qualified), "--json"])
+        doc = json.loads(capsys.readouterr().out)
+        assert code == 0, doc
+        assert doc["hosts"]["h0"]["result"]["evidence"] == \
+            "structure ok, hashes drifted, qualified (run 20261201-220000-abcdef)"
+    finally:
+        eagle.write_bytes(original)

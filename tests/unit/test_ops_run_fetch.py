@@ -5,11 +5,11 @@ from __future__ import annotations
 import hashlib
 import io
 import tarfile
-from pathlib import Path
 
 import pytest
 
-from ddtree_ops.run_fetch import SHA256_PAX_KEY, UnsafeMember, held_files, member_relpath, safe_target, unpack_stream
+from ddtree_ops.errors import quoted
+from ddtree_ops.run_fetch import SHA256_PAX_KEY, UnsafeMember, held_files, member_relpath, unpack_stream
 
 
 def tar_of(members: list[tuple[str, bytes, str | None]]) -> io.BytesIO:
@@ -51,26 +51,32 @@ def test_held_files_are_regular_files_with_size_and_sha256(tmp_path):
     ("fifo", tarfile.FIFOTYPE, "not a regular file"),
     ("s", tarfile.SYMTYPE, "is a link"),
     ("h", tarfile.LNKTYPE, "is a link"),
+    ("logs/" + "n" * 256 + "/x", tarfile.REGTYPE, "has a part longer than 255 bytes"),  # no folder can hold it
 ])
 def test_unsafe_members_are_named_and_refused(name, kind, why):
     info = tarfile.TarInfo(name)
     info.type = kind
     with pytest.raises(UnsafeMember, match=why) as err:
         member_relpath(info)
-    assert repr(name) in str(err.value)
+    assert quoted(name) in str(err.value)  # the name, cut short when long
 
 
-def test_safe_target_refuses_a_link_on_the_way(tmp_path):
+def test_a_link_on_the_way_is_refused_and_a_link_at_the_name_is_replaced_never_followed(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
     root = tmp_path / "root"
     (root / "ok").mkdir(parents=True)
-    (root / "hop").symlink_to(tmp_path)
-    assert safe_target(root, "ok/new.txt") == root / "ok" / "new.txt"
-    assert safe_target(root, "fresh/deeper/new.txt") == root / "fresh" / "deeper" / "new.txt"
-    with pytest.raises(UnsafeMember, match="is a link or not a folder"):
-        safe_target(root, "hop/x.txt")
-    (root / "file-link").symlink_to(tmp_path / "victim")
-    with pytest.raises(UnsafeMember, match="is a link or a folder"):
-        safe_target(root, "file-link")
+    (root / "hop").symlink_to(outside)
+    (root / "file-link").symlink_to(outside / "victim")
+    stream = tar_of([("ok/new.txt", b"a", sha(b"a")), ("fresh/deeper/new.txt", b"b", sha(b"b")),
+                     ("file-link", b"c", sha(b"c")), ("hop/x.txt", b"d", sha(b"d"))])
+    outcome = unpack_stream(stream, root)
+    assert outcome.fetched == ["ok/new.txt", "fresh/deeper/new.txt", "file-link"]
+    assert outcome.local_error == f"{root / 'hop'}: a link on the way to a file we write: refused " \
+                                  "(nothing is written through a link)"
+    assert (root / "fresh" / "deeper" / "new.txt").read_bytes() == b"b"
+    assert not (root / "file-link").is_symlink() and (root / "file-link").read_bytes() == b"c"
+    assert list(outside.iterdir()) == []  # nothing written through either link
 
 
 def test_a_member_whose_sha256_differs_is_reported_and_never_lands(tmp_path):

@@ -57,3 +57,35 @@ def test_a_failed_or_missing_stage_earns_nothing():
     found, why = entry_from_run(run_with_plugin_stage(), "h0", ["plugin", "sglang-e2e"], "rel1", "now",
                                 version="0.5.99", hashes=dict(OURS), pinned=PINNED)
     assert found is None and why == "sglang-e2e not_run"
+
+
+def test_changed_code_earns_nothing_without_an_end_to_end_pass():
+    """#49 item 9: pinned code changed (as the host's gate saw it): `plugin` alone, a static
+    check, earns nothing; with sglang-e2e passed too, the entry records both stages."""
+    changed = ["srt/a.py: hooked definitions changed: eagle_sample"]
+    found, why = entry_from_run(run_with_plugin_stage(), "h0", ["plugin"], "rel1", "now", version="0.5.99",
+                                hashes=dict(OURS), pinned=PINNED, code_changed=changed)
+    assert found is None
+    assert why == ("code changed in srt/a.py: hooked definitions changed: eagle_sample: a static check (plugin) "
+                   "cannot vouch for it; sglang-e2e must pass too")
+    run = run_with_plugin_stage()
+    run.hosts["h0"].stages["sglang-e2e"] = StageRecord(stage="sglang-e2e", index=1, status=StageStatus.PASS)
+    found, why = entry_from_run(run, "h0", ["plugin", "sglang-e2e"], "rel1", "now", version="0.5.99",
+                                hashes=dict(OURS), pinned=PINNED, code_changed=changed)
+    assert why == "" and found.stages == {"plugin": "pass", "sglang-e2e": "pass"}
+
+
+def test_recording_an_entry_replaces_a_link_at_the_file_and_never_writes_through_it(tmp_path):
+    """#49: the qualification file is written whole under a temporary name and renamed: a link
+    a co-user put at its name meanwhile is replaced, its target (someone's key file) untouched."""
+    from ddtree_ops.qualification import add_entry, load_file
+
+    path = tmp_path / "sglang-qualified.json"
+    qualified = load_file(path, str(tmp_path / "hosts.yaml"), create=True)  # no file yet
+    victim = tmp_path / "authorized_keys"
+    victim.write_text("ssh-ed25519 AAAA... operator\n")
+    path.symlink_to(victim)
+    found, _ = entry(run_with_plugin_stage(), dict(OURS))
+    add_entry(qualified, found)
+    assert victim.read_text() == "ssh-ed25519 AAAA... operator\n"
+    assert not path.is_symlink() and load_file(path, "").entries == [found]

@@ -197,7 +197,7 @@ def test_a_check_of_a_host_the_run_did_not_select_is_not_made(run):
     ('{"metrics": [{"metric": "a.b", "expected": Infinity}]}', "metrics[0].expected: expected a finite value, got inf"),
     ('{"metrics": [{"metric": "a.b", "expected": 1, "hosts": [1]}]}',
      "metrics[0].hosts: expected a list of host names, got [1]"),
-    ("{not json", "not valid json"),
+    ("{not json", "not valid JSON: Expecting property name"),
 ])
 def test_bad_baselines_name_file_and_entry(tmp_path, content, message):
     path = tmp_path / "base.json"

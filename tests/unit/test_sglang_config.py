@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddtree.sglang.config import DEFAULT_BUDGET, DDTreeConfig, load_config, plugins_filter_problem
+from ddtree.sglang.config import DEFAULT_BUDGET, DDTreeConfig, enable_setting, load_config, plugins_filter_problem
 from ddtree.sglang.errors import PluginConfigError, UnsupportedSetupError
 from ddtree.sglang.hooks import (
     WorkerChoice,
@@ -239,3 +239,21 @@ def test_an_unreadable_defaults_file_is_refused_naming_the_file(tmp_path):
     # DDTREE_ENABLE=0 in the environment keeps an installed plugin harmless even then.
     assert enable_setting({"DDTREE_ENABLE": "0"}, defaults_path=path) is False
     assert enable_setting({}, defaults_path=path) is None
+
+
+def test_a_defaults_file_nested_past_the_stack_is_a_config_error_naming_it(tmp_path):
+    """#49 item 7: json.loads raised RecursionError, which no caller expected."""
+    import os
+
+    path = tmp_path / "ddtree_server_defaults.json"
+    path.write_text("[" * 20_000 + "]" * 20_000)
+    with pytest.raises(PluginConfigError, match=rf"^{path}: unreadable server defaults: nested too deep$"):
+        load_config({"DDTREE_ENABLE": "1"}, defaults_path=path)
+    assert enable_setting({}, defaults_path=path) is None
+    path.write_text("[" * 100_000 + "]" * 100_000)  # the issue's file: too large to read at all
+    with pytest.raises(PluginConfigError, match=r"unreadable server defaults: larger than 65536 bytes$"):
+        load_config({}, defaults_path=path)
+    path.unlink()
+    os.mkfifo(path)  # read as a file, a FIFO would hang the server's start
+    with pytest.raises(PluginConfigError, match=r"unreadable server defaults: not a plain file$"):
+        load_config({}, defaults_path=path)

@@ -88,7 +88,12 @@ def test_a_tampered_hooked_file_is_refused_naming_it(copied_package):
     assert not report.ok and report.structure_ok and not report.pinned
     assert [(f.kind, f.file) for f in report.findings] == [(FindingKind.HASH_MISMATCH, str(worker))]
     assert "dflash_worker_v2.py: hash-mismatch: sha256" in report.findings[0].line()
+    assert report.findings[0].detail.endswith("; comments or formatting only (its code is the pinned code)")
+    assert report.code_changed == []
+    worker.write_text(worker.read_text() + "LOCAL_PATCH = 1\n")  # code, outside the hooked definitions
+    report = run_gate(copied_package)
     assert report.findings[0].detail.endswith("; changed only outside the hooked definitions")
+    assert report.code_changed == ["srt/speculative/dflash_worker_v2.py"]
 
 
 @pytest.mark.slow
@@ -313,3 +318,81 @@ def test_a_tampered_optimized_cache_and_an_unreadable_one_are_found(copied_packa
     assert run_gate(copied_package).findings == []
     optimized.write_bytes(_pyc(hooked, None)[:16] + b"\xff\x00garbage")  # a fresh header, no valid code
     assert [f.kind for f in run_gate(copied_package).findings] == [FindingKind.BYTECODE_MISMATCH]
+
+
+@pytest.mark.slow
+def test_the_gate_reads_each_file_once_and_reports_what_it_read(copied_package, monkeypatch):
+    """Every check of one run sees the same bytes (#49 item 6): a file is read once, hashed,
+    parsed and compiled from those bytes, and `checked_sha256` holds what was read: every
+    pinned and named file and every file the worker's facts read (logits_processor.py among
+    them), as the probe then imports them."""
+    import hashlib
+    import os
+
+    from ddtree.sglang import manifest
+
+    opened: list[str] = []
+    real_open = os.open
+    monkeypatch.setattr(os, "open", lambda path, *a, **k: (opened.append(str(path)), real_open(path, *a, **k))[1])
+    report = run_gate(copied_package)
+    monkeypatch.undo()
+    sources = [p for p in opened if p.endswith(".py")]
+    assert sources and len(sources) == len(set(sources)), [p for p in sources if sources.count(p) > 1][:3]
+    assert report.ok and set(report.file_sha256) <= set(report.checked_sha256)
+    assert "srt/layers/logits_processor.py" in report.checked_sha256
+    for rel, digest in report.checked_sha256.items():
+        assert hashlib.sha256((copied_package / rel).read_bytes()).hexdigest() == digest, rel
+    assert report.to_dict()["checked_sha256"] == report.checked_sha256
+    assert manifest.SOURCE_READ_MAX >= max((copied_package / r).stat().st_size for r in report.checked_sha256)
+
+
+def test_a_fifo_or_an_oversized_file_at_a_pinned_path_is_a_finding_not_a_hang(copied_package, monkeypatch):
+    import os
+
+    from ddtree.sglang import manifest
+
+    import threading
+
+    pinned = copied_package / "srt/speculative/spec_info.py"
+    pinned.unlink()
+    os.mkfifo(pinned)  # opened for reading, a FIFO with no writer would block for ever
+    reports: list[gate.GateReport] = []
+    worker = threading.Thread(target=lambda: reports.append(run_gate(copied_package)), daemon=True)
+    worker.start()
+    worker.join(timeout=120)  # a wide margin: the gate takes about a second
+    assert reports, "the gate blocked on a FIFO at a pinned path"
+    report = reports[0]
+    assert f"{pinned}: missing-file: not a plain file" in [f.line() for f in report.findings]
+    pinned.unlink()
+    pinned.write_bytes(b"x = 1\n" * 100)
+    monkeypatch.setattr(manifest, "SOURCE_READ_MAX", 64)
+    report = run_gate(copied_package)
+    assert any(f.line().startswith(f"{pinned}: missing-file: larger than 64 bytes") for f in report.findings)
+
+
+@pytest.mark.parametrize("text", ["x = " + "+".join(["a"] * 200_000), "x = " + "-" * 200_000 + "a"])
+def test_a_checked_file_nested_past_the_parser_is_a_finding_not_a_crash(copied_package, text):
+    """A hostile host's 'SGLang file' that ast.parse cannot take (RecursionError, MemoryError)
+    is an unparsable file like any other, on the host and where the operator side reads it."""
+    named = copied_package / "srt/speculative/dflash_utils.py"
+    named.write_text(text + "\n")
+    report = run_gate(copied_package)
+    assert not report.structure_ok
+    lines = [f.line() for f in report.findings]
+    assert f"{named}: unparsable: nested too deep to parse" in lines, lines
+    assert str(named) in {f.file for f in report.findings if f.kind is FindingKind.HASH_MISMATCH}
+
+
+def test_version_files_a_host_can_forge_read_as_no_version(copied_package):
+    """A dist-info METADATA that is a FIFO, a _version.py that does not parse or whose
+    __version__ is not a literal: the version is unreadable (a finding), never a hang or a crash."""
+    import os
+
+    metadata = next(copied_package.parent.glob("sglang-*.dist-info")) / "METADATA"
+    metadata.unlink()
+    os.mkfifo(metadata)
+    for text in ("__version__ = (", "__version__ = make_version()", "__version__ = " + "(" * 150 + "1" + ")" * 150):
+        (copied_package / "_version.py").write_text(text + "\n")
+        assert gate.read_installed_version(copied_package) is None, text
+    (copied_package / "_version.py").write_text('__version__ = "0.5.23"\n')
+    assert gate.read_installed_version(copied_package) == "0.5.23"

@@ -219,3 +219,90 @@ def test_a_bad_variable_with_the_plugin_off_leaves_the_server_alone():
     # an unreadable DDTREE_ENABLE says nothing about intent: it stops the server
     result = _load({"DDTREE_ENABLE": "maybe"})
     assert result["error"] == "PluginConfigError: DDTREE_ENABLE: expected one of 1/0/true/false/yes/no/on/off, got 'maybe'"
+
+
+# register() failing for a reason of its own: one of its modules cannot import (as a broken
+# install or a missing dependency would make it). SGLang's load_plugins() catches and only
+# logs what a plugin raises (sglang/srt/plugins/__init__.py:131-137 in 0.5.23).
+BROKEN_TARGETS = "import sys\nsys.modules['ddtree.sglang.targets'] = None\n"
+LOAD_ONLY = BYPASS_SGLANG_INIT + BROKEN_TARGETS + """
+from sglang.srt.plugins import load_plugins
+from sglang.srt.plugins.hook_registry import HookRegistry
+load_plugins()
+print("SERVING", sorted(HookRegistry._hooks))
+"""
+
+
+@pytest.mark.slow
+def test_any_failure_of_register_stops_a_strict_server_with_one_line():
+    """#49 item 7: in strict mode (the default) a register() that fails stops the process at
+    SGLang's own load_plugins(), naming the failure; the server never serves plain DFlash."""
+    done = run_python(LOAD_ONLY, env={"DDTREE_ENABLE": "1", "DDTREE_STRICT": "1"})
+    assert done.returncode != 0 and "SERVING" not in done.stdout, done.stdout
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ddtree.sglang.errors.PluginRegisterError: DDTree plugin: register() failed: "
+                           "ModuleNotFoundError: import of ddtree.sglang.targets halted"), last
+    assert last.endswith("(DDTREE_STRICT=1: stopping instead of serving plain DFlash; DDTREE_STRICT=0 serves "
+                         "without DDTree)")
+
+
+@pytest.mark.slow
+def test_a_failed_register_with_strict_off_serves_without_ddtree_and_says_so():
+    done = run_python(LOAD_ONLY, env={"DDTREE_ENABLE": "1", "DDTREE_STRICT": "0"})
+    assert done.returncode == 0 and "SERVING []" in done.stdout, done.stderr[-2000:]
+    assert "DDTree plugin: register() failed: ModuleNotFoundError" in done.stderr
+    assert "(DDTREE_STRICT=0: serving without DDTree)" in done.stderr
+    done = run_python(LOAD_ONLY, env={})  # not enabled: nothing to stop, nothing said loudly
+    assert done.returncode == 0 and "SERVING []" in done.stdout, done.stderr[-2000:]
+
+
+# register() failing half-way through its hooks: SGLang's registry refuses the second one.
+SECOND_HOOK_REFUSED = BYPASS_SGLANG_INIT + """
+from sglang.srt.plugins.hook_registry import HookRegistry
+real, calls = HookRegistry.register.__func__, []
+def register_twice_at_most(cls, *args, **kwargs):
+    calls.append(args[0])
+    if len(calls) == 2:
+        raise RuntimeError("registry full")
+    return real(cls, *args, **kwargs)
+HookRegistry.register = classmethod(register_twice_at_most)
+from sglang.srt.plugins import load_plugins
+load_plugins()
+print("SERVING", sorted(HookRegistry._hooks), len(calls))
+"""
+
+
+@pytest.mark.slow
+def test_a_register_that_failed_half_way_leaves_no_hook_of_ours_when_not_strict():
+    """DDTREE_STRICT=0 goes on without DDTree: with none of its hooks (H1 alone would resize
+    the verify for a worker that is not ours), not with the ones registered before the failure."""
+    done = run_python(SECOND_HOOK_REFUSED, env={"DDTREE_ENABLE": "1", "DDTREE_STRICT": "0"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "SERVING [] 2"
+    assert "register() failed: RuntimeError: registry full (DDTREE_STRICT=0: serving without DDTree)" in done.stderr
+    done = run_python(SECOND_HOOK_REFUSED, env={"DDTREE_ENABLE": "1"})  # strict, the default
+    assert done.returncode != 0 and "SERVING" not in done.stdout
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "ddtree.sglang.errors.PluginRegisterError: DDTree plugin: register() failed: RuntimeError: registry full")
+
+
+@pytest.mark.slow
+def test_the_probe_imports_nothing_of_an_sglang_other_than_the_one_the_gate_checked(tmp_path):
+    """A gate report about one SGLang folder, a probe whose interpreter would import SGLang from
+    another: nothing is imported (the gate's hashes are about other files)."""
+    import subprocess
+    import sys
+
+    from ddtree.sglang.gate import run_gate
+    from sglang_plugin.dist import sglang_site
+
+    report = run_gate(sglang_site() / "sglang").to_dict()
+    report["package_dir"] = str(tmp_path / "elsewhere" / "sglang")
+    done = subprocess.run(
+        [sys.executable, "-m", "ddtree.sglang.probe", "--gate-report", "-", "--require-gate-ok"],
+        input=json.dumps(report), capture_output=True, text=True, timeout=300,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(sglang_site())})
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert done.returncode == 1 and result["verdict"] == "failed" and result["self_check"] is None, result
+    assert result["reasons"][-1] == (f"the gate checked sglang at {report['package_dir']}, but this interpreter "
+                                     f"imports it from {sglang_site() / 'sglang'}: its files were not imported")

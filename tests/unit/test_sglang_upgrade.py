@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ddtree.sglang import gate, manifest_tool, structure
-from ddtree.sglang.diff import Change, diff_installations
+from ddtree.sglang.diff import Change, diff_installations, hooked_files
 from ddtree.sglang.gate import Evidence, FindingKind, run_gate
 from ddtree_ops.hostside.sglang_install import gate_refusal
 from ddtree.sglang.manifest import Manifest
@@ -55,8 +55,10 @@ def commented_copy(tmp_path) -> tuple[Path, Path]:
     return package, hooked
 
 
-def qualification_for(report: gate.GateReport, run: str = "20261201-220000-abcd") -> Qualification:
-    return Qualification(sglang=report.version or "", files=report.file_sha256, run=run, host="h0")
+def qualification_for(report: gate.GateReport, run: str = "20261201-220000-abcd", **stages: str) -> Qualification:
+    """An entry for the report's files; `stages` as recorded (default: plugin and sglang-e2e passed)."""
+    return Qualification(sglang=report.version or "", files=report.file_sha256, run=run, host="h0",
+                         stages=stages or {"plugin": "pass", "sglang-e2e": "pass"})
 
 
 def test_the_upstream_evidence_for_each_differing_hook(old_package, new_package):
@@ -175,10 +177,10 @@ def test_a_comment_in_a_hooked_file_is_structure_ok_hashes_drifted_not_qualified
     assert report.verdict() == "structure ok, hashes drifted, not qualified"
     (finding,) = report.findings
     assert (finding.kind, finding.file) == (FindingKind.HASH_MISMATCH, str(hooked))
-    assert finding.detail.endswith("; changed only outside the hooked definitions")
+    assert finding.detail.endswith("; comments or formatting only (its code is the pinned code)")
     refusal = gate_refusal(report.to_dict())
     assert refusal == (f"sglang 0.5.23: structure ok, hashes drifted, not qualified: 1 pinned file(s) differ from "
-                       f"sglang 0.5.23: {hooked}: changed only outside the hooked definitions; qualify it with "
+                       f"sglang 0.5.23: {hooked}: comments or formatting only (its code is the pinned code); qualify it with "
                        f"`ddtree-ops sglang qualify`, or --force deploys anyway (recorded)")
 
 
@@ -201,6 +203,27 @@ def test_a_qualification_with_the_same_hashes_vouches_for_the_drift(commented_co
     assert run_gate(package, qualifications=[other_version]).qualified_by is None
     hooked.write_text(hooked.read_text() + "# and one more line\n")  # not what was qualified
     assert run_gate(package, qualifications=[entry]).qualified_by is None
+
+
+@pytest.mark.slow
+def test_a_static_qualification_vouches_only_for_unchanged_code(commented_copy):
+    """#49 item 9: an entry whose run passed only `plugin` (a static check) vouches for a build
+    whose pinned files differ in comments alone; once code changed, only an entry whose
+    sglang-e2e passed does, and the refusal says why."""
+    package, hooked = commented_copy
+    static = qualification_for(run_gate(package), plugin="pass")
+    assert run_gate(package, qualifications=[static]).ok  # a comment: the code is the pinned code
+    hooked.write_text(hooked.read_text().replace("    # reviewed locally\n", "    attn_backend = attn_backend\n"))
+    report = run_gate(package)
+    assert report.code_changed == ["srt/speculative/dflash_utils.py"]
+    static = qualification_for(report, plugin="pass")
+    refused = run_gate(package, qualifications=[static])
+    assert refused.qualified_by is None and not refused.ok
+    assert refused.qualification_note == (
+        f"the qualification by run {static.run} (plugin pass) does not vouch for it: code changed in "
+        "srt/speculative/dflash_utils.py, which needs sglang-e2e to have passed (a GPU host, or the CPU test server)")
+    assert refused.qualification_note in gate_refusal(refused.to_dict())
+    assert run_gate(package, qualifications=[qualification_for(report)]).ok
 
 
 @pytest.mark.slow
@@ -273,6 +296,12 @@ def test_diff_by_hook_between_0_5_22_and_0_5_23(old_package, new_package):
     signature_changes = {h.qualname for h in by_name.values() if h.change is Change.SIGNATURE}
     assert signature_changes == {"draft_tp_context", "KVIndexTranslator.plan", "DFlashVerifyInput.prepare_for_verify"}
     assert json.loads(json.dumps(result.to_dict()))["version_b"] == SGLANG_VERSION
+    # #49 item 10: every file the gate checks is covered, not only the pinned and named ones:
+    # logits_processor.py is read by the worker's facts (LogitsProcessor.is_deferred_shard, ...)
+    states = {f.file: (f.state, f.checked_as.value) for f in result.files}
+    assert states["srt/layers/logits_processor.py"] == ("changed", "worker facts")
+    checked = set(run_gate(old_package).checked_sha256) | set(run_gate(new_package).checked_sha256)
+    assert checked <= set(states)
 
 
 @pytest.mark.slow
@@ -282,3 +311,37 @@ def test_diff_of_a_comment_touches_no_hook(commented_copy, new_package):
     changed = [f for f in result.files if f.state == "changed"]
     assert [f.file for f in changed] == ["srt/speculative/dflash_utils.py"]
     assert changed[0].hooks_touched == [] and changed[0].elsewhere == [] and result.hooks_touched == []
+
+
+@pytest.mark.slow
+def test_diff_names_a_changed_file_that_only_the_worker_facts_read(tmp_path, new_package, capsys):
+    """A file neither pinned nor named (tp_worker.py, whose forward_batch_generation the worker
+    calls with keywords) changes: `sglang diff` names it and what changed in it."""
+    from ddtree_ops.cli.app import main
+
+    package = copy_gate_files(tmp_path / "site-packages")
+    changed = package / "srt/managers/tp_worker.py"
+    assert "srt/managers/tp_worker.py" not in hooked_files(newest(SUPPORTED))
+    changed.write_text(changed.read_text() + "\n\ndef added_by_a_patch():\n    return 1\n")
+    assert main(["sglang", "diff", str(new_package), str(package)]) == 0
+    out = capsys.readouterr().out
+    assert "  srt/managers/tp_worker.py (worker facts): changed: 0 of 0 hooked definitions, 1 other definitions" in out
+    assert "    elsewhere: added_by_a_patch" in out
+
+
+def test_diff_reads_a_fifo_or_a_huge_file_as_unreadable_never_hangs(tmp_path, new_package):
+    import os
+    import threading
+
+    package = copy_gate_files(tmp_path / "site-packages")
+    pinned = package / "srt/speculative/spec_info.py"
+    pinned.unlink()
+    os.mkfifo(pinned)
+    results: list = []
+    worker = threading.Thread(target=lambda: results.append(diff_installations(new_package, package,
+                                                                                newest(SUPPORTED))), daemon=True)
+    worker.start()
+    worker.join(timeout=120)  # wide: a diff takes a few seconds
+    assert results, "sglang diff blocked on a FIFO"
+    states = {f.file: f.state for f in results[0].files}
+    assert states["srt/speculative/spec_info.py"] == "unreadable in B: not a plain file"

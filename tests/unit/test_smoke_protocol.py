@@ -96,7 +96,8 @@ def test_smoke_package_imports_only_ddtree_stdlib_and_torch():
     # sglang_ddtree_utils: the seed script's own import line, carried as text by `golden`
     allowed = set(sys.stdlib_module_names) | {"torch", "ddtree", "ddtree_ops", "sglang_ddtree_utils"}
     pattern = re.compile(r"^\s*(?:import|from)\s+([a-zA-Z_]+)", re.M)
-    mine = ["__init__.py", "protocol.py", "release_check.py", "runner.py", "signals.py", "stage_output.py", "stages/__init__.py", "stages/env.py",
+    mine = ["__init__.py", "protocol.py", "release_check.py", "runner.py", "safe_write.py", "signals.py", "stage_output.py",
+            "stages/__init__.py", "stages/env.py",
             "stages/import.py", "stages/golden.py", "stages/invariants.py",
             "stages/tree_bench.py", "stages/lossless.py", "stages/lossless_full.py",
             "stages/decode_bench.py"]

@@ -177,7 +177,7 @@ def release(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("release")
     (root / "ddtree_ops" / "hostside" / "stages").mkdir(parents=True)
     shutil.copy(REPO / "ddtree_ops" / "__init__.py", root / "ddtree_ops" / "__init__.py")
-    for name in ("__init__.py", "agent.py", "protocol.py", "release_check.py", "runner.py", "signals.py",
+    for name in ("__init__.py", "agent.py", "protocol.py", "release_check.py", "runner.py", "safe_write.py", "signals.py",
                  "stage_output.py"):
         shutil.copy(REPO / "ddtree_ops" / "hostside" / name, root / "ddtree_ops" / "hostside" / name)
     shutil.copy(REPO / "ddtree_ops" / "hostside" / "stages" / "__init__.py", root / "ddtree_ops" / "hostside" / "stages")
@@ -231,6 +231,28 @@ def test_passing_stage_streams_records_and_writes_them_on_the_host(release, tmp_
     summary = json.loads((run_dir / "run.json").read_text())
     assert summary["status"] == "pass" and summary["counts"]["pass"] == 1
     assert not (run_dir / "runner.pid").exists()
+
+
+def test_the_runner_writes_nothing_through_a_linked_run_folder_or_record(release, tmp_path):
+    """#49: the host side's writes follow no link below the workdir either (hostside.safe_write):
+    a linked run folder is refused in one line; a link at a record's name is replaced."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "r1").symlink_to(outside)
+    code, records, stderr = run_runner(release, tmp_path, "ok")
+    assert (code, records) == (2, [])
+    assert stderr.strip() == f"runner: {tmp_path / 'runs' / 'r1'}: a link on the way to a file we write: refused " \
+                             "(nothing is written through a link)"
+    assert list(outside.iterdir()) == []
+    (tmp_path / "runs" / "r1").unlink()
+    (tmp_path / "runs" / "r1" / "stages").mkdir(parents=True)
+    victim = outside / "victim.json"
+    victim.write_text("operator's\n")
+    (tmp_path / "runs" / "r1" / "stages" / "ok.json").symlink_to(victim)
+    code, records, _ = run_runner(release, tmp_path, "ok")
+    assert code == 0 and victim.read_text() == "operator's\n"
+    assert json.loads((tmp_path / "runs" / "r1" / "stages" / "ok.json").read_text()) == ends(records)["ok"]
 
 
 def test_failed_stage_stops_the_run_and_the_rest_is_not_run(release, tmp_path):

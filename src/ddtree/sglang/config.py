@@ -98,13 +98,40 @@ def _parse_int(env: Mapping[str, str], name: str, default: int, lo: int, hi: int
     return value
 
 
-def read_server_defaults(path: Path = DEFAULTS_PATH) -> dict[str, str]:
-    """The deployed defaults file's variables ({} when there is none); a malformed file, an
-    unknown variable or a bad value raises PluginConfigError naming the file."""
+DEFAULTS_READ_MAX = 1 << 16  # bytes; deploy writes a few hundred
+
+
+def _read_defaults_text(path: Path) -> str | None:
+    """The defaults file's text, None when there is none; OSError/ValueError when it is not a
+    plain file of at most DEFAULTS_READ_MAX bytes of UTF-8 (a FIFO must not hang the server)."""
+    import stat
+
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
-        return {}
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError("not a plain file")
+        data = os.read(fd, DEFAULTS_READ_MAX + 1)
+    finally:
+        os.close(fd)
+    if len(data) > DEFAULTS_READ_MAX:
+        raise ValueError(f"larger than {DEFAULTS_READ_MAX} bytes")
+    return data.decode("utf-8")
+
+
+def read_server_defaults(path: Path = DEFAULTS_PATH) -> dict[str, str]:
+    """The deployed defaults file's variables ({} when there is none); a malformed file (one
+    nested past Python's stack included), an unknown variable or a bad value raises
+    PluginConfigError naming the file."""
+    try:
+        text = _read_defaults_text(path)
+        if text is None:
+            return {}
+        document = json.loads(text)
+    except RecursionError:
+        raise PluginConfigError(f"{path}: unreadable server defaults: nested too deep") from None
     except (OSError, ValueError) as err:
         raise PluginConfigError(f"{path}: unreadable server defaults: {err}") from None
     variables = document.get("variables") if isinstance(document, dict) else None
@@ -126,6 +153,13 @@ def _with_defaults(env: Mapping[str, str], defaults_path: Path) -> dict[str, str
     merged = read_server_defaults(defaults_path)
     merged.update({k: v for k, v in env.items() if k not in merged or v.strip() != ""})
     return merged
+
+
+def strict_setting(env: Mapping[str, str] | None = None) -> bool:
+    """DDTREE_STRICT as the environment sets it, for when the rest of the config cannot be
+    read: strict unless plainly off there (the defaults file may be what is broken)."""
+    raw = (os.environ if env is None else env).get(ENV_STRICT, "").strip().lower()
+    return raw not in _FALSE
 
 
 def enable_setting(env: Mapping[str, str] | None = None, defaults_path: Path = DEFAULTS_PATH) -> bool | None:

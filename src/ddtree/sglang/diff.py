@@ -1,9 +1,11 @@
-"""What changed between two SGLang installations in the files the plugin hooks, by hook.
+"""What changed between two SGLang installations in the files the gate checks, by hook.
 
-For each file a shipped manifest pins or names: unchanged, or changed and how: each hooked
-definition whose signature or code changed (code: its syntax tree, so comments and
-formatting do not count), and the other definitions of that file that changed. A reviewer
-sees at a glance whether an upgrade touches what the plugin depends on. Stdlib only.
+For every file the gate reads in either installation (the files a shipped manifest pins or
+names, and those the worker's structural facts read, such as logits_processor.py):
+unchanged, or changed and how: each hooked definition whose signature or code changed (code:
+its syntax tree, so comments and formatting do not count), and the other definitions of that
+file that changed. A reviewer sees at a glance whether an upgrade touches what the plugin
+depends on. Stdlib only.
 """
 from __future__ import annotations
 
@@ -17,10 +19,9 @@ from ddtree.sglang.gate import read_installed_version
 from ddtree.sglang.manifest import (
     Manifest,
     NameKind,
+    SourceSnapshot,
     definition_digest,
     find_definition,
-    parse_file,
-    sha256_file,
     signature_from_ast,
 )
 
@@ -40,12 +41,21 @@ class HookChange:
     detail: str = ""
 
 
+class CheckedAs(Enum):
+    """How the gate checks a file (the first that applies)."""
+
+    PINNED = "pinned"  # its sha256 is pinned
+    NAMED = "hooked names"  # names the plugin hooks or calls are checked in it
+    WORKER_FACTS = "worker facts"  # the worker's structural facts read it
+
+
 @dataclass
 class FileDiff:
     file: str
-    state: str  # "same", "changed", "only in A", "only in B", "in neither"
+    state: str  # "same", "changed", "only in A", "only in B", "in neither", "unreadable in A: why" (or B)
     hooks: list[HookChange] = field(default_factory=list)
     elsewhere: list[str] = field(default_factory=list)  # other definitions that changed
+    checked_as: CheckedAs = CheckedAs.PINNED
 
     @property
     def hooks_touched(self) -> list[HookChange]:
@@ -67,7 +77,7 @@ class SglangDiff:
     def to_dict(self) -> dict[str, Any]:
         return {"a": self.a, "b": self.b, "version_a": self.version_a, "version_b": self.version_b,
                 "hooks_touched": self.hooks_touched,
-                "files": [{"file": f.file, "state": f.state, "elsewhere": f.elsewhere,
+                "files": [{"file": f.file, "state": f.state, "checked_as": f.checked_as.value, "elsewhere": f.elsewhere,
                            "hooks": [{"name": h.qualname, "change": h.change.value, "detail": h.detail}
                                      for h in f.hooks]} for f in self.files]}
 
@@ -90,9 +100,9 @@ def definitions(tree: ast.Module) -> dict[str, ast.AST]:
     return found
 
 
-def _parse(path: Path) -> ast.Module | None:
+def _parse(files: SourceSnapshot, rel: str) -> ast.Module | None:
     try:
-        return parse_file(path)
+        return files.tree(rel)
     except (OSError, SyntaxError, UnicodeDecodeError):
         return None
 
@@ -119,15 +129,21 @@ def _hook_change(tree_a: ast.Module, tree_b: ast.Module, qualname: str, kind: Na
     return HookChange(qualname, Change.SAME)
 
 
-def diff_file(a: Path, b: Path, rel: str, manifest: Manifest) -> FileDiff:
-    path_a, path_b = a / rel, b / rel
-    if not path_a.is_file() or not path_b.is_file():
-        state = "in neither" if not (path_a.is_file() or path_b.is_file()) else \
-            "only in B" if path_b.is_file() else "only in A"
-        return FileDiff(rel, state)
-    if sha256_file(path_a) == sha256_file(path_b):
+def diff_file(a: Path, b: Path, rel: str, manifest: Manifest,
+              files_a: SourceSnapshot | None = None, files_b: SourceSnapshot | None = None) -> FileDiff:
+    """How `rel` differs between the installations `a` and `b` (read through SourceSnapshot:
+    a FIFO, a device or a huge file is unreadable, never a hang)."""
+    files_a, files_b = files_a or SourceSnapshot(a), files_b or SourceSnapshot(b)
+    why_a, why_b = files_a.unreadable(rel), files_b.unreadable(rel)
+    if why_a == why_b == "not found":
+        return FileDiff(rel, "in neither")
+    if why_a == "not found" or why_b == "not found":
+        return FileDiff(rel, "only in B" if why_a else "only in A")
+    if why_a or why_b:
+        return FileDiff(rel, f"unreadable in {'A' if why_a else 'B'}: {why_a or why_b}")
+    if files_a.sha256(rel) == files_b.sha256(rel):
         return FileDiff(rel, "same")
-    tree_a, tree_b = _parse(path_a), _parse(path_b)
+    tree_a, tree_b = _parse(files_a, rel), _parse(files_b, rel)
     if tree_a is None or tree_b is None:
         return FileDiff(rel, "changed", elsewhere=["(a file does not parse)"])
     required = [r for r in manifest.names if r.file == rel]
@@ -147,7 +163,27 @@ def hooked_files(manifest: Manifest) -> list[str]:
     return list(dict.fromkeys([*manifest.file_sha256, *(r.file for r in manifest.names)]))
 
 
+def checked_files(a: Path, b: Path, manifest: Manifest) -> dict[str, CheckedAs]:
+    """Every file the gate reads in `a` or in `b` (pinned and named files first, in the
+    manifest's order, then the worker's facts' files by name), and how it checks each."""
+    from ddtree.sglang.gate import run_gate
+
+    found = {rel: CheckedAs.PINNED for rel in manifest.file_sha256}
+    for rel in hooked_files(manifest):
+        found.setdefault(rel, CheckedAs.NAMED)
+    read = set()
+    for package in (a, b):
+        read |= set(run_gate(package, {manifest.sglang_version: manifest}).checked_sha256)
+    for rel in sorted(read):
+        found.setdefault(rel, CheckedAs.WORKER_FACTS)
+    return found
+
+
 def diff_installations(a: Path, b: Path, manifest: Manifest) -> SglangDiff:
     """`a`, `b`: two `sglang` package directories."""
-    return SglangDiff(str(a), str(b), read_installed_version(a), read_installed_version(b),
-                      [diff_file(a, b, rel, manifest) for rel in hooked_files(manifest)])
+    files, files_a, files_b = [], SourceSnapshot(a), SourceSnapshot(b)
+    for rel, checked_as in checked_files(a, b, manifest).items():
+        diff = diff_file(a, b, rel, manifest, files_a, files_b)
+        diff.checked_as = checked_as
+        files.append(diff)
+    return SglangDiff(str(a), str(b), read_installed_version(a), read_installed_version(b), files)

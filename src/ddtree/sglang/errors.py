@@ -16,3 +16,8 @@ class UnsupportedSetupError(DDTreePluginError, ValueError):
 
 class HookSelfCheckError(DDTreePluginError):
     """A hook did not take, or a name we rely on is missing: raised in strict mode."""
+
+
+class PluginRegisterError(DDTreePluginError):
+    """register() failed for a reason of its own (not a DDTREE_* value): raised, in strict
+    mode, where SGLang's load_plugins() does not catch it."""

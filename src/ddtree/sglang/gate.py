@@ -29,11 +29,13 @@ from ddtree.sglang.manifest import (
     PARSED_TEXTS_KEPT,
     Manifest,
     RequiredName,
+    SourceSnapshot,
     definition_digest,
     describe_static,
     find_definition,
-    parse_file,
-    sha256_file,
+    module_digest,
+    parse_text,
+    read_plain_file,
     version_key,
 )
 from ddtree.sglang.manifests import newest
@@ -85,6 +87,13 @@ class GateReport:
     findings: list[GateFinding] = field(default_factory=list)
     file_sha256: dict[str, str] = field(default_factory=dict)  # the pinned files as installed
     qualified_by: dict[str, Any] | None = None  # the qualification entry that vouches for drifted pins
+    # every file the gate read (pinned, named, the worker's facts), as it read it: the probe
+    # imports these files only from bytes with these hashes
+    checked_sha256: dict[str, str] = field(default_factory=dict)
+    # pinned files whose code (not only comments or layout) differs from the manifest's: a
+    # qualification of such a build needs an end-to-end pass (QUALIFICATION_NEEDS_E2E)
+    code_changed: list[str] = field(default_factory=list)
+    qualification_note: str | None = None  # why a matching qualification entry does not vouch
 
     def of(self, evidence: Evidence) -> list[GateFinding]:
         return [f for f in self.findings if f.kind.evidence is evidence]
@@ -133,6 +142,9 @@ class GateReport:
             "manifest_version": self.manifest_version,
             "broken_hooks": self.broken_hooks,
             "file_sha256": self.file_sha256,
+            "checked_sha256": self.checked_sha256,
+            "code_changed": self.code_changed,
+            "qualification_note": self.qualification_note,
             "findings": [
                 {"kind": f.kind.value, "evidence": f.kind.evidence.value, "file": f.file, "detail": f.detail,
                  "name": f.name}
@@ -154,19 +166,25 @@ def _metadata_field(text: str, name: str) -> str | None:
 def read_installed_version(package_dir: Path) -> str | None:
     """The version of the sglang distribution that owns `package_dir`, read from files."""
     for dist in sorted(package_dir.parent.glob("sglang-*.dist-info")):
-        metadata = dist / "METADATA"
-        if metadata.is_file():
-            text = metadata.read_text(encoding="utf-8", errors="replace")
-            if (_metadata_field(text, "Name") or "").lower() == "sglang":
-                return _metadata_field(text, "Version")
-    version_file = package_dir / "_version.py"
-    if version_file.is_file():
-        tree = ast.parse(version_file.read_text(encoding="utf-8"))
+        try:
+            text = read_plain_file(dist / "METADATA").decode("utf-8", errors="replace")
+        except OSError:
+            continue  # absent, not a plain file, too large: not a distribution to read
+        if (_metadata_field(text, "Name") or "").lower() == "sglang":
+            return _metadata_field(text, "Version")
+    try:
+        tree = parse_text(read_plain_file(package_dir / "_version.py").decode("utf-8", errors="replace"))
+    except (OSError, SyntaxError):
+        tree = None
+    if tree is not None:
         for stmt in tree.body:
             if isinstance(stmt, ast.Assign) and any(
                 isinstance(t, ast.Name) and t.id == "__version__" for t in stmt.targets
             ):
-                value = ast.literal_eval(stmt.value)
+                try:
+                    value = ast.literal_eval(stmt.value)
+                except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+                    return None  # not a literal: no version we can read
                 return value if isinstance(value, str) else None
     return None
 
@@ -185,13 +203,26 @@ def _changed_definitions(tree: ast.Module | None, names: list[RequiredName]) -> 
         or definition_digest(node) != r.ast_sha256)]
 
 
-def drift_detail(path: Path, manifest: Manifest, rel: str) -> str:
+def code_unchanged(files: SourceSnapshot, manifest: Manifest, rel: str) -> bool:
+    """Whether a pinned file's code is the manifest's (only comments or layout differ). False
+    when unsure: no digest in the manifest, an unparsable file, or another Python whose syntax
+    trees print differently from the one that made the manifest (3.11)."""
+    expected = manifest.file_ast_sha256.get(rel)
+    try:
+        return expected is not None and module_digest(files.tree(rel)) == expected
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return False
+
+
+def drift_detail(files: SourceSnapshot, manifest: Manifest, rel: str) -> str:
     """Where a drifted file changed: in the definitions the plugin hooks, or elsewhere."""
+    if code_unchanged(files, manifest, rel):
+        return "comments or formatting only (its code is the pinned code)"
     hooked = [r for r in manifest.names if r.file == rel]
     if not hooked:
         return "no hooked definition in this file"
     try:
-        tree: ast.Module | None = parse_file(path)
+        tree: ast.Module | None = files.tree(rel)
     except (OSError, SyntaxError, UnicodeDecodeError):
         tree = None
     changed = _changed_definitions(tree, hooked)
@@ -200,38 +231,43 @@ def drift_detail(path: Path, manifest: Manifest, rel: str) -> str:
     return "changed only outside the hooked definitions"
 
 
-def check_files(package_dir: Path, manifest: Manifest) -> tuple[list[GateFinding], dict[str, str]]:
+def check_files(package_dir: Path, manifest: Manifest,
+                files: SourceSnapshot | None = None) -> tuple[list[GateFinding], dict[str, str]]:
+    files = files or SourceSnapshot(package_dir)
     findings: list[GateFinding] = []
     hashes: dict[str, str] = {}
     for rel, expected in manifest.file_sha256.items():
         path = package_dir / rel
-        if not path.is_file():
-            findings.append(GateFinding(FindingKind.MISSING_FILE, str(path), "not found", rel))
+        why = files.unreadable(rel)
+        if why is not None:
+            findings.append(GateFinding(FindingKind.MISSING_FILE, str(path), why, rel))
             continue
-        actual = hashes[rel] = sha256_file(path)
+        actual = hashes[rel] = files.sha256(rel)
         if actual != expected:
             findings.append(
                 GateFinding(
                     FindingKind.HASH_MISMATCH,
                     str(path),
                     f"sha256 {actual[:16]}..., sglang {manifest.sglang_version} has {expected[:16]}...; "
-                    + drift_detail(path, manifest, rel),
+                    + drift_detail(files, manifest, rel),
                 )
             )
     return findings, hashes
 
 
-def check_names(package_dir: Path, manifest: Manifest) -> list[GateFinding]:
+def check_names(package_dir: Path, manifest: Manifest, files: SourceSnapshot | None = None) -> list[GateFinding]:
+    files = files or SourceSnapshot(package_dir)
     findings: list[GateFinding] = []
     parsed: dict[str, ast.Module | None] = {}
     for required in manifest.names:
         path = package_dir / required.file
         if required.file not in parsed:
             try:
-                parsed[required.file] = parse_file(path)
-            except FileNotFoundError:
+                parsed[required.file] = files.tree(required.file)
+            except OSError:
                 parsed[required.file] = None
-                findings.append(GateFinding(FindingKind.MISSING_FILE, str(path), "not found", required.file))
+                findings.append(GateFinding(FindingKind.MISSING_FILE, str(path), files.unreadable(required.file) or
+                                            "not found", required.file))
             except (SyntaxError, UnicodeDecodeError) as err:
                 parsed[required.file] = None
                 findings.append(GateFinding(FindingKind.UNPARSABLE, str(path), str(err), required.file))
@@ -272,7 +308,7 @@ def _compiled(source: bytes, level: int) -> types.CodeType:
     return compile(source, "<gated>", "exec", dont_inherit=True, optimize=level)
 
 
-def check_bytecode(package_dir: Path, manifest: Manifest) -> list[GateFinding]:
+def check_bytecode(package_dir: Path, manifest: Manifest, files: SourceSnapshot | None = None) -> list[GateFinding]:
     """The gate reads sources, but Python runs a cached .pyc when its header says it is fresh
     (and never looks at the source again): each gated file's caches that would run must hold
     exactly the code its source compiles to. Code objects compare by bytecode, constants,
@@ -280,14 +316,15 @@ def check_bytecode(package_dir: Path, manifest: Manifest) -> list[GateFinding]:
     import importlib.util
     import marshal
 
+    files = files or SourceSnapshot(package_dir)
     findings: list[GateFinding] = []
     if sys.implementation.cache_tag is None:
         return findings  # this interpreter neither writes nor reads bytecode caches
     for rel in sorted(set(manifest.file_sha256) | {r.file for r in manifest.names}):
         path = package_dir / rel
-        if not path.is_file():
+        if not files.is_file(rel):
             continue  # reported by the other checks
-        source = path.read_bytes()
+        source = files.read(rel)
         for tag, level in OPTIMIZATION_LEVELS:
             cache = Path(importlib.util.cache_from_source(str(path), optimization=tag))
             try:
@@ -298,7 +335,7 @@ def check_bytecode(package_dir: Path, manifest: Manifest) -> list[GateFinding]:
                 continue  # stale or foreign: Python recompiles from the (gated) source
             try:
                 same = marshal.loads(pyc[16:]) == _compiled(source, level)
-            except (ValueError, EOFError, TypeError, SyntaxError):
+            except (ValueError, EOFError, TypeError, SyntaxError, RecursionError, MemoryError):
                 same = False
             if not same:
                 findings.append(GateFinding(FindingKind.BYTECODE_MISMATCH, str(cache),
@@ -307,11 +344,12 @@ def check_bytecode(package_dir: Path, manifest: Manifest) -> list[GateFinding]:
     return findings
 
 
-def check_worker_facts(package_dir: Path, worker: str | None, tree_round: str | None = None) -> list[GateFinding]:
+def check_worker_facts(package_dir: Path, worker: str | None, tree_round: str | None = None,
+                       files: SourceSnapshot | None = None) -> list[GateFinding]:
     if worker is None:
         return [GateFinding(FindingKind.WORKER_FACT, str(package_dir),
                             "the worker's source is not available to check its facts", "worker.py")]
-    report = check_worker(package_dir, worker, tree_round)
+    report = check_worker(package_dir, worker, tree_round, files)
     return [GateFinding(FindingKind.WORKER_FACT, str(package_dir / fact.file), f"{fact.name}: {fact.detail}", fact.name)
             for fact in report.broken]
 
@@ -365,27 +403,49 @@ def _run_gate(package_dir: Path, manifests: dict[str, Manifest] | None, qualific
         )
         manifest = newest(manifests)
     hashes: dict[str, str] = {}
+    files = SourceSnapshot(package_dir)  # every check reads the same bytes
     if manifest is None:
         findings.append(GateFinding(FindingKind.NAME_MISMATCH, str(package_dir),
                                     "no manifest is shipped: the structure cannot be checked", "manifest"))
     else:
-        file_findings, hashes = check_files(package_dir, manifest)
-        facts = check_worker_facts(package_dir, worker_source() if worker is True else worker, tree_round) \
+        file_findings, hashes = check_files(package_dir, manifest, files)
+        facts = check_worker_facts(package_dir, worker_source() if worker is True else worker, tree_round, files) \
             if worker is not False else []
-        for finding in file_findings + check_names(package_dir, manifest) + facts \
-                + check_bytecode(package_dir, manifest):
+        for finding in file_findings + check_names(package_dir, manifest, files) + facts \
+                + check_bytecode(package_dir, manifest, files):
             if not any(f.file == finding.file and (f.kind is FindingKind.MISSING_FILE or (f.kind, f.name) ==
                        (finding.kind, finding.name)) for f in findings):  # each file/hook reported once
                 findings.append(finding)
     report = GateReport(package_dir=str(package_dir), version=version,
                         manifest_version=manifest.sglang_version if manifest else None,
-                        findings=findings, file_sha256=hashes)
+                        findings=findings, file_sha256=hashes, checked_sha256=files.checked_sha256)
+    if manifest is not None:
+        report.code_changed = [rel for rel in manifest.file_sha256 if rel in hashes
+                               and hashes[rel] != manifest.file_sha256[rel] and not code_unchanged(files, manifest, rel)]
     if not report.pinned and qualifications:
         pinned = manifest.file_sha256 if manifest is not None else {}
         entry = find_qualification(qualifications, version, hashes, pinned)
         if entry is not None:
-            report.qualified_by = {k: v for k, v in entry.to_dict().items() if k != "files"}
+            report.qualification_note = e2e_missing(entry, report.code_changed)
+            if report.qualification_note is None:
+                report.qualified_by = {k: v for k, v in entry.to_dict().items() if k != "files"}
     return report
+
+
+QUALIFICATION_NEEDS_E2E = "sglang-e2e"  # the stage that must have passed when pinned code changed
+
+
+def e2e_missing(entry: Qualification, code_changed: list[str]) -> str | None:
+    """Why `entry` cannot vouch for a build whose pinned code changed (None: it can): the
+    `plugin` stage only checks structure and that the hooks take, statically on a host without
+    a GPU; changed code (eagle_sample's accept logic, a helper it calls) needs the tokens
+    served end to end and compared, on a GPU or the CPU test server."""
+    if not code_changed or entry.stages.get(QUALIFICATION_NEEDS_E2E) == "pass":
+        return None
+    shown = ", ".join(code_changed[:3]) + (f" (+{len(code_changed) - 3} more)" if len(code_changed) > 3 else "")
+    return (f"the qualification by run {entry.run} ({', '.join(f'{k} {v}' for k, v in entry.stages.items()) or 'no stages'})"
+            f" does not vouch for it: code changed in {shown}, which needs {QUALIFICATION_NEEDS_E2E} to have passed"
+            " (a GPU host, or the CPU test server)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -406,7 +466,12 @@ def main(argv: list[str] | None = None) -> int:
     except QualificationError as err:
         print(json.dumps({"ok": False, "error": str(err)}) if args.json else err)
         return 2
-    report = run_gate(package_dir, qualifications=qualifications)
+    try:
+        report = run_gate(package_dir, qualifications=qualifications)
+    except (OSError, ValueError, SyntaxError, RecursionError) as err:  # a file the gate cannot read as one
+        message = f"{package_dir}: cannot check this sglang: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        print(json.dumps({"ok": False, "error": message}) if args.json else message)
+        return 2
     if args.json:
         print(json.dumps(report.to_dict()))
     else:

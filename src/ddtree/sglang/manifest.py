@@ -71,20 +71,27 @@ class Manifest:
     sglang_version: str
     file_sha256: dict[str, str] = field(default_factory=dict)  # relative path -> hex digest
     names: tuple[RequiredName, ...] = ()
+    # relative path -> module_digest() of each pinned file: a file whose bytes drifted but whose
+    # code did not (comments, formatting) is told apart from one whose code changed. Empty in an
+    # older manifest: then every drifted file counts as changed code.
+    file_ast_sha256: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
         document = {"sglang_version": self.sglang_version, "file_sha256": self.file_sha256,
-                    "names": [r.to_dict() for r in self.names]}
+                    "file_ast_sha256": self.file_ast_sha256, "names": [r.to_dict() for r in self.names]}
         return json.dumps(document, indent=1) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> "Manifest":
         """Raises ValueError (with the field) on a malformed document."""
+        from ddtree.bounded_files import parse_json
+
+        data = parse_json(text, "manifest")  # FileRefused (a ValueError) past the depth limit
         try:
-            data = json.loads(text)
             return cls(str(data["sglang_version"]), {str(k): str(v) for k, v in data["file_sha256"].items()},
-                       tuple(RequiredName.from_dict(r) for r in data["names"]))
-        except (KeyError, TypeError, AttributeError) as err:
+                       tuple(RequiredName.from_dict(r) for r in data["names"]),
+                       {str(k): str(v) for k, v in data.get("file_ast_sha256", {}).items()})
+        except (KeyError, TypeError, AttributeError, RecursionError) as err:
             raise ValueError(f"malformed manifest: {type(err).__name__}: {err}") from None
 
 
@@ -99,6 +106,11 @@ def definition_digest(node: ast.AST) -> str:
     return hashlib.sha256(ast.dump(node, include_attributes=False).encode("utf-8")).hexdigest()
 
 
+def module_digest(tree: ast.Module) -> str:
+    """sha256 of a whole file's syntax tree: what its code is, comments and layout aside."""
+    return definition_digest(tree)
+
+
 # One gate run reads a file in several checks, and a process (the operator's, a deploy's)
 # runs the gate again on the same files: a parse costs ~20 ms for a large SGLang file, the
 # text compare that finds it again well under 1 ms. Keyed by the text itself, so an edited
@@ -108,14 +120,99 @@ PARSED_TEXTS_KEPT = 128
 
 @lru_cache(maxsize=PARSED_TEXTS_KEPT)
 def parse_text(text: str) -> ast.Module:
-    """`ast.parse(text)`, remembered by content (the tree is shared: do not modify it)."""
-    return ast.parse(text)
+    """`ast.parse(text)`, remembered by content (the tree is shared: do not modify it). A text
+    nested past what the parser's stack or memory takes (a hostile host's "SGLang file") is a
+    SyntaxError like any other unparsable file, never a RecursionError or MemoryError."""
+    try:
+        return ast.parse(text)
+    except (RecursionError, MemoryError):
+        raise SyntaxError("nested too deep to parse") from None
 
 
 def parse_file(path: Path) -> ast.Module:
     """The parsed UTF-8 file (OSError, UnicodeDecodeError and SyntaxError as from reading
     and parsing it)."""
     return parse_text(path.read_text(encoding="utf-8"))
+
+
+SOURCE_READ_MAX = 16 << 20  # bytes; SGLang's largest source file is under 1 MB
+
+
+class SourceSnapshot:
+    """The files of one SGLang installation, each read once (a plain file, never a FIFO or a
+    device, at most SOURCE_READ_MAX bytes): one gate run hashes, parses and compiles the same
+    bytes, so a file changed during the run cannot pass one check with old bytes and another
+    with new ones. `checked_sha256` is what the run read; the probe imports exactly those
+    bytes (ddtree.sglang.probe), so nothing changes between the check and the import."""
+
+    def __init__(self, package_dir: Path):
+        self.package_dir = Path(package_dir)
+        self._read: dict[str, bytes | OSError] = {}
+
+    def read(self, rel: str) -> bytes:
+        """The file's bytes (OSError as from reading it; FileNotFoundError when it is absent)."""
+        if rel not in self._read:
+            try:
+                self._read[rel] = read_plain_file(self.package_dir / rel)
+            except OSError as err:
+                self._read[rel] = err
+        found = self._read[rel]
+        if isinstance(found, OSError):
+            raise found
+        return found
+
+    def is_file(self, rel: str) -> bool:
+        return self.unreadable(rel) is None
+
+    def unreadable(self, rel: str) -> str | None:
+        """Why the file cannot be read ("not found", "not a plain file", ...), or None."""
+        try:
+            self.read(rel)
+        except FileNotFoundError:
+            return "not found"
+        except OSError as err:
+            return err.strerror or str(err)
+        return None
+
+    def sha256(self, rel: str) -> str:
+        return hashlib.sha256(self.read(rel)).hexdigest()
+
+    def tree(self, rel: str) -> ast.Module:
+        """The parsed file, as parse_file reads it (UTF-8, universal newlines)."""
+        text = self.read(rel).decode("utf-8")
+        return parse_text(text.replace("\r\n", "\n").replace("\r", "\n"))
+
+    @property
+    def checked_sha256(self) -> dict[str, str]:
+        return {rel: hashlib.sha256(data).hexdigest() for rel, data in sorted(self._read.items())
+                if isinstance(data, bytes)}
+
+
+def read_plain_file(path: Path) -> bytes:
+    """A plain file's bytes, never blocking on a FIFO or reading past SOURCE_READ_MAX (OSError naming it)."""
+    import errno
+    import os
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO must not block the gate
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a plain file", str(path))
+        if st.st_size > SOURCE_READ_MAX:
+            raise OSError(errno.EFBIG, f"larger than {SOURCE_READ_MAX} bytes", str(path))
+        chunks, size = [], 0
+        while size <= SOURCE_READ_MAX:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > SOURCE_READ_MAX:
+            raise OSError(errno.EFBIG, f"larger than {SOURCE_READ_MAX} bytes", str(path))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def sha256_file(path: Path) -> str:

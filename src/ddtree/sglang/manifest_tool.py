@@ -26,6 +26,8 @@ from ddtree.sglang.manifest import (
     definition_digest,
     describe_static,
     find_definition,
+    module_digest,
+    parse_file,
     sha256_file,
     signature_from_ast,
 )
@@ -143,7 +145,9 @@ def build_manifest(package_dir: Path) -> Manifest:
     if version is None:
         raise SystemExit(f"{package_dir}: the sglang version cannot be read (no dist-info, no _version.py)")
     hashes = {rel: sha256_file(package_dir / rel) for rel in PINNED_FILES}
-    return Manifest(sglang_version=version, file_sha256=hashes, names=tuple(build_required(package_dir)))
+    code = {rel: module_digest(parse_file(package_dir / rel)) for rel in PINNED_FILES}
+    return Manifest(sglang_version=version, file_sha256=hashes, names=tuple(build_required(package_dir)),
+                    file_ast_sha256=code)
 
 
 def render(package_dir: Path) -> str:
@@ -180,13 +184,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         check_shippable(args.package_dir, args.qualified)
+        text = render(args.package_dir)
     except QualificationError as err:
         print(err, file=sys.stderr)
         return 2
     except Refused as err:
         print(err, file=sys.stderr)
         return 1
-    sys.stdout.write(render(args.package_dir))
+    except (OSError, ValueError, SyntaxError, RecursionError) as err:  # a file it cannot read as one
+        detail = str(err).splitlines()[0] if str(err) else ""
+        print(f"{args.package_dir}: cannot read this sglang: {type(err).__name__}: {detail}", file=sys.stderr)
+        return 2
+    sys.stdout.write(text)
     return 0
 
 

@@ -2,27 +2,40 @@
 
 `register()` parses DDTREE_*, registers hooks H1-H3 with SGLang's HookRegistry and arranges
 for the self-check to run right after SGLang applies the hooks. SGLang's load_plugins()
-catches and only logs exceptions raised by a plugin, so every error that must stop the
-server (bad config, a hook that did not take) is raised from the post-apply check, which
-load_plugins() calls outside its try block.
+catches and only logs what a plugin raises, or what importing it raises
+(sglang/srt/plugins/__init__.py:79-84 and :131-137 in 0.5.23), so a failure raised from
+register() would leave the server serving plain DFlash. Every error that must stop the
+server (a bad config, a hook that did not take, anything else register() hits in strict
+mode) is therefore raised from the post-apply check, which load_plugins() calls outside its
+try block (:141); if even that cannot be arranged, SystemExit (which `except Exception` does
+not catch) stops the process with the one-line reason. This module imports nothing of ours
+at its top, so that an import failure happens inside register(), where it is handled too.
 """
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-from ddtree.sglang import hooks as hook_functions
-from ddtree.sglang.config import enable_setting, load_config
-from ddtree.sglang.errors import PluginConfigError
-from ddtree.sglang.targets import HOOKS
-
 logger = logging.getLogger("ddtree.sglang")
 
 _SELF_CHECK_MARK = "_ddtree_self_check"
+_STOPPING = "DDTREE_STRICT=1: stopping instead of serving plain DFlash; DDTREE_STRICT=0 serves without DDTree"
 
 
 def register() -> None:
     """Zero-argument plugin callable (the entry point)."""
+    try:
+        _register()
+    except Exception as err:  # noqa: BLE001 - load_plugins() would swallow it: decide here
+        _register_failed(err)
+
+
+def _register() -> None:
+    from ddtree.sglang import hooks as hook_functions
+    from ddtree.sglang.config import enable_setting, load_config
+    from ddtree.sglang.errors import PluginConfigError
+    from ddtree.sglang.targets import HOOKS
+
     try:
         config = load_config()
     except PluginConfigError as err:
@@ -45,10 +58,66 @@ def register() -> None:
     _install_post_apply_check(config_error=None, strict=config.strict)
 
 
-def _install_post_apply_check(*, config_error: PluginConfigError | None, strict: bool) -> None:
-    """Wrap HookRegistry.apply_hooks so our self-check runs right after it, once per call."""
+def _register_failed(err: Exception) -> None:
+    """register() raised (anything but a config error, which stops the server itself): off
+    plainly, nothing happens; DDTREE_STRICT=0, the server goes on without DDTree, saying so;
+    otherwise (strict, the default) the server stops with one line naming the failure."""
+    try:
+        from ddtree.sglang.config import enable_setting, strict_setting
+
+        enabled, strict = enable_setting(), strict_setting()
+    except Exception:  # noqa: BLE001 - our own modules may be what failed: strict, the default
+        enabled, strict = None, True
+    reason = f"DDTree plugin: register() failed: {type(err).__name__}: {_one_line(err)}"
+    if enabled is False:
+        logger.warning("%s (DDTREE_ENABLE off: ignored)", reason)
+        return
+    if not strict:
+        logger.error("%s (DDTREE_STRICT=0: serving without DDTree)", reason)
+        _withdraw_hooks()
+        return
+    logger.error("%s", reason)
+    try:
+        from ddtree.sglang.errors import PluginRegisterError
+
+        stop: Exception = PluginRegisterError(f"{reason} ({_STOPPING})")
+        _install_post_apply_check(config_error=stop, strict=True)
+    except Exception:  # noqa: BLE001 - nothing left to raise it from: end the process here
+        raise SystemExit(f"{reason} ({_STOPPING})") from None
+
+
+def _withdraw_hooks() -> None:
+    """Take back whatever hooks of ours a failed register() left in SGLang's registry: none
+    or all, never some (H1 without H2 would resize the verify for a worker that is not ours)."""
+    try:
+        from sglang.srt.plugins.hook_registry import HookRegistry
+
+        for target, hooks in list(HookRegistry._hooks.items()):
+            kept = [h for h in hooks if getattr(h[1], "__module__", "") != "ddtree.sglang.hooks"]
+            if not kept:
+                del HookRegistry._hooks[target]  # apply_hooks would still resolve (import) the target
+            elif len(kept) != len(hooks):
+                HookRegistry._hooks[target] = kept
+    except Exception as err:  # noqa: BLE001 - best effort: the failure is already logged
+        logger.error("DDTree plugin: could not withdraw its hooks: %s: %s", type(err).__name__, _one_line(err))
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text[:300] + ("..." if len(text) > 300 else "")
+
+
+_stop_error: Exception | None = None  # raised right after SGLang applies the hooks: the server stops
+
+
+def _install_post_apply_check(*, config_error: Exception | None, strict: bool) -> None:
+    """Wrap HookRegistry.apply_hooks so our self-check runs right after it, once per call;
+    `config_error`: raise that instead (kept when the wrapper is already in place)."""
+    global _stop_error
     from sglang.srt.plugins.hook_registry import HookRegistry
 
+    if config_error is not None:
+        _stop_error = config_error
     current = HookRegistry.__dict__["apply_hooks"]
     inner = current.__func__ if isinstance(current, classmethod) else current
     if getattr(inner, _SELF_CHECK_MARK, False):
@@ -56,8 +125,8 @@ def _install_post_apply_check(*, config_error: PluginConfigError | None, strict:
 
     def apply_hooks_then_self_check(cls: Any) -> None:
         inner(cls)
-        if config_error is not None:
-            raise config_error
+        if _stop_error is not None:
+            raise _stop_error
         post_apply_self_check(strict=strict)
 
     setattr(apply_hooks_then_self_check, _SELF_CHECK_MARK, True)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -42,6 +43,65 @@ class Verdict(Enum):
     HOOKS_APPLIED = "hooks-applied"
     STATIC_ONLY = "static-only"
     FAILED = "failed"
+
+
+class GatedImports:
+    """A finder, first on sys.meta_path, for the SGLang files the gate read (`checked`:
+    {path relative to the sglang package: sha256}): each is read once, its sha256 compared
+    with what the gate read, and those very bytes compiled (never a cached .pyc). A file
+    changed after the gate ran, whenever, is refused instead of run: there is no window
+    between the check and the import. Other SGLang files import as usual (the gate does not
+    check them, so it vouches for nothing there)."""
+
+    def __init__(self, package_dir: str, checked: dict[str, str]):
+        self.root, self.checked, self.refused = os.path.realpath(package_dir), dict(checked), []
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if not fullname.startswith("sglang."):
+            return None
+        import importlib.machinery
+
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or not spec.has_location or not spec.origin:
+            return spec
+        rel = os.path.relpath(os.path.realpath(spec.origin), self.root).replace(os.sep, "/")
+        if rel in self.checked:
+            spec.loader = _GatedLoader(fullname, spec.origin, self.checked[rel], self)
+        return spec
+
+
+class _GatedLoader(importlib.machinery.SourceFileLoader):
+    def __init__(self, fullname: str, path: str, expected: str, finder: GatedImports):
+        super().__init__(fullname, path)
+        self.expected, self.finder = expected, finder
+
+    def get_code(self, fullname: str) -> Any:
+        import hashlib
+
+        from ddtree.sglang.manifest import read_plain_file
+
+        try:
+            data = read_plain_file(self.path)
+        except OSError as err:
+            data, digest = None, f"unreadable ({err.strerror or err})"
+        else:
+            digest = hashlib.sha256(data).hexdigest()
+        if digest != self.expected:
+            why = (f"{self.path}: changed since the gate checked it (sha256 {digest[:16]}..., the gate read "
+                   f"{self.expected[:16]}...): not imported")
+            self.finder.refused.append(why)
+            raise ImportError(why, name=fullname, path=self.path)
+        return compile(data, self.path, "exec", dont_inherit=True)
+
+
+def gate_imports(gate: dict[str, Any]) -> GatedImports | None:
+    """Install GatedImports for the files `gate` (a report) read; None when it names none."""
+    checked = gate.get("checked_sha256") or gate.get("file_sha256") or {}
+    if not gate.get("package_dir") or not isinstance(checked, dict) or not checked:
+        return None
+    finder = GatedImports(str(gate["package_dir"]), checked)
+    sys.meta_path.insert(0, finder)
+    return finder
 
 
 def bypass_sglang_init() -> bool:
@@ -76,10 +136,12 @@ def entry_point_info() -> dict[str, Any]:
 def classify(
     entry_point: dict[str, Any], gate: dict[str, Any], self_check: dict[str, Any] | None,
     load_error: str | None, *, allow_gate_findings: bool, plugins_filter: str | None = None,
+    refused_imports: list[str] | None = None,
 ) -> tuple[Verdict, list[str]]:
     """Pure: the verdict and its reasons from the probe's observations (plugins_filter: the
-    raw SGLANG_PLUGINS this environment gives SGLang's processes, None when unset)."""
-    reasons: list[str] = []
+    raw SGLANG_PLUGINS this environment gives SGLang's processes, None when unset;
+    refused_imports: gated files that changed after the gate read them)."""
+    reasons: list[str] = list(refused_imports or [])
     filtered_out = plugins_filter_problem(plugins_filter)
     if filtered_out:
         reasons.append(filtered_out)
@@ -154,6 +216,10 @@ def probe(*, allow_gate_findings: bool = False, gate_report: dict[str, Any] | No
     else:
         result["gate"], result["gate_from"] = gate_report, "caller"
     refusal = import_refusal(result["gate"], allow_gate_findings=allow_gate_findings, require_gate_ok=require_gate_ok)
+    checked_dir = result["gate"].get("package_dir")
+    if refusal is None and checked_dir and os.path.realpath(checked_dir) != os.path.realpath(package_dir):
+        refusal = (f"the gate checked sglang at {checked_dir}, but this interpreter imports it from {package_dir}:"
+                   " its files were not imported")
     if refusal is not None:
         _, reasons = classify(result["entry_point"], result["gate"], None, None, allow_gate_findings=False,
                               plugins_filter=os.environ.get(ENV_SGLANG_PLUGINS))
@@ -161,6 +227,7 @@ def probe(*, allow_gate_findings: bool = False, gate_report: dict[str, Any] | No
         result["reasons"] = [r for r in reasons if r.startswith("gate: ")] + [refusal]
         return result
 
+    gated = gate_imports(result["gate"])  # before anything of SGLang is imported
     bypass_sglang_init()
     load_error = None
     try:
@@ -178,7 +245,7 @@ def probe(*, allow_gate_findings: bool = False, gate_report: dict[str, Any] | No
     result["self_check"] = report
     verdict, reasons = classify(
         result["entry_point"], result["gate"], report, load_error, allow_gate_findings=allow_gate_findings,
-        plugins_filter=os.environ.get(ENV_SGLANG_PLUGINS),
+        plugins_filter=os.environ.get(ENV_SGLANG_PLUGINS), refused_imports=gated.refused if gated else None,
     )
     result["verdict"], result["reasons"] = verdict.value, reasons
     return result

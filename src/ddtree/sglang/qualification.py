@@ -13,10 +13,13 @@ it on the host, in the environment's own Python):
 from __future__ import annotations
 
 import json
+import reprlib
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
+
+from ddtree.bounded_files import FileRefused, parse_json, read_text
 
 FILE_NAME = "sglang-qualified.json"
 _HEX = set(string.hexdigits.lower())
@@ -54,10 +57,16 @@ class Qualification:
         return sorted(set(pinned) - set(self.files))
 
 
+def _shown(value: Any) -> str:
+    """A bad value in a message: its repr, cut short (a file can hold anything)."""
+    text = reprlib.repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _text(where: str, entry: dict[str, Any], key: str, *, required: bool = True) -> str:
     value = entry.get(key, None if required else "")
     if not isinstance(value, str) or (required and not value.strip()):
-        raise QualificationError(f"{where}.{key}: expected a non-empty string, got {value!r}")
+        raise QualificationError(f"{where}.{key}: expected a non-empty string, got {_shown(value)}")
     return value
 
 
@@ -66,13 +75,13 @@ def _entry(where: str, entry: Any) -> Qualification:
         raise QualificationError(f"{where}: expected an object, got {type(entry).__name__}")
     files = entry.get("files")
     if not isinstance(files, dict) or not files:
-        raise QualificationError(f"{where}.files: expected an object of file -> sha256, got {files!r}")
+        raise QualificationError(f"{where}.files: expected an object of file -> sha256, got {_shown(files)}")
     for rel, digest in files.items():
         if not (isinstance(digest, str) and len(digest) == 64 and set(digest) <= _HEX):
-            raise QualificationError(f"{where}.files[{rel!r}]: expected a sha256 (64 hex digits), got {digest!r}")
+            raise QualificationError(f"{where}.files[{_shown(rel)}]: expected a sha256 (64 hex digits), got {_shown(digest)}")
     stages = entry.get("stages", {})
     if not isinstance(stages, dict) or not all(isinstance(v, str) for v in stages.values()):
-        raise QualificationError(f"{where}.stages: expected an object of stage -> status, got {stages!r}")
+        raise QualificationError(f"{where}.stages: expected an object of stage -> status, got {_shown(stages)}")
     return Qualification(
         sglang=_text(where, entry, "sglang"), files=dict(files), run=_text(where, entry, "run"),
         host=_text(where, entry, "host"), release=_text(where, entry, "release", required=False),
@@ -80,11 +89,12 @@ def _entry(where: str, entry: Any) -> Qualification:
 
 
 def parse(text: str, source: str) -> list[Qualification]:
-    """Raises QualificationError naming `source` and the field."""
+    """Raises QualificationError naming `source` and the field (JSON nested at most
+    bounded_files.MAX_DEPTH deep: the file may come from anyone with write access to it)."""
     try:
-        document = json.loads(text)
-    except ValueError as err:
-        raise QualificationError(f"{source}: not JSON: {err}") from None
+        document = parse_json(text, source)
+    except FileRefused as err:
+        raise QualificationError(str(err)) from None
     if not isinstance(document, dict) or not isinstance(document.get("qualified"), list):
         raise QualificationError(f"{source}: expected an object with a `qualified` list")
     try:
@@ -94,13 +104,14 @@ def parse(text: str, source: str) -> list[Qualification]:
 
 
 def load(path: Path) -> list[Qualification]:
-    """The file's entries; [] when it does not exist yet."""
+    """The file's entries; [] when it does not exist yet. Read by the bounded reader: a regular
+    file (never a FIFO or a device) of bounded size, UTF-8."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path)
     except FileNotFoundError:
         return []
-    except (OSError, UnicodeDecodeError) as err:
-        raise QualificationError(f"{path}: cannot read: {err}") from None
+    except FileRefused as err:
+        raise QualificationError(f"{path}: cannot read: {err.why}") from None
     return parse(text, str(path))
 
 

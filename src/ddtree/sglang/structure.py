@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from ddtree.sglang.manifest import class_fields, find_definition, parse_file, parse_text
+from ddtree.sglang.manifest import SourceSnapshot, class_fields, find_definition, parse_text
 
 WORKER_MODULE = "ddtree.sglang.worker"
 WORKER_CLASS = "DDTreeWorkerV2"
@@ -102,20 +102,21 @@ def module_file(module: str) -> str:
 
 
 class _Files:
-    """Parsed SGLang files, each read once; a missing or unparsable file is None."""
+    """Parsed SGLang files, each read once (from the gate run's snapshot, when it passes one);
+    a missing or unparsable file is None."""
 
-    def __init__(self, package_dir: Path, report: StructureReport):
+    def __init__(self, package_dir: Path, report: StructureReport, snapshot: SourceSnapshot | None = None):
         self.package_dir, self.report, self.cache = package_dir, report, {}
+        self.snapshot = snapshot or SourceSnapshot(package_dir)
 
     def tree(self, rel: str) -> ast.Module | None:
         if rel not in self.cache:
-            path = self.package_dir / rel
-            if not path.is_file() and rel.endswith(".py"):
+            if not self.snapshot.is_file(rel) and rel.endswith(".py"):
                 package_init = rel[: -len(".py")] + "/__init__.py"
-                if (self.package_dir / package_init).is_file():
+                if self.snapshot.is_file(package_init):
                     return self.tree(package_init)
             try:
-                self.cache[rel] = parse_file(path)
+                self.cache[rel] = self.snapshot.tree(rel)
                 self.report.files_read.add(rel)
             except (OSError, SyntaxError, UnicodeDecodeError):
                 self.cache[rel] = None
@@ -202,11 +203,13 @@ def _broadcast_from_rank_zero(call: ast.Call) -> str | None:
     return call.args[0].id if src and _is_zero(src[0]) else None
 
 
-def check_worker(package_dir: Path, source: str, tree_round: str | None = None) -> StructureReport:
+def check_worker(package_dir: Path, source: str, tree_round: str | None = None,
+                 snapshot: SourceSnapshot | None = None) -> StructureReport:
     """The worker's facts in the SGLang package at `package_dir`. `source`: the worker's
-    source; `tree_round`: tree_round.py's (None: found as the import system would)."""
+    source; `tree_round`: tree_round.py's (None: found as the import system would);
+    `snapshot`: the gate run's files (None: read them here)."""
     report = StructureReport()
-    files = _Files(package_dir, report)
+    files = _Files(package_dir, report, snapshot)
     worker = parse_text(source)
     ours = find_definition(worker, WORKER_CLASS)
     if not isinstance(ours, ast.ClassDef):

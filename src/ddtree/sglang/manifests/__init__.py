@@ -28,7 +28,9 @@ def shipped_texts() -> dict[str, str]:
     here = Path(__file__)
     if not here.is_file():
         return {}
-    return {path.name: path.read_text(encoding="utf-8") for path in sorted(here.parent.glob(MANIFEST_GLOB))}
+    from ddtree.bounded_files import read_text  # a FIFO or a huge file dropped here is refused, never read
+
+    return {path.name: read_text(path) for path in sorted(here.parent.glob(MANIFEST_GLOB))}
 
 
 SUPPORTED: dict[str, Manifest] = parse_manifests(shipped_texts())
