@@ -144,3 +144,13 @@ def test_requests_accepted_otherwise_without_a_near_tie_are_a_regression_whateve
             "accepted otherwise than the offline loop on the same prompt, with no near-tie to explain it (server "
             "acceptance length 1.300, the offline loop's 1.320)") in err.splitlines()
     assert doc["server_vs_offline"]["rows"][2]["verdict"] == "regression"
+
+
+def test_a_server_row_with_a_key_of_the_wrong_kind_is_left_out_and_named(tmp_path, capsys):
+    tables = e2e_tables(1.55, 1.6)
+    tables["sglang_e2e"][3]["budget"] = "16"  # a host's record may hold anything
+    runs = record(tmp_path / "runs", {"sglang-e2e": tables})
+    code, doc, _ = report(runs, capsys)
+    assert [r["method"] for r in doc["server_vs_offline"]["rows"]] == ["dflash", "ddtree_tb4"]
+    assert any(f["reason"] == "sglang_e2e[3].budget: expected an integer or null, got '16' (the row is left out)"
+               for f in doc["failures"])
