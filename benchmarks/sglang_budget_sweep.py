@@ -84,7 +84,7 @@ def table(report: dict, levels: list[int]) -> list[str]:
     loads = {(r["variant"], r["concurrency"]): r for r in report["server_load"]}
     decode = {r["method"]: r for r in report["decode"]}
     header = (f"{'variant':<12} {'block':>5} {'server tau':>10} {'offline':>8} {'bench':>6} {'req =/~/x':>10} "
-              + " ".join(f"{f'tok/s @{c}':>10} {'vs AR':>6}" for c in levels))
+              + " ".join(f"{f'tok/s @{c}':>10} {'vs no-spec':>10}" for c in levels))
     lines = [header, "-" * len(header)]
 
     def num(value, width, digits=3):
@@ -96,7 +96,7 @@ def table(report: dict, levels: list[int]) -> list[str]:
         cells = []
         for level in levels:
             load = loads.get((row["variant"], level), {})
-            cells.append(f"{num(load.get('tokens_per_s'), 10, 1)} {num(load.get('speedup_vs_no_spec'), 6, 2)}")
+            cells.append(f"{num(load.get('tokens_per_s'), 10, 1)} {num(load.get('speedup_vs_no_spec'), 10, 2)}")
         lines.append(f"{row['variant']:<12} {str(row.get('block_size') or '-'):>5} {num(row.get('acceptance_length'), 10)} "
                      f"{num(row.get('offline_acceptance_length'), 8)} {num(bench, 6)} "
                      f"{counts if row.get('method') else '-':>10} " + " ".join(cells))
