@@ -50,6 +50,22 @@ class ExitCode(IntEnum):
     INTERRUPTED = 130
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) or SIGTERM, as the CLI's signal handlers raise it: a KeyboardInterrupt
+    that says which signal came, so the final line and the hosts' records name the right one."""
+
+    def __init__(self, signal_name: str):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
+def interrupt_signal_name(err: BaseException) -> str:
+    """The signal behind an interrupt; a plain KeyboardInterrupt is Python's own SIGINT."""
+    while err is not None and not isinstance(err, Interrupted):
+        err = err.__cause__ or err.__context__  # a wrapper (the CLI's CommandInterrupted) names its cause
+    return err.signal_name if err is not None else "SIGINT"
+
+
 class DdtreeOpsError(Exception):
     """Base of every error we expect; `str(err)` is the one line shown to the operator."""
 

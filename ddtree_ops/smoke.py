@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
+from ddtree_ops.errors import interrupt_signal_name
 from ddtree_ops.release import RUNNER_RELPATH
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -260,7 +261,7 @@ def execute_smoke(
         elif state.terminal and state is not HostState.OK:
             observer.phase(name, state.value, detail)  # unreachable / timed out / failed, as the JSON says
 
-    interrupted = False
+    interrupted, signal_name = False, "SIGINT"
     fanout = batches = None
     with observer:
         try:
@@ -268,15 +269,15 @@ def execute_smoke(
                 batch, task, parallel=parallel, on_progress=on_progress, accept_new_host_keys=accept_new_host_keys),
                 failed=lambda outcome: not outcome.ok or outcome.value != 0)  # the runner's exit: a stage failed
             fanout = batches.result
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as err:
             stopping.set()
-            interrupted = True
+            interrupted, signal_name = True, interrupt_signal_name(err)
     if interrupted:
-        notify("interrupted: stopping the remote runners, keeping what arrived")
+        notify(f"interrupted ({signal_name}): stopping the remote runners, keeping what arrived")
         for recorder in recorders.values():
             recorder.close()  # from here on the host's own files are the record
         stop_runners([h for h in selected if h.name in runner_started], runner_started, plan,
-                     accept_new_host_keys, store.run_dir(plan.run_id), notify)
+                     accept_new_host_keys, store.run_dir(plan.run_id), notify, signal_name)
     settle_hosts(selected, recorders, fanout, runner_started, interrupted, store, plan)
     store.update_run(plan.run_id, finished=time.time(), duration_s=round(time.time() - started, 3),
                      interrupted=interrupted)
@@ -336,10 +337,12 @@ def _settle_host(host: "Host", recorders: dict[str, Any], fanout: Any, runner_st
 
 
 def stop_runners(hosts: list["Host"], workdirs: dict[str, str], plan: SmokePlan,
-                 accept_new_host_keys: bool, run_dir: Path, notify: Callable[[str], None]) -> None:
-    """Ask each host's runner to stop (SIGTERM via `runner.py stop`, which waits until the
-    runner has written its last records), then fetch the run's files as `collect` does, so
-    the local store ends with the host's complete record. In parallel, bounded."""
+                 accept_new_host_keys: bool, run_dir: Path, notify: Callable[[str], None],
+                 signal_name: str = "SIGTERM") -> None:
+    """Ask each host's runner to stop (`runner.py stop --signal`, the signal the operator sent,
+    which waits until the runner has written its last records), then fetch the run's files as
+    `collect` does, so the local store ends with the host's complete record. In parallel,
+    bounded."""
     from ddtree_ops.errors import DdtreeOpsError
     from ddtree_ops.run_fetch import collect_host_files
     from ddtree_ops.transport.factory import open_transport
@@ -348,7 +351,10 @@ def stop_runners(hosts: list["Host"], workdirs: dict[str, str], plan: SmokePlan,
         workdir = workdirs[host.name].rstrip("/")
         try:
             with open_transport(host, accept_new_host_keys=accept_new_host_keys) as transport:
-                transport.run(runner_argv(host, workdir, plan, "stop"), timeout=STOP_TIMEOUT_S)
+                argv = runner_argv(host, workdir, plan, "stop")
+                done = transport.run([*argv, "--signal", signal_name], timeout=STOP_TIMEOUT_S)
+                if done.exit_status == 2 and "--signal" in done.stderr:  # a release from before it
+                    transport.run(argv, timeout=STOP_TIMEOUT_S)
                 collect_host_files(transport, host, workdir, plan.run_id, run_dir / host.name,
                                    STOP_TIMEOUT_S)
         except DdtreeOpsError as err:

@@ -28,7 +28,10 @@ def pytest_configure(config):
 # short files fill in around them, instead of one of them starting last and running on alone.
 LONGEST_FILES = (
     "tests/sglang_server/test_cpu_server_e2e.py",  # five real SGLang servers on CPU
+    "tests/terminal/test_verbs_fleet.py",  # every verb on each screen over sshd, at a terminal
+    "tests/terminal/test_doc_commands.py",  # every command the docs print, as written
     "tests/sglang_server/test_metrics_and_status.py",  # one more (about 100 s idle), shared by its tests
+    "tests/terminal/test_verbs_local.py",
     "tests/integration/test_deploy_sglang.py",
     "tests/integration/test_deploy_lifecycle.py",
     "tests/integration/test_deploy_steps.py",  # a deploy and a rollback killed at every step (about 100 s idle)

@@ -16,7 +16,7 @@ import typer
 from typer.core import TyperGroup
 
 from ddtree_ops.cli.console import inert, say
-from ddtree_ops.errors import DdtreeOpsError, ExitCode
+from ddtree_ops.errors import DdtreeOpsError, ExitCode, interrupt_signal_name
 
 
 class CommandInterrupted(Exception):
@@ -40,6 +40,23 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        from ddtree_ops.version import version_lines
+
+        for line in version_lines():
+            typer.echo(line)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                 help="Print the version and the release `push` sends from here (its git commit), then exit."),
+) -> None:
+    pass  # only the root's options live here (its help is the app's)
+
 
 # One module per command group; each exposes `register(app)`.
 COMMAND_MODULES: list[str] = ["hosts", "push", "baseline", "smoke", "collect", "report", "bench", "deploy", "sglang", "status"]
@@ -163,9 +180,10 @@ def _run_command(args: list[str]) -> tuple[int, Optional[str]]:
         return err.exit_code, str(err)
     except typer.Exit as exit_:
         return exit_.exit_code, None
-    except (CommandInterrupted, KeyboardInterrupt, typer.Abort):
-        say("interrupted")
-        return ExitCode.INTERRUPTED, "interrupted"
+    except (CommandInterrupted, KeyboardInterrupt, typer.Abort) as err:
+        why = f"interrupted ({interrupt_signal_name(err)})"  # which signal: Ctrl-C is SIGINT, a CI cancel SIGTERM
+        say(why)
+        return ExitCode.INTERRUPTED, why
     except typer.TyperException as err:
         # Typer 0.29 vendors click: its usage errors derive from TyperException, not click's.
         message = err.format_message() if hasattr(err, "format_message") else str(err)

@@ -32,6 +32,7 @@ import unicodedata
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
+from ddtree_ops.cli.interrupts import signals_deferred
 from ddtree_ops.cli.options import FanoutOptions
 
 if TYPE_CHECKING:
@@ -111,11 +112,15 @@ def inert_console(**options: Any) -> Console:
 
 def stderr_console() -> Console:
     probe = inert_console(stderr=True)
+    if probe.is_dumb_terminal:
+        return inert_console(stderr=True, **_dumb_terminal_size(sys.stderr))
     return probe if probe.is_terminal or _columns_given() else inert_console(stderr=True, width=200)
 
 
 def stdout_console() -> Console:
     probe = inert_console()
+    if probe.is_dumb_terminal:
+        return inert_console(**_dumb_terminal_size(sys.stdout))
     # Not a terminal (pipes, CI logs, tests): wide enough that rows never wrap mid-message,
     # unless COLUMNS says how wide (Rich reads it).
     if probe.is_terminal or _columns_given():
@@ -125,6 +130,19 @@ def stdout_console() -> Console:
 
 def _columns_given() -> bool:
     return os.environ.get("COLUMNS", "").strip().isdigit()
+
+
+def _dumb_terminal_size(stream: Any) -> dict[str, int]:
+    """A dumb terminal's real size (COLUMNS, else the terminal's own): Rich takes every dumb
+    terminal for 80x25 unless given both, and a summary squeezed into 80 columns cut release
+    ids across lines."""
+    try:
+        columns, lines = os.get_terminal_size(stream.fileno())
+    except (AttributeError, ValueError, OSError):
+        columns, lines = 80, 25
+    if _columns_given():
+        columns = int(os.environ["COLUMNS"])
+    return {"width": columns or 80, "height": lines or 25}
 
 
 def live_display_possible(console: Console) -> bool:
@@ -219,7 +237,8 @@ class LiveHostTable:
         if self.still_running is not None:
             self.still_running.stop()
         if self.live is not None:
-            self.live.__exit__(*exc)
+            with signals_deferred():
+                self.live.__exit__(*exc)
 
     def start(self) -> None:
         if self.showing:
@@ -246,9 +265,10 @@ class LiveHostTable:
             # frame costs O(hosts), whatever the fleet does.
             live = Live(get_renderable=self._frame, console=console, refresh_per_second=8,
                         transient=True)
-            live.__enter__()
-            with self.lock:
-                self.live = live
+            with signals_deferred():  # started whole or not at all: see `signals_deferred`
+                live.__enter__()
+                with self.lock:
+                    self.live = live  # an orphaned Live would redraw below the final line
             return
         for host, (state_text, detail, changed) in done:
             self._say_finished(host, state_text, detail, changed)

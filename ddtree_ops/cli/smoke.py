@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from ddtree_ops.cli.console import live_display_possible, say, without_host
+from ddtree_ops.cli.interrupts import signals_deferred
 from ddtree_ops.cli.options import (
     DEFAULT_PARALLEL,
     AcceptNewHostKeysOpt,
@@ -134,9 +135,11 @@ class SmokeView:
         if live_display_possible(self.console) and not self.quiet:
             from rich.live import Live
 
-            self.live = Live(get_renderable=lambda: self.render(self.console.height), console=self.console,
-                             refresh_per_second=4, transient=True)
-            self.live.__enter__()
+            live = Live(get_renderable=lambda: self.render(self.console.height), console=self.console,
+                        refresh_per_second=4, transient=True)
+            with signals_deferred():  # started whole or not at all (a Ctrl-C right at the start)
+                live.__enter__()
+                self.live = live
         elif not self.quiet:
             from ddtree_ops.cli.still_running import StillRunning
 
@@ -148,7 +151,8 @@ class SmokeView:
         if self.still_running is not None:
             self.still_running.stop()
         if self.live is not None:
-            self.live.__exit__(*exc)
+            with signals_deferred():
+                self.live.__exit__(*exc)
 
     def activities(self) -> list[Any]:
         """What each host under way is doing (for the `still running` lines)."""

@@ -768,8 +768,12 @@ def command_run(args: argparse.Namespace) -> int:
             pass
 
 
+STOP_SIGNALS = ("SIGTERM", "SIGINT")  # the runner handles both alike; only the records differ
+
+
 def command_stop(args: argparse.Namespace) -> int:
-    """SIGTERM the runner of RUN_ID (it stops its worker and records the rest as not run)."""
+    """Signal the runner of RUN_ID (`--signal`, SIGTERM by default): it stops its worker and
+    records the rest as not run, naming the signal."""
     pid_file = Path(os.path.expanduser(args.workdir)) / "runs" / args.run_id / PID_FILE
     try:
         pid = int(pid_file.read_text(encoding="utf-8").strip())
@@ -777,7 +781,7 @@ def command_stop(args: argparse.Namespace) -> int:
         print(json.dumps({"stopped": False, "reason": "no runner for this run"}))
         return EXIT_OK
     try:
-        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.Signals[args.signal])
     except ProcessLookupError:
         print(json.dumps({"stopped": False, "reason": f"runner pid {pid} already gone"}))
         return EXIT_OK
@@ -827,6 +831,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if name == "stop":
             cmd.add_argument("--wait", type=float, default=10.0,
                              help="seconds to wait for the runner to finish its records")
+            # the operator's own signal (Ctrl-C: SIGINT), so the records say what stopped the run
+            cmd.add_argument("--signal", choices=STOP_SIGNALS, default="SIGTERM")
     return parser.parse_args(argv)
 
 

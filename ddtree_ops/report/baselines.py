@@ -17,6 +17,7 @@ import csv
 import json
 import math
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Mapping, Sequence
@@ -26,7 +27,11 @@ from ddtree_ops.errors import BaselineFileError, quoted
 from ddtree_ops.results import sha256_file
 
 BASELINE_FORMAT = "ddtree-ops-baseline/1"
-PAPER_DIR = Path(__file__).resolve().parents[2] / "baselines"  # the checkout's baselines/ folder
+# The checkout's baselines/ folder; an installed package has them in <prefix>/share/ddtree-ops/
+# (pyproject.toml's data-files): `pip install ddtree-ops` then `baseline paper` found nothing.
+PAPER_DIR = next((folder for folder in (Path(__file__).resolve().parents[2] / "baselines",
+                                        Path(sys.prefix) / "share" / "ddtree-ops" / "baselines")
+                  if folder.is_dir()), Path(__file__).resolve().parents[2] / "baselines")
 PAPER_SOURCE = "DDTree paper (Ringel & Romano 2026, arXiv 2604.12989)"
 
 # The reference's dataset keys (its `--dataset`) and the paper's display names.

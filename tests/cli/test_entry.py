@@ -46,3 +46,22 @@ def test_reader_gone_before_the_output_is_a_quiet_exit_1(tmp_path):
         os.close(write_end)
     assert done.returncode == 1
     assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr
+
+
+def test_version_names_the_package_and_the_release_it_pushes():
+    """`--version`: the installed version, then the release `push` would send from this checkout
+    with the git commit it comes from (what `push` and `smoke` print as `release ... (git ...)`)."""
+    from importlib.metadata import version
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([*ENTRY, "--version"], capture_output=True, text=True, cwd=repo)
+    assert done.returncode == 0, done.stderr
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True)
+    from ddtree_ops.release import build_bundle
+
+    bundle = build_bundle()
+    first, second = done.stdout.splitlines()
+    assert first == f"ddtree-ops {version('ddtree-ops')}"
+    assert second.startswith(f"release {bundle.release_id} (git {head.stdout.strip()[:12]}")
+    assert second.endswith(f" from {bundle.source_root}")

@@ -1,5 +1,5 @@
 """SIGTERM (a CI job cancel) and Ctrl-C end a command the same way: exit 130, `ddtree-ops:
-interrupted` on stderr, one JSON document under `--json`, and `smoke` stops its remote runner
+interrupted (SIGINT)` (or `(SIGTERM)`: the signal that came) on stderr, one JSON document under `--json`, and `smoke` stops its remote runner
 and finishes its records. Real processes of the console script on the `local` host; a host
 `python:` that sleeps holds push/deploy/collect/hosts check in their remote step."""
 from __future__ import annotations
@@ -89,8 +89,9 @@ def test_a_signal_mid_command_exits_130_with_one_json_document(slow_host, tmp_pa
         proc.kill()
     assert proc.returncode == 130, (out, err)
     name = "hosts check" if command[0] == "hosts" else command[0]
-    assert json.loads(out) == {"command": name, "exit_code": 130, "error": "interrupted"}
-    assert err.strip().splitlines()[-1] == "ddtree-ops: interrupted" and "Traceback" not in err
+    why = f"interrupted ({sig.name})"
+    assert json.loads(out) == {"command": name, "exit_code": 130, "error": why}
+    assert err.strip().splitlines()[-1] == f"ddtree-ops: {why}" and "Traceback" not in err
 
 
 def test_ctrl_c_in_process_reports_and_restores_the_handlers(slow_host, capsys):
@@ -106,8 +107,8 @@ def test_ctrl_c_in_process_reports_and_restores_the_handlers(slow_host, capsys):
     code = main(["hosts", "check", "--deep", "--json"])
     captured = capsys.readouterr()
     assert code == 130
-    assert json.loads(captured.out) == {"command": "hosts check", "exit_code": 130, "error": "interrupted"}
-    assert captured.err.strip().splitlines()[-1] == "ddtree-ops: interrupted"
+    assert json.loads(captured.out) == {"command": "hosts check", "exit_code": 130, "error": "interrupted (SIGINT)"}
+    assert captured.err.strip().splitlines()[-1] == "ddtree-ops: interrupted (SIGINT)"
     assert {s: signal.getsignal(s) for s in before} == before
 
 
@@ -200,7 +201,7 @@ def test_sigterm_stops_a_smoke_run_like_ctrl_c(tmp_path):
                 run_id = hang_log.parent.parent.name
                 assert runner_pids(run_id), "the runner should be running now"
                 proc.send_signal(signal.SIGTERM)
-                wait_for(lambda: "interrupted: stopping the remote runners" in stderr_path.read_text(),
+                wait_for(lambda: "interrupted (SIGTERM): stopping the remote runners" in stderr_path.read_text(),
                          "the cleanup to begin", proc, timeout=30)
                 proc.send_signal(signal.SIGTERM)
                 out, _ = proc.communicate(timeout=90)
@@ -214,6 +215,7 @@ def test_sigterm_stops_a_smoke_run_like_ctrl_c(tmp_path):
         assert doc["hosts"]["local"]["outcome"] == "interrupted"
         stages = doc["hosts"]["local"]["stages"]
         assert stages["env"]["status"] == "pass" and stages["hang"]["status"] == "fail"
+        assert stages["hang"]["reason"] == "interrupted (SIGTERM)"  # the signal the CLI got
         # `runner.py stop` returns once the runner wrote its last records; it then exits
         wait_for(lambda: not runner_pids(run_id), "the runner to exit", timeout=15)
         meta = json.loads((tmp_path / "runs" / run_id / "run.json").read_text())
@@ -221,3 +223,22 @@ def test_sigterm_stops_a_smoke_run_like_ctrl_c(tmp_path):
     finally:
         for pid in runner_pids(run_id) if run_id else []:  # a runner left behind hangs for an hour
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupt_during_a_deferred_step_lands_as_it_ends(sig):
+    """Starting or stopping Rich's Live must not be cut half-way (an interrupted start left a
+    Live that could not be stopped: it redrew below the final line, the cursor stayed hidden).
+    The interrupt is held back, then raised as the step ends, naming its signal."""
+    from ddtree_ops.cli.interrupts import signals_deferred
+    from ddtree_ops.errors import Interrupted
+
+    steps = []
+    with signals_interrupt():
+        with pytest.raises(Interrupted) as caught:
+            with signals_deferred():
+                os.kill(os.getpid(), sig)
+                time.sleep(0.3)  # the handler ran meanwhile: held back
+                steps.append("the step finished")
+            time.sleep(5)  # raised as the block ended: never reached
+    assert steps == ["the step finished"] and caught.value.signal_name == sig.name

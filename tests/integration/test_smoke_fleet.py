@@ -290,7 +290,7 @@ def test_ctrl_c_stops_the_remote_runners_over_ssh(sshd_fleet, runs, checkout):
         stages = doc["hosts"][host.name]["stages"]
         assert stages["env"]["status"] == "pass"
         assert stages["hang"]["status"] == "fail"
-        assert stages["hang"]["reason"] == "interrupted (SIGTERM)"  # the host's own record
+        assert stages["hang"]["reason"] == "interrupted (SIGINT)"  # the host's own record: Ctrl-C's signal
         assert stages["golden"]["status"] == "not_run"
         assert doc["hosts"][host.name]["outcome"] == "interrupted"
         run_dir = next((host.workdir / "runs").iterdir())

@@ -1,24 +1,10 @@
-"""The verbs that draw a live table, run at a real terminal (issue #47: they all hung there)."""
+"""The cause of issue #47 held directly: Rich draws a frame while the live table is made and
+started, so the table must not hold its lock then (every verb at a terminal: verbs.py)."""
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import pytest
 
-from terminal.pty_run import run_in_pty
-
 pytestmark = pytest.mark.slow
-
-REPO = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "ddtree_ops"]
-
-
-def test_hosts_check_on_local_finishes_at_a_terminal(tmp_path):
-    result = run_in_pty([*CLI, "hosts", "check", "-H", "local"], timeout_s=120, cwd=str(REPO))
-    assert not result.hung, f"hung at a terminal; it showed:\n{result.output[-2000:]}"
-    assert result.returncode == 0, result.output[-2000:]
-    assert "local" in result.output and "ok" in result.output
 
 
 def test_rich_draws_a_frame_while_constructing_the_live_table():

@@ -72,13 +72,28 @@ def test_a_chain_of_500_groups_is_exit_3_naming_the_chain(tmp_path, capsys):
 
 
 def test_yaml_children_nested_past_the_limit_are_exit_3(tmp_path, capsys):
+    """A YAML chain of groups, each declared once under `all.children` (flat, as Ansible's own
+    inventories write long chains): the group walk's limit names the chain."""
+    lines = ["all:", "  children:"]
+    for level in range(1, MAX_GROUP_DEPTH + 5):
+        lines += [f"    g{level}:", "      children:", f"        g{level + 1}:"]
+    path = write(tmp_path, "chain.yml", "\n".join(lines) + "\n")
+    assert main(["hosts", "list", "-i", str(path)]) == 3
+    err = capsys.readouterr().err
+    assert f"children nested {MAX_GROUP_DEPTH + 1} deep, more than {MAX_GROUP_DEPTH}" in err, err
+    assert "unexpected" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_yaml_file_nested_past_the_readers_limit_is_exit_3_naming_it(tmp_path, capsys):
+    """The same chain written nested (each group inside its parent) is refused by the bounded
+    YAML reader before any group is walked: one line naming the file."""
     body = "null"
     for level in range(MAX_GROUP_DEPTH + 5, 0, -1):
         body = f'{{"children": {{"g{level}": {body}}}}}'
     path = write(tmp_path, "deep.yml", f'{{"all": {body}}}\n')
     assert main(["hosts", "list", "-i", str(path)]) == 3
-    err = capsys.readouterr().err
-    assert f"groups nested more than {MAX_GROUP_DEPTH} deep" in err and "unexpected" not in err, err
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"ddtree-ops: error: {path}: line 1: values nested deeper than") and "\n" not in err, err
 
 
 def test_a_diamond_of_23_levels_gives_each_host_every_group_above_it(tmp_path):

@@ -4,7 +4,7 @@
 - the core (`ddtree`) imports nothing of the operator or host side, typer, rich, paramiko or yaml;
 - the host side (`ddtree_ops.hostside`) imports only the standard library, torch and `ddtree`;
 - nothing imports the CLI; only the transport imports SSH libraries;
-- `--help` loads neither torch nor paramiko."""
+- `--help` loads neither torch nor paramiko, and `--version` not even Rich."""
 from __future__ import annotations
 
 import ast
@@ -62,9 +62,10 @@ def ops_modules(prefix: str = "") -> list[str]:
 @pytest.mark.slow
 def test_help_imports_no_torch_fabric_or_paramiko():
     code = "import contextlib, io\nfrom ddtree_ops.cli.app import main\nwith contextlib.redirect_stdout(io.StringIO()):\n"
-    for args in (["--help"], ["hosts", "--help"], ["push", "--help"]):
+    for args in (["--help"], ["hosts", "--help"], ["push", "--help"], ["--version"]):
         loaded = loaded_after(code + f"    assert main({args!r}) == 0\n")
-        assert not loaded & ({"torch"} | SSH_LIBS), (args, loaded & ({"torch"} | SSH_LIBS))
+        heavy = {"torch"} | SSH_LIBS | ({"rich"} if args == ["--version"] else set())
+        assert not loaded & heavy, (args, loaded & heavy)
 
 
 @pytest.mark.slow

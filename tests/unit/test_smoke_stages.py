@@ -80,6 +80,25 @@ def test_import_fails_with_a_foreign_ddtree_on_sys_path(workdir, tmp_path):
     assert record["reason"] == f"another ddtree is on sys.path: {tmp_path / 'ddtree'}"
 
 
+def test_a_copy_identical_to_the_release_on_sys_path_is_not_foreign(workdir, tmp_path):
+    """The `local` host after `pip install ddtree-ops` (not editable): the operator's own Python
+    has the very ddtree the release was bundled from in its site-packages. One changed byte in
+    that copy and it is foreign again."""
+    import shutil
+
+    root, release_id = workdir
+    site = tmp_path / "site-packages"
+    shutil.copytree(root / "releases" / release_id / "src" / "ddtree", site / "ddtree")
+    (site / "ddtree" / "__pycache__").mkdir(exist_ok=True)  # what Python leaves there: not a release file
+    (site / "ddtree" / "__pycache__" / "tree.cpython-311.pyc").write_bytes(b"bytecode")
+    record = run_import_stage(root, "--expected-release", release_id, env={"PYTHONPATH": str(site)})
+    assert record["status"] == "pass", record["reason"]
+    with (site / "ddtree" / "__init__.py").open("a") as stale:
+        stale.write("# an older install\n")
+    record = run_import_stage(root, env={"PYTHONPATH": str(site)})
+    assert record["reason"] == f"another ddtree is on sys.path: {site / 'ddtree'}"
+
+
 def release_copy(workdir: Path, factory) -> tuple[Path, Path]:
     """A fresh workdir holding a copy of the release (current -> it): (workdir, release)."""
     import shutil

@@ -2,7 +2,7 @@
 
 Checks that `ddtree` (and every loaded `ddtree.*` module) comes from `<release_root>/src`,
 that no other `ddtree` sits on the host's `sys.path` (a stale or foreign copy would shadow
-ours in other processes, e.g. SGLang's), that every file the release's `MANIFEST.sha256`
+ours in other processes, e.g. SGLang's; a copy identical to the release's files is neither), that every file the release's `MANIFEST.sha256`
 lists still has its hash, and that the manifest's id is the release the operator pushed.
 What "intact" means is `ddtree_ops.hostside.release_check`'s (the runner checks it before it imports
 `ddtree`; this stage says so in the results).
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from ddtree_ops.hostside.protocol import StageContext, StageResult
-from ddtree_ops.hostside.agent import MANIFEST_NAME
+from ddtree_ops.hostside.agent import MANIFEST_NAME, AgentError, file_sha256, parse_manifest, read_manifest
 from ddtree_ops.hostside.release_check import check_release, summary
 
 NAME = "import"
@@ -27,6 +27,20 @@ def _under(path: Path, root: Path) -> bool:
         return True
     except ValueError:
         return False
+
+
+def _same_as_release(copy: Path, release_root: Path) -> bool:
+    """A `ddtree` folder whose files are exactly the release's `src/ddtree`, by the manifest's
+    hashes: the installed package the release was bundled from, when the host is the operator's
+    own Python (`local` after `pip install ddtree-ops`). It shadows nothing; any other is foreign."""
+    prefix = "src/ddtree/"
+    try:
+        listed = parse_manifest(read_manifest(str(release_root)))
+        found = {path.relative_to(copy).as_posix(): file_sha256(path) for path in copy.rglob("*")
+                 if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".pyo")}
+    except (OSError, AgentError):
+        return False
+    return found == {relpath[len(prefix):]: digest for relpath, digest in listed.items() if relpath.startswith(prefix)}
 
 
 def _foreign_copies(src_root: Path) -> list[str]:
@@ -70,7 +84,7 @@ def run(ctx: StageContext) -> StageResult:
     if strays:
         return StageResult.failed(f"modules loaded from outside the release: {strays}",
                                   metrics=metrics)
-    foreign = _foreign_copies(src_root)
+    foreign = [copy for copy in _foreign_copies(src_root) if not _same_as_release(Path(copy), release_root)]
     metrics["foreign_ddtree"] = foreign
     if foreign:
         return StageResult.failed(f"another ddtree is on sys.path: {', '.join(foreign)}",
