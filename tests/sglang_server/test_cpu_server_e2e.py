@@ -37,6 +37,7 @@ from .cpu_server import (
 pytestmark = pytest.mark.slow
 
 MAX_NEW_TOKENS = 24
+PROMPTS = 8
 CONCURRENCY = (1, 4)
 BUDGETS = (1, 16, 32)
 SPECULATIVE = ("dflash",) + tuple(f"ddtree-b{b}" for b in BUDGETS)
@@ -47,8 +48,8 @@ def setup(tmp_path_factory):
     python = cpu_env_python()
     folder = tmp_path_factory.mktemp("cpu-server")
     models = write_models(python, folder / "models", trained=SERVE_TRAINED)
-    prompts = [json.loads(line)["input_ids"] for line in Path(models["prompts"]).read_text().splitlines()]
-    assert len(prompts) >= 8
+    prompts = [json.loads(line)["input_ids"] for line in Path(models["prompts"]).read_text().splitlines()][:PROMPTS]
+    assert len(prompts) == PROMPTS
     variants = {v.name: v for v in plan_variants(list(BUDGETS), int(models["block_size"]))}
     return python, models, prompts, folder, variants
 
