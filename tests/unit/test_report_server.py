@@ -124,6 +124,7 @@ def test_a_decode_baseline_cell_judges_the_server_too(tmp_path, capsys):
     assert code == 0 and "no sglang-e2e row matched a cell of the baseline" in doc["server_vs_offline"]["notes"][-1]
 
 
+@pytest.mark.slow  # matplotlib draws
 def test_the_table_and_the_budget_curve_beside_the_papers(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     runs = record(tmp_path / "runs", {"decode-bench": decode_tables(1.6), "sglang-e2e": e2e_tables(1.55, 1.6)})
