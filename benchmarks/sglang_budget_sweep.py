@@ -13,8 +13,8 @@ speedup over no speculation at that level; the host's load before and after. CPU
 SGLang's CPU engine on 2 cores, never GPU speed; compare budgets with each other, not with the
 paper's absolute values.
 
-Usage: .venv/bin/python benchmarks/sglang_budget_sweep.py [--pair trained|random] [--budgets 1,4,8,16,32,64]
-       [--concurrency 1,4] [--tokens 48] [--requests-per-level 8] [--out DIR]
+Usage: .venv/bin/python benchmarks/sglang_budget_sweep.py [--pair trained|random | --models MODELS.json]
+       [--budgets 1,4,8,16,32,64] [--concurrency 1,4] [--tokens 48] [--requests-per-level 8] [--out DIR]
 About 8 servers of 20-60 s each on 2 idle cores, plus the requests: 10-20 minutes.
 """
 from __future__ import annotations
@@ -106,6 +106,8 @@ def table(report: dict, levels: list[int]) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pair", choices=sorted(PAIR_ARGS), default="trained")
+    parser.add_argument("--models", type=Path, help="a `models:` entry as JSON (what tiny_models prints) to "
+                        "serve instead of writing the pair")
     parser.add_argument("--budgets", type=budget_list, default=[1, 4, 8, 16, 32, 64])
     parser.add_argument("--concurrency", type=budget_list, default=[1, 4])
     parser.add_argument("--tokens", type=positive_int, default=48)
@@ -118,7 +120,8 @@ def main() -> int:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     python = cpu_env_python()
-    models = write_models(python, args.pair, out / f"models-{args.pair}")
+    models = json.loads(args.models.read_text()) if args.models else \
+        write_models(python, args.pair, out / f"models-{args.pair}")
     inventory = out / "hosts.yaml"
     inventory.write_text(json.dumps({"hosts": {"local": {
         "transport": "local", "workdir": str(out / "wd"), "python": str(python), "models": models}}}))
@@ -135,7 +138,8 @@ def main() -> int:
     wall = time.monotonic() - began
     load_after = os.getloadavg()
     _, report = ddtree_ops("report", smoke["run_id"], "--runs-dir", str(out / "runs"), "--plot", str(out / "plots"))
-    print(f"# SGLang CPU server, {args.pair} tiny pair (block {models['block_size']}), {args.tokens} new tokens, "
+    pair = args.models or f"{args.pair} tiny pair"
+    print(f"# SGLang CPU server, {pair} (block {models['block_size']}), {args.tokens} new tokens, "
           f"T=0 · CPU numbers (SGLang's CPU engine), not GPU speed")
     print(f"# smoke exit {code} in {wall:.0f} s; load average before {load_before[0]:.2f}, after {load_after[0]:.2f} "
           f"on {os.cpu_count()} CPUs; run {smoke['run_id']}")
