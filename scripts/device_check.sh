@@ -60,6 +60,21 @@ yaml.safe_dump({"hosts": {"local": {"transport": "local", "workdir": sys.argv[2]
     else
       cat "$TINY.err" | tee "$LOGS/sglang-tiny-smoke.log"; status=1
     fi
+    # The trained tiny pair (committed; its drafter is NeoX-RoPE like the published ones): on a GPU
+    # SGLang runs the compiled fused QK-norm + RoPE kernel on it (roadmap c8), where the CPU
+    # server runs ddtree.sglang.cpu.fused_rope. decode-bench gives the offline taus (CUDA bf16),
+    # sglang-e2e the server's acceptance beside them; both logs in sglang-trained-smoke.log.
+    TRAINED="$LOGS/trained-pair"; mkdir -p "$TRAINED"
+    if "$PY" -m ddtree.sglang.cpu.tiny_models --trained "$TRAINED/models" >"$TRAINED.json" 2>"$TRAINED.err"; then
+      "$PY" -c 'import json, sys, yaml; models = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+yaml.safe_dump({"hosts": {"local": {"transport": "local", "workdir": sys.argv[2] + "/wd", "python": sys.argv[3],
+                "models": models}}}, open(sys.argv[2] + "/hosts.yaml", "w"))' "$TRAINED.json" "$TRAINED" "$(command -v "$PY")"
+      DDTREE_OPS_INVENTORY="$TRAINED/hosts.yaml" DDTREE_OPS_RUNS_DIR="$TRAINED/runs" ddtree-ops smoke -H local \
+        --stages decode-bench,sglang-e2e --budgets 16,32 --set max_new_tokens=48 2>&1 \
+        | tee "$LOGS/sglang-trained-smoke.log" || status=1
+    else
+      cat "$TRAINED.err" | tee "$LOGS/sglang-trained-smoke.log"; status=1
+    fi
   fi
 else
   echo "sglang is not installed for $PY: the in-server checks (probe, plugin and sglang-e2e stages) did not run" \

@@ -143,8 +143,8 @@ class DFlashLayer(nn.Module):
 
     def forward(
         self,
-        hidden: torch.Tensor,  # [1, q, H] block (noise) stream
-        context: torch.Tensor,  # [1, c, H] fused target features of the new context rows
+        hidden: torch.Tensor,  # [b, q, H] block (noise) stream (b > 1 only when training)
+        context: torch.Tensor,  # [b, c, H] fused target features of the new context rows
         cos: torch.Tensor,  # [c + q, head_dim] for positions of the new context rows then the block
         sin: torch.Tensor,  # [c + q, head_dim]
         positions: torch.Tensor,  # [c + q] int64
@@ -152,13 +152,13 @@ class DFlashLayer(nn.Module):
         layer: int,
     ) -> torch.Tensor:
         cfg, attn = self.cfg, self.self_attn
-        q_len, c_len = hidden.shape[1], context.shape[1]
+        batch, q_len, c_len = hidden.shape[0], hidden.shape[1], context.shape[1]
         residual = hidden
         x = self.input_layernorm(hidden)
-        q = attn.q_norm(attn.q_proj(x).view(1, q_len, cfg.num_heads, cfg.head_dim)).transpose(1, 2)
-        kv_in = torch.cat([context, x], dim=1)  # [1, c+q, H]
-        k = attn.k_norm(attn.k_proj(kv_in).view(1, c_len + q_len, cfg.num_kv_heads, cfg.head_dim)).transpose(1, 2)
-        v = attn.v_proj(kv_in).view(1, c_len + q_len, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        q = attn.q_norm(attn.q_proj(x).view(batch, q_len, cfg.num_heads, cfg.head_dim)).transpose(1, 2)
+        kv_in = torch.cat([context, x], dim=1)  # [b, c+q, H]
+        k = attn.k_norm(attn.k_proj(kv_in).view(batch, c_len + q_len, cfg.num_kv_heads, cfg.head_dim)).transpose(1, 2)
+        v = attn.v_proj(kv_in).view(batch, c_len + q_len, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
         q = q * cos[-q_len:] + rotate_half(q) * sin[-q_len:]
         k = k * cos + rotate_half(k) * sin
         k, v, key_positions = cache.extend(layer, k, v, positions)
@@ -169,15 +169,16 @@ class DFlashLayer(nn.Module):
         groups = cfg.num_heads // cfg.num_kv_heads
         k = k.repeat_interleave(groups, dim=1)
         v = v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False)  # [1, heads, q, d]
-        out = attn.o_proj(out.transpose(1, 2).reshape(1, q_len, cfg.num_heads * cfg.head_dim))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False)  # [b, heads, q, d]
+        out = attn.o_proj(out.transpose(1, 2).reshape(batch, q_len, cfg.num_heads * cfg.head_dim))
         hidden = residual + out
         x = self.post_attention_layernorm(hidden)
         return hidden + self.mlp.down_proj(F.silu(self.mlp.gate_proj(x)) * self.mlp.up_proj(x))
 
 
 class DFlashCache:
-    """Per-layer context keys/values `[1, kv_heads, T, d]` and their positions `[T]`."""
+    """Per-layer context keys/values `[b, kv_heads, T, d]` and their positions `[T]` (shared by
+    the batch: b > 1 only when training, every row at the same positions)."""
 
     def __init__(self, num_layers: int):
         self.keys: list[torch.Tensor | None] = [None] * num_layers
@@ -190,11 +191,11 @@ class DFlashCache:
     def extend(
         self,
         layer: int,
-        k: torch.Tensor,  # [1, kv_heads, c + q, d] keys of the new context rows, then the block
-        v: torch.Tensor,  # [1, kv_heads, c + q, d]
+        k: torch.Tensor,  # [b, kv_heads, c + q, d] keys of the new context rows, then the block
+        v: torch.Tensor,  # [b, kv_heads, c + q, d]
         positions: torch.Tensor,  # [c + q] int64
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Append k/v to layer `layer` and return (keys, values [1, kv_heads, T + c + q, d],
+        """Append k/v to layer `layer` and return (keys, values [b, kv_heads, T + c + q, d],
         key positions [T + c + q]). The block's rows are stored too: `DFlashDraftNet.forward`
         crops them off after the last layer and only then records the context positions."""
         old_k, old_v = self.keys[layer], self.values[layer]
@@ -227,12 +228,13 @@ class DFlashDraftNet(nn.Module):
 
     def forward(
         self,
-        noise_embedding: torch.Tensor,  # [1, q, H] embeddings of [bonus, mask, ..., mask]
-        target_hidden: torch.Tensor,  # [1, c, L*H] target features of the not-yet-cached context
+        noise_embedding: torch.Tensor,  # [b, q, H] embeddings of [bonus, mask, ..., mask]
+        target_hidden: torch.Tensor,  # [b, c, L*H] target features of the not-yet-cached context
         positions: Sequence[int] | torch.Tensor,  # c + q positions: the new context rows, then the block
         cache: DFlashCache,
     ) -> torch.Tensor:
-        """Returns the final hidden states of the block [1, q, H]; the cache gains the c rows."""
+        """Returns the final hidden states of the block [b, q, H]; the cache gains the c rows.
+        Decoding runs b = 1; training runs a batch of blocks at the same positions."""
         positions = torch.as_tensor(positions, dtype=torch.long, device=noise_embedding.device)
         c_len = target_hidden.shape[1]
         past = cache.length()

@@ -43,7 +43,8 @@ def cpu_env_python() -> Path:
 def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     from ddtree.sglang.cpu.environment import SERVER_ENV
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DDTREE_", "SGLANG_", "PYTHONPATH"))}
+    ours = ("DDTREE_", "SGLANG_", "PYTHONPATH", "CPU_TEST_SERVER_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ours)}
     env.update(SERVER_ENV)
     env.update(extra or {})
     return env
@@ -58,13 +59,9 @@ def run_in_env(python: Path, script: Path, *args: str, timeout: float = 600) -> 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-# The tiny model pair the acceptance tests serve: the random pair accepts about one token a
-# round, so only the trained one can show DDTree's trees accepting more than DFlash's chain.
-SERVE_TRAINED = False
-
-
 def write_models(python: Path, folder: Path, *, trained: bool = False) -> dict[str, Any]:
-    """`python -m ddtree.sglang.cpu.tiny_models [--trained] DIR`: the pair's `models:` entry."""
+    """The tiny models' `models:` entry: the random pair, or the trained one (committed weights:
+    a copy; ddtree.sglang.cpu.trained_pair)."""
     flags = ["--trained"] if trained else []
     done = subprocess.run([str(python), "-m", "ddtree.sglang.cpu.tiny_models", *flags, str(folder)],
                           capture_output=True, text=True, env=server_env(), timeout=3600)

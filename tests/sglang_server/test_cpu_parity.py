@@ -1,6 +1,7 @@
 """The CPU server's own parts against SGLang's Triton kernels for the same jobs, run in
 Triton's CPU interpreter inside the CPU server environment: the sgl_kernel stand-in ops
-(bit for bit) and the ddtree_cpu attention backend (float32, to rounding)."""
+(bit for bit), the ddtree_cpu attention backend (float32, to rounding) and the drafter's fused
+QK-norm + RoPE stand-in (bit for bit, with the interpreter's truncating bfloat16 casts)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,3 +30,15 @@ def test_ddtree_cpu_attention_matches_sglang_triton_attention():
     assert len(cases) == 12
     worst = max(cases, key=lambda case: case["max_abs_diff"])
     assert worst["max_abs_diff"] < 1e-5, worst
+
+
+def test_fused_rope_standin_matches_sglang_triton_kernel():
+    cases = run_in_env(cpu_env_python(), HERE / "rope_parity.py")
+    assert len(cases) == 10
+    assert all(case["qk_changed"] and case["v_kept"] for case in cases), cases
+    differing = [case for case in cases if not case["equal"]]
+    assert not differing, differing
+    # Served (rounded to nearest, as compiled) vs the interpreter's truncating casts: the two
+    # bfloat16 casts apart, never more (a bfloat16 step is 2^-7 of a head's largest value).
+    assert any(case["rounded_differs"] for case in cases)
+    assert max(case["rounded_max_head_diff"] for case in cases) <= 3 * 2 ** -7

@@ -144,3 +144,34 @@ def test_sglangs_greedy_tree_walk_needs_only_b_accept_columns(tmp_path, bs, dept
     assert (ours[:, block:] == -1).all()
     assert torch.equal(accept_index.long(), ours[:, :block]) and torch.equal(accept_num.long(), accepted)
     assert int(accepted[0]) == depth  # the walk really went B-1 deep: the last column is used
+
+
+def test_the_cpu_servers_fused_rope_standin_equals_sglangs_compiled_kernel():
+    """ddtree.sglang.cpu.fused_rope rounds to bfloat16 to nearest, as the compiled kernel does
+    (the interpreter truncates; that case is tests/sglang_server/test_cpu_parity.py). Compiled,
+    the kernel sums the squares in its own order: a last-bit float32 difference may move a
+    bfloat16 rounding, so at most two bfloat16 steps of a head, and almost every value equal."""
+    if DEVICE == "cpu":
+        pytest.skip("compiled for CUDA only (TRITON_INTERPRET=0, scripts/device_check.sh); the interpreted "
+                    "kernel is compared in tests/sglang_server/test_cpu_parity.py")
+    from ddtree.sglang.cpu.fused_rope import table_qk_norm_rope_cpu
+
+    kernel = load_sglang_kernel_module("kernels/ops/attention/table_qk_norm_rope.py")
+    gen = torch.Generator().manual_seed(5)
+    for head_dim, hq, hk, tokens in ((32, 4, 2, 64), (128, 32, 8, 16), (256, 8, 1, 8)):
+        qkv = (torch.randn(tokens, (hq + 2 * hk) * head_dim, generator=gen) * 2).to(torch.bfloat16).to(DEVICE)
+        positions = torch.randint(0, 4096, (tokens,), generator=gen).to(DEVICE)
+        inv_freq = 1.0 / 1e6 ** (torch.arange(0, head_dim, 2).float() / head_dim)
+        angles = torch.arange(4096).float()[:, None] * inv_freq[None]
+        table = torch.cat([angles.cos(), angles.sin()], dim=-1).to(DEVICE)  # fp32, as on a GPU
+        weights = [(1 + 0.2 * torch.randn(head_dim, generator=gen)).to(torch.bfloat16).to(DEVICE) for _ in "qk"]
+        theirs, ours = qkv.clone(), qkv.clone()
+        kernel.table_qk_norm_rope_(theirs, positions, *weights, table, hq, hk, head_dim, 1e-6)
+        table_qk_norm_rope_cpu(ours, positions, *weights, table, hq, hk, head_dim, 1e-6)
+        qk = (hq + hk) * head_dim
+        assert torch.equal(theirs[:, qk:], qkv[:, qk:]) and torch.equal(ours[:, qk:], qkv[:, qk:])
+        a = theirs[:, :qk].float().unflatten(1, (hq + hk, head_dim))
+        b = ours[:, :qk].float().unflatten(1, (hq + hk, head_dim))
+        spread = float(((a - b).abs().amax(-1) / a.abs().amax(-1)).max())
+        assert spread <= 2 * 2 ** -7, (head_dim, spread)
+        assert float((a == b).float().mean()) > 0.99, head_dim

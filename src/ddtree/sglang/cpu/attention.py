@@ -16,7 +16,9 @@ whole committed prefix (req_to_token[req, :seq_len]) and to the window's own key
 custom mask when one is given ([W, seq_len + W] row-major per request, the window columns
 read), else causally, or fully for ENCODER_ONLY layers (the DFlash drafter).
 tests/sglang_server/test_cpu_parity.py checks it against the Triton kernel in the
-interpreter on float32 inputs.
+interpreter on float32 inputs. Where SGLang falls back to causal attention when a verify
+brings no mask, this refuses whenever the DDTree plugin is enabled (require_tree_mask): a
+plugin fault must fail the CPU server, not hide in it.
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ from torch.nn.functional import scaled_dot_product_attention
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from sglang.srt.layers.radix_attention import AttentionType
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+from ddtree.sglang.cpu.tree_mask_guard import ddtree_trees_expected, require_tree_mask
 
 BACKEND_NAME = "ddtree_cpu"
 
@@ -130,6 +134,10 @@ def plain_self_attention(layer) -> bool:
 class DDTreeCpuAttnBackend(TorchNativeAttnBackend):
     """Extend (prefill) is torch_native's; decode and target verify share attend_each_row."""
 
+    def __init__(self, model_runner):
+        super().__init__(model_runner)
+        self._trees_expected = ddtree_trees_expected()
+
     def _store_kv(self, layer, forward_batch, k, v, save_kv_cache: bool) -> None:
         if save_kv_cache and k is not None and v is not None:
             self.token_to_kv_pool.set_kv_buffer(
@@ -158,6 +166,10 @@ class DDTreeCpuAttnBackend(TorchNativeAttnBackend):
             raise NotImplementedError(
                 f"{BACKEND_NAME}: target verify supports plain self-attention only (layer {layer.layer_id})"
             )
+        custom_mask = getattr(forward_batch.spec_info, "custom_mask", None)
+        causal = layer.attn_type != AttentionType.ENCODER_ONLY  # the DFlash drafter's block sees itself whole
+        require_tree_mask(custom_mask, causal=causal, trees_expected=self._trees_expected, layer_id=layer.layer_id,
+                          width=q.shape[0] // max(1, int(forward_batch.req_pool_indices.shape[0])))
         self._store_kv(layer, forward_batch, k, v, save_kv_cache)
         out = target_verify_attention(
             q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
@@ -165,9 +177,7 @@ class DDTreeCpuAttnBackend(TorchNativeAttnBackend):
             v.view(-1, layer.tp_v_head_num, layer.v_head_dim),
             *self._caches(layer),
             self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, forward_batch.seq_lens,
-            getattr(forward_batch.spec_info, "custom_mask", None),
-            layer.attn_type != AttentionType.ENCODER_ONLY,  # the DFlash drafter's block sees itself whole
-            layer.scaling,
+            custom_mask, causal, layer.scaling,
         )
         return out.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
 

@@ -1,7 +1,12 @@
 """A tiny random-weight Qwen3 target, a matching DFlash drafter and token-id prompts, on
 disk, for the CPU test server (no model hub, no tokenizer: serve with --skip-tokenizer-init).
 
-    python -m ddtree.sglang.cpu.tiny_models DIR   # DIR/target, DIR/drafter, DIR/prompts.jsonl
+    python -m ddtree.sglang.cpu.tiny_models DIR             # DIR/target, DIR/drafter, DIR/prompts.jsonl
+    python -m ddtree.sglang.cpu.tiny_models --trained DIR   # the same, trained (ddtree.sglang.cpu.trained_pair)
+
+Both print the host inventory's `models:` entry. The random pair proves losslessness; its
+drafter accepts little. The trained pair (a byte-level target trained on the Python standard
+library and a DFlash drafter distilled from it, NeoX RoPE) shows what DDTree gains over DFlash.
 
 Shapes chosen for SGLang 0.5.23's DFlash:
 - 3 target layers: DFlash captures the hidden state *before* layer k+1 for target layer k
@@ -80,8 +85,17 @@ def write_tiny_models(folder: Path, seed: int = 0) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m ddtree.sglang.cpu.tiny_models DIR", file=sys.stderr)
+    if len(args) == 2 and args[0] == "--trained":
+        from ddtree.sglang.cpu.trained_pair import TrainedPairError, write_trained_pair
+
+        try:
+            print(json.dumps(write_trained_pair(Path(args[1]))))
+        except TrainedPairError as err:
+            print(f"tiny_models: {err}", file=sys.stderr)
+            return 3
+        return 0
+    if len(args) != 1 or args[0].startswith("-"):
+        print("usage: python -m ddtree.sglang.cpu.tiny_models [--trained] DIR", file=sys.stderr)
         return 2
     print(json.dumps(write_tiny_models(Path(args[0]))))
     return 0
