@@ -72,6 +72,10 @@ yaml.safe_dump({"hosts": {"local": {"transport": "local", "workdir": sys.argv[2]
       DDTREE_OPS_INVENTORY="$TRAINED/hosts.yaml" DDTREE_OPS_RUNS_DIR="$TRAINED/runs" ddtree-ops smoke -H local \
         --stages decode-bench,sglang-e2e --budgets 16,32 --set max_new_tokens=48 2>&1 \
         | tee "$LOGS/sglang-trained-smoke.log" || status=1
+      # The server's acceptance per request against the bf16 offline loop and decode-bench's tau
+      # (DDTree above DFlash at 16 and 32; exit 5 on a regression).
+      DDTREE_OPS_INVENTORY="$TRAINED/hosts.yaml" DDTREE_OPS_RUNS_DIR="$TRAINED/runs" ddtree-ops report 2>&1 \
+        | tee "$LOGS/sglang-trained-report.log" || status=1
     else
       cat "$TRAINED.err" | tee "$LOGS/sglang-trained-smoke.log"; status=1
     fi
