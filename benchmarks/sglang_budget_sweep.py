@@ -131,6 +131,7 @@ def main() -> int:
     began = time.monotonic()
     code, smoke = ddtree_ops(
         "smoke", "-i", str(inventory), "--runs-dir", str(out / "runs"), "-H", "local",
+        "--stage-timeout", "7200",  # eight servers one after another: 10 minutes is too short on a busy machine
         "--stages", "decode-bench,sglang-e2e", "--budgets", budgets, "--set", f"sglang_budgets=[{budgets}]",
         "--set", f"sglang_concurrency=[{levels}]", "--set", f"sglang_requests_per_level={args.requests_per_level}",
         "--set", f"max_new_tokens={args.tokens}", "--set", f"sglang_max_new_tokens={args.tokens}",
