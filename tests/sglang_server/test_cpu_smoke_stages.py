@@ -22,6 +22,7 @@ from .cpu_server import cpu_env_python, free_port, write_models
 pytestmark = pytest.mark.slow
 BUDGET = 16
 TOKENS = 16
+PROMPTS = 8  # of the pair's 16: each one is a request per server
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,9 @@ def cpu_host(tmp_path_factory):
     python = cpu_env_python()
     root = tmp_path_factory.mktemp("cpu-host")
     models = write_models(python, root / "models", trained=True)
-    return python, models, root
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(Path(models["prompts"]).read_text().splitlines(keepends=True)[:PROMPTS]))
+    return python, {**models, "prompts": str(prompts)}, root
 
 
 def smoke(cpu_host, name: str, stages: str, *settings: str, capsys) -> tuple[int, dict, Path]:
@@ -87,12 +90,12 @@ def test_the_stages_run_on_a_cpu_host_and_report_holds_the_server_against_the_of
     for name in ("dflash", f"ddtree-b{BUDGET}"):
         row = rows[name]
         assert row["acceptance_mismatch"] == 0 and row["rounds_held_exactly"] > 0, row
-        assert row["acceptance_equal"] + row["acceptance_near_tie"] == 8
+        assert row["acceptance_equal"] + row["acceptance_near_tie"] == PROMPTS
         assert record["metrics"][f"{name}.acceptance_histogram"] == row["acceptance_histogram"]
     assert {r["variant"] for r in record["tables"]["sglang_acceptance"]} == {"dflash", f"ddtree-b{BUDGET}"}
     assert {r["device"] for r in record["tables"]["sglang_load"]} == {"cpu"}
     noise = rows["no-spec"]["margin_noise"]  # how far this server and the offline target were seen to differ
-    assert noise["positions"] == 8 * TOKENS and noise["max"] is not None
+    assert noise["positions"] == PROMPTS * TOKENS and noise["max"] is not None
 
     plots = runs.parent / "plots-healthy"
     assert main(["report", doc["run_id"], "--runs-dir", str(runs), "--json", "--plot", str(plots)]) == 0
