@@ -22,6 +22,7 @@ from typing import Any, Iterable, Mapping
 from ddtree.sglang.config import MAX_BUDGET, MIN_BUDGET
 from ddtree_ops.errors import quoted
 from ddtree_ops.hostside.protocol import Status
+from ddtree_ops.report.model import DECODE_STAGE, SERVER_LOAD_TABLE, SERVER_STAGE, SERVER_TABLE
 
 DEFAULT_MARGIN = 0.05  # relative: 5 % between two single measurements decides nothing
 
@@ -169,8 +170,8 @@ def recommend(load_rows: Iterable[Mapping[str, Any]], margin: float = DEFAULT_MA
 
 # ----------------------------------------------------------------------------- from a run
 
-LOAD_STAGE, LOAD_TABLE, LOSSLESS_TABLE = "sglang-e2e", "sglang_load", "sglang_e2e"
-PREDICTION_STAGE, PREDICTION_TABLE = "decode-bench", "predictions"
+LOAD_STAGE, LOAD_TABLE, LOSSLESS_TABLE = SERVER_STAGE, SERVER_LOAD_TABLE, SERVER_TABLE
+PREDICTION_STAGE, PREDICTION_TABLE = DECODE_STAGE, "predictions"
 _PREDICTED_METHOD = {"no-spec": "ar", "dflash": "dflash", "ddtree": "ddtree"}  # sglang mode -> model method
 
 

@@ -48,6 +48,11 @@ yaml.safe_dump({"hosts": {"local": {"transport": "local", "workdir": sys.argv[2]
                 "models": models}}}, open(sys.argv[2] + "/hosts.yaml", "w"))' "$TINY.json" "$TINY" "$(command -v "$PY")"
       DDTREE_OPS_INVENTORY="$TINY/hosts.yaml" DDTREE_OPS_RUNS_DIR="$TINY/runs" ddtree-ops smoke -H local \
         --stages plugin,sglang-e2e --budgets 8,32 2>&1 | tee "$LOGS/sglang-tiny-smoke.log" || status=1
+      # Each request's acceptance on the GPU server against the bf16 offline loop on its text
+      # (docs/smoke.md, "Is DDTree in my server accepting what it should?"): the table, exit 5 on
+      # a regression, and the measured server-vs-offline margin noise in the no-spec row.
+      DDTREE_OPS_INVENTORY="$TINY/hosts.yaml" DDTREE_OPS_RUNS_DIR="$TINY/runs" ddtree-ops report 2>&1 \
+        | tee "$LOGS/sglang-tiny-report.log" || status=1
       # The plugin's Prometheus series on this GPU (docs/observing.md): /metrics equal to its own
       # counters, the tree-build time from CUDA events present (about a minute).
       PYTHONPATH="$PWD:$PYTHONPATH" "$PY" scripts/device_metrics_check.py "$TINY.json" "$LOGS" 2>&1 \
@@ -67,6 +72,10 @@ yaml.safe_dump({"hosts": {"local": {"transport": "local", "workdir": sys.argv[2]
       DDTREE_OPS_INVENTORY="$TRAINED/hosts.yaml" DDTREE_OPS_RUNS_DIR="$TRAINED/runs" ddtree-ops smoke -H local \
         --stages decode-bench,sglang-e2e --budgets 16,32 --set max_new_tokens=48 2>&1 \
         | tee "$LOGS/sglang-trained-smoke.log" || status=1
+      # The server's acceptance per request against the bf16 offline loop and decode-bench's tau
+      # (DDTree above DFlash at 16 and 32; exit 5 on a regression).
+      DDTREE_OPS_INVENTORY="$TRAINED/hosts.yaml" DDTREE_OPS_RUNS_DIR="$TRAINED/runs" ddtree-ops report 2>&1 \
+        | tee "$LOGS/sglang-trained-report.log" || status=1
     else
       cat "$TRAINED.err" | tee "$LOGS/sglang-trained-smoke.log"; status=1
     fi

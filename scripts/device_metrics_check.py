@@ -15,14 +15,13 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ddtree.sglang.round_metrics import JSON_PREFIX
-from ddtree_ops.hostside.stages.sglang_e2e import _stop, _wait_healthy
+from ddtree_ops.hostside.server_process import launch, stop_process_group, wait_until_serving
 from ddtree_ops.live_metrics import parse_metrics
 
 BUDGET = 8
@@ -44,10 +43,9 @@ def main(models_json: str, logs: str, cpu: bool = False) -> int:
         argv += list(SERVER_ARGS)
         env.update(SERVER_ENV)
     log = Path(logs) / "sglang-metrics-server.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    process = launch(argv, env, log, port)
     try:
-        _wait_healthy(process, port, 900)
+        wait_until_serving(process, port, 900, model_path=models["target"], log_path=log)
 
         def generate(ids: list[int]) -> None:
             body = json.dumps({"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": 32}})
@@ -60,7 +58,7 @@ def main(models_json: str, logs: str, cpu: bool = False) -> int:
                 list(pool.map(generate, prompts))
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60).read().decode()
     finally:
-        _stop(process)
+        stop_process_group(process)
     (Path(logs) / "sglang-metrics.txt").write_text(text)
     live = parse_metrics("local", text)
     snapshots = [json.loads(line[line.index(JSON_PREFIX) + len(JSON_PREFIX):])

@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from ddtree_ops.cli.console import inert, styled, without_host
-from ddtree_ops.tolerances import DEFAULT_TAU_TOLERANCE
+from ddtree_ops.tolerances import DEFAULT_ACCEPTANCE_TOLERANCE, DEFAULT_TAU_TOLERANCE
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
 
     from ddtree_ops.report.decode_checks import DecodeComparison
     from ddtree_ops.report.metric_checks import MetricComparison
+    from ddtree_ops.report.server_checks import ServerComparison
     from ddtree_ops.report.model import Report
 
 _STATUS_STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow", "not_run": "dim", "lost": "bold red",
@@ -302,6 +303,39 @@ def render_decode_comparison(comparison: "DecodeComparison", console: "Console")
         console.print(styled("note", "yellow"), inert(note, one_line=True))
 
 
+SERVER_NOTE = ("server: SGLang's per-request histograms (accepted tokens per verify round, bonus included); "
+               "offline: the offline loop on the same prompts, method, budget and draft block, following the server's tokens (equal / near-tie / "
+               "mismatch: requests); decode-bench and baseline: tau of the same method. Below any by more than the "
+               "tolerance: a regression.")
+
+
+def render_server_comparison(comparison: "ServerComparison", console: "Console") -> None:
+    from rich.table import Table
+
+    if not comparison.rows:
+        return
+    table = Table(title=f"sglang-e2e acceptance vs offline (tolerance {comparison.tolerance:g} below)",
+                  title_justify="left")
+    for column in ("host", "method", "budget", "server", "offline", "requests =/~/x", "decode-bench",
+                   "baseline", "verdict"):
+        table.add_column(column, justify="left" if column in ("host", "method", "verdict") else "right")
+    shown = column_format([v for row in comparison.rows for v in (
+        row.get("acceptance_length"), row.get("offline_acceptance_length"), row.get("decode_bench_tau"),
+        row.get("baseline_tau"))])
+    for row in comparison.rows:
+        counts = [row.get(k) for k in ("acceptance_equal", "acceptance_near_tie", "acceptance_mismatch")]
+        device = " (CPU)" if row.get("device") == "cpu" else ""
+        table.add_row(str(row["host"]) + device, str(row["method"]),
+                      "-" if row.get("budget") is None else str(row["budget"]),
+                      shown(row.get("acceptance_length")), shown(row.get("offline_acceptance_length")),
+                      "/".join("-" if c is None else str(c) for c in counts),
+                      shown(row.get("decode_bench_tau")), shown(row.get("baseline_tau")), _mark(row.get("verdict")))
+    console.print(table)
+    console.print(f"  {SERVER_NOTE}", soft_wrap=True)
+    for note in comparison.notes:
+        console.print(styled("note", "yellow"), inert(note, one_line=True))
+
+
 def report(
     run_id: Annotated[Optional[str], typer.Argument(help="Run to report (default: the latest).",
                                                     show_default=False)] = None,
@@ -319,9 +353,14 @@ def report(
     baseline_model: Annotated[Optional[str], typer.Option(
         "--baseline-model", help="Decode baselines: compare the run's model with this baseline model "
         "(e.g. Qwen3-8B).", show_default=False)] = None,
+    acceptance_tolerance: Annotated[Optional[float], typer.Option(
+        "--acceptance-tolerance", min=0.0, help="sglang-e2e: how far (tokens per round) the server's acceptance "
+        "length may fall below the offline loop's, decode-bench's tau and a decode --baseline's before it is "
+        f"a regression (default {DEFAULT_ACCEPTANCE_TOLERANCE:g}).", show_default=False)] = None,
     plot: Annotated[Optional[Path], typer.Option(
         "--plot", help="Write PNG charts into DIR: tree-build time vs budget per host; tau and "
-        "speedup vs budget (with a decode --baseline overlaid).", show_default=False)] = None,
+        "speedup vs budget (with a decode --baseline overlaid); the server's acceptance and tokens/s vs "
+        "budget beside the paper's curve.", show_default=False)] = None,
     runs_dir: RunsDirOpt = None,
 ) -> int:
     """Render a smoke run: status per host and stage, failures, the sweeps; compare with a baseline."""
@@ -331,6 +370,7 @@ def report(
     from ddtree_ops.report.metric_checks import BaselineKind, compare_metrics, load_any_baseline
     from ddtree_ops.report.model import build_report
     from ddtree_ops.report.plots import plot_run
+    from ddtree_ops.report.server_checks import compare_server
     from ddtree_ops.recommend import predicted_vs_measured, run_recommendations
     from ddtree_ops.results import RunStore, check_run_id, runs_root
 
@@ -359,6 +399,9 @@ def report(
         decode = compare_decode(model, loaded, DEFAULT_TAU_TOLERANCE if tau_tolerance is None else tau_tolerance,
                                 dataset=baseline_dataset, model=baseline_model)
         comparisons = list(decode.checks)
+    server = compare_server(model, DEFAULT_ACCEPTANCE_TOLERANCE if acceptance_tolerance is None else acceptance_tolerance,
+                            loaded if kind is BaselineKind.DECODE else None, baseline_dataset, baseline_model)
+    comparisons += server.checks
     regressions = [c for c in comparisons if not c.ok and getattr(c, "checked", True)]
     noisy = [c for c in comparisons if getattr(c, "noisy", False)]
     unchecked = [c for c in comparisons if not getattr(c, "checked", True) and c not in noisy]
@@ -383,6 +426,7 @@ def report(
             document["baseline"] = {"file": str(baseline), "kind": BaselineKind.DECODE.value,
                                     "baseline_dataset": baseline_dataset, "baseline_model": baseline_model,
                                     **decode.to_dict()}
+        document["server_vs_offline"] = server.to_dict()
         if plot is not None:
             document["plots"] = plots
         emit_json(document)
@@ -394,10 +438,11 @@ def report(
             render_comparisons(comparisons, console)
         elif decode is not None:
             render_decode_comparison(decode, console)
+        render_server_comparison(server, console)
         for path in plots:
             say(f"wrote {path}")
         if plot is not None and not plots:
-            say("no tree-bench or decode-bench results in this run: nothing to plot")
+            say("no tree-bench, decode-bench or sglang-e2e results in this run: nothing to plot")
     for item in regressions:  # a tau far above the baseline is no loss: said as it is (still exit 5)
         say(f"{getattr(item, 'verdict', 'regression')}: {item.line()}")
     if noisy:

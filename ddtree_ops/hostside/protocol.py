@@ -190,6 +190,8 @@ KNOBS: dict[str, Knob] = {
     "sglang_attention_backend": Knob(KnobKind.STR), "sglang_extra_args": Knob(KnobKind.STR_LIST),
     "near_tie_gap": Knob(KnobKind.FLOAT, 0.0), "sglang_concurrency": Knob(KnobKind.INT_LIST, 1),
     "sglang_requests_per_level": Knob(KnobKind.INT, 1),
+    "sglang_offline_check": Knob(KnobKind.BOOL), "offline_near_tie_margin": Knob(KnobKind.FLOAT, 0.0),
+    "acceptance_tolerance": Knob(KnobKind.FLOAT, 0.0),
 }
 
 

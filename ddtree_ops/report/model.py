@@ -18,6 +18,9 @@ SWEEP_STAGE = "tree-bench"
 SWEEP_TABLE = "sweep"
 DECODE_STAGE = "decode-bench"
 DECODE_TABLE = "methods"  # one row per method: method, budget, tau, speedup, ... (runsummary)
+SERVER_STAGE = "sglang-e2e"
+SERVER_TABLE = "sglang_e2e"  # one row per server variant: acceptance, offline acceptance, tokens/s, ...
+SERVER_LOAD_TABLE = "sglang_load"  # one row per variant and concurrency level
 LOST_STAGE = "lost"  # a stage's report status when the host was lost during it
 TIMINGS_TABLE = "timings"  # a timed stage's min / median / max per cell (hostside/protocol.py)
 # What the report adds to a decode-bench row (its timing spread and noise verdict): not part
@@ -51,6 +54,8 @@ class Report:
     failures: list[Failure]
     sweep: list[dict[str, Any]]  # tree-bench rows, each with its `host`
     decode: list[dict[str, Any]] = field(default_factory=list)  # decode-bench rows + `host`
+    server: list[dict[str, Any]] = field(default_factory=list)  # sglang-e2e variant rows + `host`
+    server_load: list[dict[str, Any]] = field(default_factory=list)  # sglang-e2e load rows + `host`
     meta: dict[str, Any] = field(default_factory=dict)
     loads: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> timed stage -> load
     timings: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # host -> "stage.cell" -> row
@@ -89,6 +94,8 @@ class Report:
             "failures": [f.to_dict() for f in self.failures],
             "sweep": self.sweep,
             "decode": self.decode,
+            "server": self.server,
+            "server_load": self.server_load,
             "run_exit_code": self.exit_code,  # the run's verdict; `exit_code` is the command's
             "original_exit_code": self.meta.get("exit_code"),  # what the run's command exited with
         }
@@ -143,14 +150,20 @@ def _last_line(text: str | None) -> str | None:
 
 # The fields a table's rows are grouped and sorted by, and what each must be.
 _INTEGER, _INTEGER_OR_NONE, _TEXT = "an integer", "an integer or null", "a string"
+_TEXT_OR_NONE = "a string or null"
 _ROW_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
     SWEEP_TABLE: (("builder", _TEXT), ("batch_size", _INTEGER), ("budget", _INTEGER)),
-    DECODE_TABLE: (("budget", _INTEGER_OR_NONE),)}
+    DECODE_TABLE: (("budget", _INTEGER_OR_NONE),),
+    SERVER_TABLE: (("variant", _TEXT), ("method", _TEXT_OR_NONE), ("budget", _INTEGER_OR_NONE),
+                   ("block_size", _INTEGER_OR_NONE)),
+    SERVER_LOAD_TABLE: (("variant", _TEXT), ("concurrency", _INTEGER), ("budget", _INTEGER_OR_NONE))}
 
 
 def _fits(value: Any, kind: str) -> bool:
     if kind == _TEXT:
         return isinstance(value, str)
+    if kind == _TEXT_OR_NONE:
+        return value is None or isinstance(value, str)
     return (kind == _INTEGER_OR_NONE and value is None) or (isinstance(value, int) and not isinstance(value, bool))
 
 
@@ -179,6 +192,8 @@ def build_report(run: RunRecord) -> Report:
     failures: list[Failure] = []
     sweep: list[dict[str, Any]] = []
     decode: list[dict[str, Any]] = []
+    server: list[dict[str, Any]] = []
+    server_load: list[dict[str, Any]] = []
     loads: dict[str, dict[str, Any]] = {}
     timings: dict[str, dict[str, dict[str, Any]]] = {}
     histories: dict[str, dict[str, Any]] = {}
@@ -203,10 +218,12 @@ def build_report(run: RunRecord) -> Report:
                     timings.setdefault(name, {})[f"{stage}.{row['cell']}"] = row
         sweep += _keyed_rows(name, host.stages.get(SWEEP_STAGE), SWEEP_TABLE, failures)
         decode += _keyed_rows(name, host.stages.get(DECODE_STAGE), DECODE_TABLE, failures)
+        server += _keyed_rows(name, host.stages.get(SERVER_STAGE), SERVER_TABLE, failures)
+        server_load += _keyed_rows(name, host.stages.get(SERVER_STAGE), SERVER_LOAD_TABLE, failures)
     report = Report(run_id=run.run_id, stages=stages, hosts=list(run.hosts),
                     outcomes={h: r.outcome for h, r in run.hosts.items()}, statuses=statuses,
                     durations=durations, reasons=reasons, failures=failures, sweep=sweep,
-                    decode=decode, meta=run.meta, loads=loads, timings=timings, histories=histories,
+                    decode=decode, server=server, server_load=server_load, meta=run.meta, loads=loads, timings=timings, histories=histories,
                     disagreements={h: r.disagreements for h, r in run.hosts.items() if r.disagreements})
     for row in sweep:
         cell = f"build_ms.{row.get('builder')}.bs{row.get('batch_size')}.b{row.get('budget')}"

@@ -28,8 +28,93 @@ def _pyplot() -> Any:
 def plot_run(report: Report, out_dir: Path,
              decode_baseline: list[dict[str, Any]] | None = None) -> list[Path]:
     """Every chart the run has data for: tree-build time vs budget (tree-bench) and, with
-    decode-bench results, acceptance length and speedup vs budget."""
-    return plot_sweep(report, out_dir) + plot_decode(report, out_dir, decode_baseline)
+    decode-bench results, acceptance length and speedup vs budget; with sglang-e2e results,
+    the server's acceptance and tokens/s vs budget beside the paper's curve."""
+    return plot_sweep(report, out_dir) + plot_decode(report, out_dir, decode_baseline) + plot_server(report, out_dir)
+
+
+def paper_budget_curve() -> list[dict[str, Any]]:
+    """The paper's DDTree budget sweep and its DFlash level (baselines/), as overlay rows."""
+    from ddtree_ops.report.baselines import PAPER_SOURCE, budget_series, paper_baseline
+
+    paper = paper_baseline()
+    label = f"paper: MATH-500 · Qwen3-8B · GPU ({PAPER_SOURCE.split(',')[0]})"
+    rows = [{"budget": b, "tau": t, "label": f"{label} · DDTree"}
+            for cell, points in budget_series(paper.entries).items() for b, t, _ in points]
+    flat = paper.index().get(("math500", "Qwen3-8B", 0.0, "dflash"))
+    if flat is not None:
+        rows.append({"budget": None, "method": "dflash", "tau": flat.tau, "label": f"{label} · DFlash"})
+    return rows
+
+
+def plot_server(report: Report, out_dir: Path) -> list[Path]:
+    """sglang-e2e against the budget: acceptance length per host (the server, and the offline
+    loop on the same prompts as hollow squares; DFlash as a level) beside the paper's curve (a far
+    larger model: read its shape, not its level), and tokens/s per concurrency level. CPU hosts
+    are labelled CPU."""
+    rows = [r for r in report.server if as_number(r.get("budget")) is not None
+            and as_number(r.get("acceptance_length")) is not None]
+    if not rows:
+        return []
+    plt = _pyplot()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    hosts = sorted({r["host"] for r in rows})
+
+    def named(host: str) -> str:
+        cpu = any(r.get("device") == "cpu" for r in report.server if r["host"] == host)
+        return f"{host} (CPU)" if cpu else host
+
+    accept = axes[0]
+    for number, host in enumerate(hosts):
+        mine = sorted((r for r in rows if r["host"] == host), key=lambda r: r["budget"])
+        _plot_series(accept, [(r["budget"], r["acceptance_length"], None, None, False) for r in mine],
+                     f"{named(host)} · server DDTree", series_style(0, number))
+        offline = [(r["budget"], r["offline_acceptance_length"], None, None, False) for r in mine
+                   if as_number(r.get("offline_acceptance_length")) is not None]
+        if offline:
+            accept.plot([p[0] for p in offline], [p[1] for p in offline], linestyle="none", marker="s",
+                        markerfacecolor="none", color=series_style(2, number)["color"],
+                        label=f"{named(host)} · offline loop on the server's text")
+        for flat in report.server:
+            if flat["host"] == host and flat.get("method") == "dflash" and as_number(flat.get("acceptance_length")):
+                accept.axhline(flat["acceptance_length"], alpha=0.6, label=f"{named(host)} · server DFlash",
+                               **series_style(1, number))
+    _overlay_baseline(accept, paper_budget_curve(), "tau")
+    accept.set_ylabel("acceptance length (tokens per verify round)")
+    speed = axes[1]
+    levels = sorted({r["concurrency"] for r in report.server_load if as_number(r.get("concurrency"))})
+    for number, host in enumerate(hosts):
+        for series, level in enumerate(levels):
+            mine = sorted(((r["budget"], r["tokens_per_s"], None, None, False) for r in report.server_load
+                           if r["host"] == host and r.get("concurrency") == level and r.get("mode") == "ddtree"
+                           and as_number(r.get("tokens_per_s")) is not None), key=lambda p: p[0])
+            if mine:
+                _plot_series(speed, mine, f"{named(host)} · DDTree · {level} concurrent",
+                             series_style(series, number))
+            for flat in report.server_load:
+                if flat["host"] == host and flat.get("concurrency") == level and flat.get("mode") in ("dflash", "no-spec") \
+                        and as_number(flat.get("tokens_per_s")):
+                    dashes = ":" if flat["mode"] == "no-spec" else "--"
+                    speed.axhline(flat["tokens_per_s"], linestyle=dashes, alpha=0.5,
+                                  color=series_style(series, number)["color"],
+                                  label=f"{named(host)} · {flat['mode']} · {level} concurrent")
+    speed.set_ylabel("output tokens/s (server)")
+    for axis in axes:
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("tree budget (draft nodes)")
+        axis.grid(True, which="both", alpha=0.3)
+        handles, labels = axis.get_legend_handles_labels()
+        unique = dict(zip(labels, handles))
+        axis.legend(unique.values(), unique.keys(), fontsize=6)
+    cpu = any(r.get("device") == "cpu" for r in report.server)
+    fig.suptitle(f"DDTree in the SGLang server vs budget · run {report.run_id}"
+                 + (" · CPU numbers (SGLang's CPU engine, tiny models), not GPU speed" if cpu else ""))
+    fig.tight_layout()
+    path = out_dir / "server-vs-budget.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return [path]
 
 
 def plot_decode(report: Report, out_dir: Path,

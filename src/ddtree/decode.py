@@ -33,6 +33,7 @@ from ddtree.hf_target import HFTarget
 from ddtree.host_tensors import long_tensor
 from ddtree.inputs import check_budget
 from ddtree.kvcache import crop_cache, keep_cache_rows
+from ddtree.margins import chain_draft_margins, top2_margins, tree_draft_margins
 from ddtree.tree import DraftTree, hidden_columns
 from ddtree.verify import follow_verified_tree
 
@@ -66,6 +67,15 @@ class DecodeConfig:
     stop_token_ids: Sequence[int] = ()
     generator: torch.Generator | None = None  # drives sampling at T > 0 (device of the target)
     save_round_trees: bool = False
+    # Keep, per round, how close the target's and the drafter's choices came to going otherwise
+    # (DecodeResult.verify_margins / draft_margins, ddtree.margins): where other arithmetic (a
+    # bf16 server against this loop, ddtree_ops.hostside.acceptance) may rightly differ.
+    record_margins: bool = False
+    # Follow these tokens instead of the target's own choices, as far as they go (T=0 only):
+    # what this drafter and tree accept on a given text, e.g. a server's output, where the
+    # target's near-ties under other arithmetic must not move the text. The target still runs
+    # (its hidden states feed the drafter); past the end of the list it chooses as usual.
+    forced_tokens: Sequence[int] | None = None
     # Where stage times are read from: wall time by default; `time.process_time` on a shared
     # CPU, where other processes' load must not count. Synchronised with the GPU either way.
     timer: Callable[[], float] = time.perf_counter
@@ -77,6 +87,8 @@ class DecodeConfig:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not self.temperature >= 0.0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.forced_tokens is not None and self.temperature != 0.0:
+            raise ValueError(f"forced_tokens follow a text at T=0, got temperature {self.temperature}")
 
 
 @dataclass
@@ -93,6 +105,12 @@ class DecodeResult:
     stage_times: dict[str, float]  # seconds per stage, summed over rounds
     round_timestamps: list[float] = field(default_factory=list)  # seconds since decode start
     round_trees: list[dict[str, Any]] | None = None
+    # With DecodeConfig.record_margins (ddtree.margins, logits units): the target's at the
+    # prefill, then per round one per committed token (root first, then each accepted node);
+    # the drafter's per round, one per depth 1 .. min(accepted, D) of the target's path.
+    prefill_margin: float | None = None
+    verify_margins: list[list[float]] | None = None
+    draft_margins: list[list[float]] | None = None
 
     @property
     def new_token_ids(self) -> list[int]:
@@ -175,6 +193,9 @@ class _Request:
         self.acceptance_lengths: list[int] = []
         self.round_timestamps: list[float] = []
         self.round_trees: list[dict[str, Any]] | None = [] if config.save_round_trees else None
+        self.prefill_margin: float | None = None
+        self.verify_margins: list[list[float]] | None = [] if config.record_margins else None
+        self.draft_margins: list[list[float]] | None = [] if config.record_margins else None
         self.stops = set(int(t) for t in config.stop_token_ids)
         self._stop_checked = 0  # generated[:_stop_checked] holds no stop token
         self.cache = target.new_cache()
@@ -186,8 +207,16 @@ class _Request:
         """Position of the bonus token (= committed rows in the target cache)."""
         return self.num_input + len(self.generated) - 1
 
-    def choose(self, logits: torch.Tensor) -> list[int]:
-        return choose_tokens(logits, self.config.temperature, self.config.generator).tolist()
+    def choose(self, logits: torch.Tensor, depths: Sequence[int] | None = None) -> list[int]:
+        """The target's choice per row; `depths[i]`: row i chooses the token that many places after
+        the next one to commit (default: i; a tree's node depths), which forced_tokens decide."""
+        chosen = choose_tokens(logits, self.config.temperature, self.config.generator).tolist()
+        forced = self.config.forced_tokens
+        if forced is None:
+            return chosen
+        ahead = len(self.generated)
+        depths = range(len(chosen)) if depths is None else depths
+        return [int(forced[ahead + d]) if ahead + d < len(forced) else c for d, c in zip(depths, chosen)]
 
     def prefill(self, hidden_layer_ids: Sequence[int] = ()) -> torch.Tensor | None:
         began = self.clock()
@@ -195,6 +224,8 @@ class _Request:
         out = self.target.forward(self.prompt, positions, self.cache, hidden_layer_ids=hidden_layer_ids,
                                   last_only=True)  # logits of the last row only: [1, V], not [n, V]
         self.generated.append(self.choose(out.logits[-1:])[0])
+        if self.verify_margins is not None:
+            self.prefill_margin = top2_margins(out.logits[-1:])[0]
         self.time_to_first_token = self.clock() - began
         self.decode_start = self.clock()
         return out.hidden
@@ -209,7 +240,17 @@ class _Request:
         # holds max_new_tokens tokens; that round's tokens are cut anyway, so we skip it.
         return len(self.generated) >= self.config.max_new_tokens
 
-    def end_round(self, accepted: int) -> None:
+    @property
+    def records_margins(self) -> bool:
+        return self.verify_margins is not None
+
+    def end_round(self, accepted: int, committed_logits: torch.Tensor | None = None,
+                  draft_margins: Callable[[], list[float]] | None = None) -> None:
+        """`committed_logits` [accepted, V]: the target's rows whose choices the round committed;
+        `draft_margins`: the drafter's margins of the round (called only when they are kept)."""
+        if self.records_margins and committed_logits is not None:
+            self.verify_margins.append(top2_margins(committed_logits))
+            self.draft_margins.append(draft_margins() if draft_margins is not None else [])
         self.acceptance_lengths.append(accepted)
         self.round_timestamps.append(self.clock() - self.decode_start)
 
@@ -232,6 +273,9 @@ class _Request:
             stage_times=self.stage_times,
             round_timestamps=self.round_timestamps,
             round_trees=self.round_trees,
+            prefill_margin=self.prefill_margin,
+            verify_margins=self.verify_margins,
+            draft_margins=self.draft_margins,
         )
 
 
@@ -286,7 +330,7 @@ def generate_autoregressive(target: HFTarget, input_ids: torch.Tensor, config: D
         req.stage_times["verify"] += verified - began
         req.generated.append(req.choose(out.logits)[0])
         req.stage_times["commit"] += req.clock() - verified
-        req.end_round(1)
+        req.end_round(1, out.logits)
     return req.result()
 
 
@@ -300,7 +344,8 @@ def generate_dflash(
     drafter.begin(target)
     feed = _DraftFeed(drafter, req, req.prefill(drafter.target_layer_ids))
     while not req.done():
-        draft_tokens = feed.draft().argmax(dim=-1)  # [D]: the drafter's greedy block
+        draft_logits = feed.draft()  # [D, V]
+        draft_tokens = draft_logits.argmax(dim=-1)  # [D]: the drafter's greedy block
         began = req.clock()
         start = req.start
         block = torch.cat([torch.tensor([req.generated[-1]], device=req.device), draft_tokens.to(req.device)])
@@ -317,7 +362,8 @@ def generate_dflash(
         crop_cache(req.cache, start + accepted)
         feed.committed(drafted[:accepted], None if out.hidden is None else out.hidden[:, :accepted])
         req.stage_times["commit"] += req.clock() - verified
-        req.end_round(accepted)
+        req.end_round(accepted, out.logits[:accepted],
+                      lambda: chain_draft_margins(draft_logits, accepted, posterior[accepted - 1]))
     return req.result()
 
 
@@ -375,7 +421,7 @@ def generate_ddtree(
         verified = req.clock()
         req.stage_times["verify"] += verified - compiled
 
-        posterior = req.choose(out.logits)  # [N+1]: the target's choice at every tree node
+        posterior = req.choose(out.logits, [0] + tree.node_depths_list)  # [N+1]: the target's choice at every tree node
         accepted, bonus = follow_verified_tree(tree.child_maps, posterior)
         commit = commit_round([root_token] + tree.node_token_ids_list, accepted, bonus)
         req.generated.extend(commit.tokens[1:] + [commit.bonus_token])
@@ -391,6 +437,8 @@ def generate_ddtree(
                     "parents": [int(p) for p in tree.parents],
                 },
             })
-        req.end_round(commit.acceptance_length)
+        req.end_round(commit.acceptance_length, None if not req.records_margins
+                      else out.logits.index_select(0, long_tensor(commit.keep_indices, out.logits.device)),
+                      lambda: tree_draft_margins(draft_logits, tree, commit.keep_indices, commit.bonus_token))
     return req.result()
 

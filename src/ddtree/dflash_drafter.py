@@ -8,6 +8,7 @@ features, and the target's `lm_head` turns the last D hidden states into logits 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -75,6 +76,25 @@ class DFlashDrafter:
         return logits.float()
 
 
+def gptj_rope_as_neox(state: dict[str, torch.Tensor], config: DFlashConfig) -> dict[str, torch.Tensor]:
+    """A GPT-J-style RoPE drafter's weights in the layout the net's NeoX RoPE computes it with.
+
+    GPT-J rotates each pair (x_2i, x_2i+1), NeoX each (y_i, y_i+d/2), at the same angle i. With
+    y = x[0, 2, 4, ..., 1, 3, 5, ...] the two rotations agree, and q and k meet only in their dot
+    product, so permuting the head dimensions of q_proj/k_proj's outputs (and of q_norm/k_norm,
+    whose RMS is blind to the order) makes the net compute the GPT-J drafter exactly."""
+    d = config.head_dim
+    order = torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)])  # [d]
+    out = dict(state)
+    for name, tensor in state.items():
+        if ".self_attn.q_proj." in name or ".self_attn.k_proj." in name:
+            heads = tensor.shape[0] // d
+            out[name] = tensor.reshape(heads, d, *tensor.shape[1:])[:, order].reshape(tensor.shape)
+        elif name.endswith((".self_attn.q_norm.weight", ".self_attn.k_norm.weight")):
+            out[name] = tensor[order]
+    return out
+
+
 def build_dflash_drafter(config: DFlashConfig, state: dict[str, torch.Tensor], target: HFTarget, where: str) -> DFlashDrafter:
     """Check `config`/`state` against `target` and assemble the drafter (on the target's device)."""
     net = DFlashDraftNet(config, target_hidden_size=target.hidden_size)
@@ -92,6 +112,8 @@ def build_dflash_drafter(config: DFlashConfig, state: dict[str, torch.Tensor], t
                 f"{where}: {name} has shape {list(tensor.shape)}, expected {list(expected[name].shape)} "
                 f"for a target with hidden size {target.hidden_size}"
             )
+    if not config.rope_is_neox_style:
+        state = gptj_rope_as_neox(state, config)
     net.load_state_dict(state)
     net = net.to(device=target.device, dtype=target.dtype).eval()
     drafter = DFlashDrafter(net, target)
@@ -100,7 +122,9 @@ def build_dflash_drafter(config: DFlashConfig, state: dict[str, torch.Tensor], t
 
 
 def load_dflash_drafter(name: str, target: HFTarget, block_size: int | None = None) -> DFlashDrafter:
-    """Load a z-lab DFlash drafter for `target`; `block_size` must match the drafter's own."""
+    """Load a z-lab DFlash drafter for `target`. `block_size` is the drafter's own, or a
+    shorter block (>= 2) it then drafts with, as SGLang's `--speculative-dflash-block-size`
+    serves it (the bonus and fewer mask tokens; a budget below the drafter's block needs one)."""
     folder = resolve_model_dir(name)
     config_path = folder / "config.json"
     if not config_path.is_file():
@@ -111,9 +135,12 @@ def load_dflash_drafter(name: str, target: HFTarget, block_size: int | None = No
         raise DFlashConfigError(f"{config_path}: not JSON: {err}") from None
     config = DFlashConfig.from_dict(raw, str(config_path))
     if block_size is not None and block_size != config.block_size:
-        raise DrafterMismatchError(
-            f"block size {block_size} is not supported by {name} (trained for blocks of {config.block_size})"
-        )
+        if not 2 <= block_size < config.block_size:
+            raise DrafterMismatchError(
+                f"block size {block_size} is not supported by {name} (trained for blocks of {config.block_size}); "
+                f"a shorter block of at least 2 is"
+            )
+        config = dataclasses.replace(config, block_size=block_size)
     if config.vocab_size != target.vocab_size:
         raise DrafterMismatchError(
             f"drafter {name} has vocabulary {config.vocab_size}, the target has {target.vocab_size}"

@@ -37,6 +37,9 @@ class DFlashConfig:
     mask_token_id: int
     attention_bias: bool
     sliding_windows: tuple[int | None, ...]  # per layer: window or None for full attention
+    # NeoX RoPE rotates (x_i, x_i+d/2); GPT-J style (False) rotates (x_2i, x_2i+1). The net
+    # computes NeoX; the loader turns a GPT-J drafter's q/k weights into the NeoX layout.
+    rope_is_neox_style: bool = True
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], where: str) -> "DFlashConfig":
@@ -79,6 +82,8 @@ class DFlashConfig:
             mask_token_id=int(need("mask_token_id", dflash, "dflash_config.")),
             attention_bias=bool(raw.get("attention_bias", False)),
             sliding_windows=windows,
+            # as SGLang reads it (srt/models/dflash.py:265-267)
+            rope_is_neox_style=bool(raw.get("rope_is_neox_style", raw.get("is_neox_style", True))),
         )
 
 

@@ -18,13 +18,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from ddtree_ops.hostside.stages.sglang_e2e import _stop as stop_process_group
-from ddtree_ops.hostside.stages.sglang_e2e import _wait_healthy as wait_healthy
+from ddtree_ops.hostside.server_process import PortTakenError, launch, stop_process_group, wait_until_serving
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("DDTREE_TEST_CACHE", REPO / ".cache"))
 START_TIMEOUT_S = 600  # a cold start beside busy loops; a warm idle one takes 10-20 s
 REQUEST_TIMEOUT_S = 600
+PORT_TRIES = 3  # a free port another process takes before our server binds it: start again elsewhere
 
 
 def cpu_env_python() -> Path:
@@ -88,18 +88,23 @@ class Server:
     def __init__(self, port: int, log: Path, process: subprocess.Popen):
         self.port, self.log, self.process = port, log, process
 
-    def generate(self, input_ids: list[int], max_new_tokens: int) -> dict[str, Any]:
-        payload = {"input_ids": input_ids, "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens}}
+    def generate(self, input_ids: list[int], max_new_tokens: int, top2: bool = False) -> dict[str, Any]:
+        """One request at T=0; ignore_eos: exactly max_new_tokens, as the offline loop makes;
+        `top2`: with the top-2 log-probs of every output position (meta_info.output_top_logprobs)."""
+        sampling = {"temperature": 0, "ignore_eos": True, "max_new_tokens": max_new_tokens}
+        payload = {"input_ids": input_ids, "sampling_params": sampling}
+        if top2:
+            payload.update(return_logprob=True, top_logprobs_num=2)
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}/generate", json.dumps(payload).encode(),
                                          {"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as reply:
             return json.loads(reply.read())
 
-    def generate_all(self, prompts: list[list[int]], max_new_tokens: int, concurrency: int) -> list[list[int]]:
-        """One request per prompt, `concurrency` in flight; outputs in prompt order."""
+    def generate_all(self, prompts: list[list[int]], max_new_tokens: int, concurrency: int,
+                     top2: bool = False) -> list[dict[str, Any]]:
+        """One request per prompt, `concurrency` in flight; replies in prompt order."""
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
-            replies = list(pool.map(lambda ids: self.generate(ids, max_new_tokens), prompts))
-        return [[int(t) for t in reply["output_ids"]] for reply in replies]
+            return list(pool.map(lambda ids: self.generate(ids, max_new_tokens, top2), prompts))
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -118,21 +123,40 @@ def launch_argv(python: Path, models: dict[str, Any], port: int, *, speculative:
     return argv
 
 
+def output_ids(reply: dict[str, Any]) -> list[int]:
+    return [int(t) for t in reply["output_ids"]]
+
+
+def start_server(argv_without_port: Any, log: Path, env: dict[str, str]) -> Server:
+    """A server on a free port that is ours once it answers (server_process: its socket, and the
+    model path of its argv in /server_info); a port taken by another process meanwhile fails
+    that start at once, and the next try takes another port."""
+    for attempt in range(1, PORT_TRIES + 1):
+        port = free_port()
+        argv = argv_without_port(port)
+        model_path = argv[argv.index("--model-path") + 1]
+        process = launch(argv, env, log, port)
+        server = Server(port, log, process)
+        try:
+            wait_until_serving(process, port, START_TIMEOUT_S, model_path=model_path, log_path=log)
+            return server
+        except PortTakenError:
+            stop_process_group(process)
+            if attempt == PORT_TRIES:
+                raise
+        except (RuntimeError, TimeoutError) as err:
+            stop_process_group(process)
+            raise AssertionError(f"{err}:\n{server.log_text()[-3000:]}") from err
+    raise AssertionError("unreachable")
+
+
 @contextmanager
 def running_server(argv_without_port: Any, log: Path, env: dict[str, str]) -> Iterator[Server]:
-    port = free_port()
-    argv = argv_without_port(port)
-    with open(log, "wb") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    server = Server(port, log, process)
+    server = start_server(argv_without_port, log, env)
     try:
-        try:
-            wait_healthy(process, port, START_TIMEOUT_S)
-        except (RuntimeError, TimeoutError) as err:
-            raise AssertionError(f"{err}:\n{server.log_text()[-3000:]}") from err
         yield server
     finally:
-        stop_process_group(process)
+        stop_process_group(server.process)
 
 
 def metrics_snapshots(log_text: str) -> list[dict[str, Any]]:

@@ -29,7 +29,7 @@ def served(port: int) -> bool:
 
 
 def test_a_strict_server_whose_register_fails_stops_with_one_line(tmp_path):
-    from ddtree_ops.hostside.stages.sglang_e2e import _stop as stop_process_group
+    from ddtree_ops.hostside.server_process import stop_process_group
 
     python = cpu_env_python()
     models = write_models(python, tmp_path / "models")

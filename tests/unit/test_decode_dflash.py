@@ -83,6 +83,18 @@ def test_an_unsupported_block_size_is_refused(tmp_path, target):
     folder = save_drafter(tmp_path / "d", drafter_config())
     with pytest.raises(DrafterMismatchError, match="block size 16 is not supported by .* \\(trained for blocks of 6\\)"):
         load_dflash_drafter(str(folder), target, block_size=16)
+    with pytest.raises(DrafterMismatchError, match="block size 1 is not supported"):
+        load_dflash_drafter(str(folder), target, block_size=1)
+
+
+def test_a_shorter_block_drafts_fewer_positions_as_sglangs_block_size_option_serves_it(tmp_path, target):
+    folder = save_drafter(tmp_path / "d", drafter_config())
+    drafter = load_dflash_drafter(str(folder), target, block_size=3)
+    assert drafter.block_size == 3
+    result = generate_ddtree(target, drafter, torch.tensor([[1, 2, 3]]), DecodeConfig(max_new_tokens=8), budget=2)
+    assert result.new_token_ids == generate_autoregressive(target, torch.tensor([[1, 2, 3]]),
+                                                          DecodeConfig(max_new_tokens=8)).new_token_ids
+    assert max(result.acceptance_lengths) <= 3
 
 
 def test_a_drafter_with_another_vocabulary_is_refused(tmp_path, target):
@@ -115,3 +127,39 @@ def test_configs_that_are_not_dflash_drafters_are_refused():
 def test_default_target_layers_spread_like_the_reference():
     assert default_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
     assert default_target_layer_ids(36, 1) == [18]
+
+
+def test_a_gptj_rope_drafter_is_computed_as_sglang_computes_it(tmp_path):
+    """SGLang honours `rope_is_neox_style: false` (models/dflash.py:265-277); the loader turns such
+    a drafter's q/k weights into the layout of the net's NeoX RoPE: the attention scores of the
+    loaded weights with NeoX RoPE equal those of the original weights with GPT-J RoPE."""
+    from ddtree.dflash_drafter import gptj_rope_as_neox
+    from ddtree.dflash_model import DFlashConfig, rope_cos_sin, rotate_half
+
+    raw = {**tiny_dflash_config(), "rope_is_neox_style": False}
+    config = DFlashConfig.from_dict(raw, "config.json")
+    assert not config.rope_is_neox_style and DFlashConfig.from_dict(tiny_dflash_config(), "c").rope_is_neox_style
+    d, heads, hidden = config.head_dim, config.num_heads, config.hidden_size
+    generator = torch.Generator().manual_seed(0)
+    state = {"layers.0.self_attn.q_proj.weight": torch.randn(heads * d, hidden, generator=generator),
+             "layers.0.self_attn.q_norm.weight": torch.rand(d, generator=generator) + 0.5}
+    moved = gptj_rope_as_neox(state, config)
+    x = torch.randn(5, hidden, generator=generator)
+    positions = torch.arange(3, 8)
+
+    def normed(weight, norm):  # [5, heads, d]
+        q = (x @ weight.T).view(5, heads, d)
+        return q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + config.rms_norm_eps) * norm
+
+    cos, sin = rope_cos_sin(positions, d, config.rope_theta, torch.float32)  # [5, d] half-split
+    neox = normed(moved["layers.0.self_attn.q_proj.weight"], moved["layers.0.self_attn.q_norm.weight"])
+    neox = neox * cos[:, None] + rotate_half(neox) * sin[:, None]
+    plain = normed(state["layers.0.self_attn.q_proj.weight"], state["layers.0.self_attn.q_norm.weight"])
+    angle_cos, angle_sin = cos[:, None, : d // 2], sin[:, None, : d // 2]
+    even, odd = plain[..., 0::2], plain[..., 1::2]  # GPT-J: rotate each (x_2i, x_2i+1)
+    gptj = torch.stack([even * angle_cos - odd * angle_sin, odd * angle_cos + even * angle_sin], dim=-1).flatten(-2)
+    scores = lambda q: torch.einsum("ahd,bhd->hab", q, q)  # noqa: E731 - q against itself at every position pair
+    assert torch.allclose(scores(neox), scores(gptj), atol=1e-4)
+    assert not torch.allclose(scores(normed(state["layers.0.self_attn.q_proj.weight"],
+                                            state["layers.0.self_attn.q_norm.weight"]) * cos[:, None]
+                                     + rotate_half(plain) * sin[:, None]), scores(gptj), atol=1e-2)

@@ -76,3 +76,24 @@ def test_cpu_test_faults_are_named_and_unknown_ones_refused():
     assert seen == [("worker", "batch", "draft", "inputs", None, "locs", "plan")]
     with pytest.raises(ValueError, match="CPU_TEST_SERVER_FAULT='nope': unknown fault"):
         faults.requested_fault({faults.ENV_FAULT: "nope"})
+
+
+def test_the_drafting_faults_keep_the_shape_and_change_what_the_tree_is_built_from():
+    """topk1 hands the tree builder each depth's top-1 only; shift-depth depth d + 1's rows."""
+    import torch
+
+    from ddtree.sglang.cpu import faults
+    from ddtree.topk import ShardTopK
+
+    values = torch.arange(2 * 3 * 4, dtype=torch.float32).reshape(2, 3, 4)
+    top = ShardTopK(values, values.long() + 100, values[..., 0] * 10)
+    seen = []
+    for name in ("topk1", "shift-depth"):
+        target, wrapper = faults.requested_fault({faults.ENV_FAULT: name})
+        assert target == "ddtree.sglang.tree_round.trees_from_top_k"
+        wrapper(lambda t, budget: seen.append((t, budget)), top, 16)
+    (top1, b1), (shifted, b2) = seen
+    assert b1 == b2 == 16
+    assert torch.equal(top1.token_ids, top.token_ids[..., :1]) and torch.equal(top1.lse, top.lse)
+    assert torch.equal(shifted.token_ids[:, :2], top.token_ids[:, 1:])
+    assert torch.equal(shifted.token_ids[:, 2], top.token_ids[:, 2]) and torch.equal(shifted.lse[:, 0], top.lse[:, 1])

@@ -19,8 +19,8 @@ class StandIn:
     """Answers /generate after `delay_s` with `tokens` ids; each reply says the request took
     `rounds` verify rounds. Counts how many requests were open at once."""
 
-    def __init__(self, tokens: int, rounds: int | None, delay_s: float = 0.05):
-        self.tokens, self.rounds, self.delay_s = tokens, rounds, delay_s
+    def __init__(self, tokens: int, rounds: int | None, delay_s: float = 0.05, histogram: list[int] | None = None):
+        self.tokens, self.rounds, self.delay_s, self.histogram = tokens, rounds, delay_s, histogram
         self.lock = threading.Lock()
         self.open = self.peak = self.served = 0
         self.accepted_total = self.rounds_total = 0
@@ -56,6 +56,8 @@ class StandIn:
                 meta = {"completion_tokens": stand_in.tokens}
                 if stand_in.rounds is not None:
                     meta["spec_verify_ct"] = stand_in.rounds
+                if stand_in.histogram is not None:
+                    meta["spec_correct_drafts_histogram"] = stand_in.histogram
                 with stand_in.lock:
                     stand_in.open -= 1
                     stand_in.served += 1
@@ -86,6 +88,14 @@ def test_a_level_keeps_its_concurrency_in_flight_and_reads_the_counters():
     assert level.acceptance_length == 3.0  # sum(completion_tokens) / sum(spec_verify_ct) = 96 / 32
     assert level.server_accept_before is None and level.server_accept_after == 3.0
     assert level.tokens_per_s == pytest.approx(96 / level.wall_s)
+
+
+@pytest.mark.slow
+def test_a_level_counts_the_tokens_verify_rounds_committed_from_the_per_request_histograms():
+    # 12 tokens: 1 from the prefill, 11 in 4 rounds (1 + 3 + 3 + 4): SGLang's own ratio says 3.0
+    with StandIn(tokens=12, rounds=4, delay_s=0.0, histogram=[1, 0, 2, 1]) as server:
+        level = e2e.drive_load(server.port, ["a"], concurrency=2, requests=2, max_new_tokens=12)
+    assert (level.accepted_tokens, level.verify_rounds, level.acceptance_length) == (22, 8, 2.75)
 
 
 @pytest.mark.slow

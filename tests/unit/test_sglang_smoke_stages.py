@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_ops.hostside.protocol import SmokeOptions, StageContext, Status
+from ddtree_ops.hostside.protocol import SmokeOptions, StageContext, Status, check_knobs
 from ddtree_ops.hostside.stages import plugin as plugin_stage
 from ddtree_ops.hostside.stages import sglang_e2e as e2e
 from sglang_plugin.dist import sglang_package_dir
@@ -67,7 +67,7 @@ def test_variants_budgets_and_server_arguments():
     assert e2e.select_budgets({}, [16], {"sglang_budgets": [64]}) == [64]
     variants = e2e.plan_variants(budgets)
     assert [v.name for v in variants] == ["no-spec", "dflash", "ddtree-b16", "ddtree-b32"]
-    assert variants[2].env() == {"DDTREE_ENABLE": "1", "DDTREE_BUDGET": "16", "DDTREE_STRICT": "1"}
+    assert variants[2].env() == {"DDTREE_ENABLE": "1", "DDTREE_BUDGET": "16", "DDTREE_TOPK": "16", "DDTREE_STRICT": "1"}
     assert variants[1].env() == {"DDTREE_ENABLE": "0"}
     models = {"target": "Qwen/Qwen3-8B", "drafter": "z-lab/Qwen3-8B-DFlash-b16"}
     argv = e2e.server_argv("/py", models, variants[3], 31003, "flashinfer", ["--mem-fraction-static", "0.8"])
@@ -76,6 +76,30 @@ def test_variants_budgets_and_server_arguments():
     assert argv[argv.index("--speculative-draft-model-path") + 1] == models["drafter"]
     assert argv[argv.index("--page-size") + 1] == "1" and argv[-2:] == ["--mem-fraction-static", "0.8"]
     assert "--speculative-algorithm" not in e2e.server_argv("/py", models, variants[0], 1, "triton", [])
+
+
+def test_a_budget_below_the_drafters_block_is_served_with_a_block_of_budget_plus_one():
+    variants = e2e.plan_variants([1, 4, 8, 16, 32], block_size=16)
+    assert [(v.name, v.block_size) for v in variants] == [
+        ("no-spec", None), ("dflash", None), ("ddtree-b1", 2), ("ddtree-b4", 5), ("ddtree-b8", 9),
+        ("ddtree-b16", None), ("ddtree-b32", None)]
+    assert [v.method for v in variants] == [None, "dflash", "ddtree_tb1", "ddtree_tb4", "ddtree_tb8",
+                                             "ddtree_tb16", "ddtree_tb32"]
+    models = {"target": "t", "drafter": "d"}
+    argv = e2e.server_argv("py", models, variants[3], 1, "triton", [])
+    assert argv[argv.index("--speculative-dflash-block-size") + 1] == "5"
+    assert "--speculative-dflash-block-size" not in e2e.server_argv("py", models, variants[5], 1, "triton", [])
+    assert e2e.select_budgets({"block_size": 16}, [16], {"sglang_budgets": [1, 4, 64]}) == [1, 4, 64]
+
+
+def test_the_offline_check_settings_and_their_knobs():
+    settings = e2e.OfflineSettings.from_extra({})
+    assert (settings.enabled, settings.margin, settings.tolerance) == (True, None, 0.5)  # None: measured
+    extra = check_knobs({"sglang_offline_check": False, "offline_near_tie_margin": 0.1, "acceptance_tolerance": 0.2})
+    assert e2e.OfflineSettings.from_extra(extra) == e2e.OfflineSettings(False, 0.1, 0.2)
+    for knob, bad in (("sglang_offline_check", "yes"), ("offline_near_tie_margin", -1), ("acceptance_tolerance", "x")):
+        with pytest.raises(ValueError, match=knob):
+            check_knobs({knob: bad})
 
 
 def test_divergences_are_judged_by_the_targets_top2_gap():
@@ -131,3 +155,13 @@ def test_a_cpu_host_runs_the_e2e_stage_only_when_its_environment_was_prepared(tm
     monkeypatch.setattr(environment, "prepared", lambda site_packages=None: True)
     assert e2e.serves_on_cpu(ctx)
     assert not e2e.serves_on_cpu(_ctx(tmp_path, "cuda", {"models": {"target": "t", "drafter": "d"}}))
+
+
+def test_the_no_speculation_runs_top2_and_the_measured_margin_noise():
+    from ddtree_ops.hostside.offline_acceptance import MarginNoise
+
+    meta = {"output_top_logprobs": [[[-0.1, 7, None], [-2.6, 3, None]], [], [[-0.5, 1, None], [-0.6, 2, None]]]}
+    assert e2e.server_top2(meta) == [(7, 3, pytest.approx(2.5)), None, (1, 2, pytest.approx(0.1))]
+    noise = MarginNoise([0.01, 0.02, 0.05, 0.4], flips=1).summary()
+    assert noise == {"positions": 4, "median": 0.05, "p99": 0.4, "max": 0.4, "flips": 1}
+    assert MarginNoise([], 0).summary()["max"] is None

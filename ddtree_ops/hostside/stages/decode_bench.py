@@ -129,6 +129,10 @@ def run(ctx: StageContext) -> StageResult:
         return StageResult.skipped("transformers is not importable in the host Python")
     import torch
 
+    from ddtree_ops.hostside.offline_acceptance import prepare_transformers
+
+    prepare_transformers()  # a CPU test server's environment serves as a host too
+
     from ddtree.decode import (
         DecodeConfig,
         DecodeMethod,

@@ -5,11 +5,29 @@ inventory entry (target, drafter, block_size, optional prompts file: text lines,
 {"prompt": text} / {"input_ids": [...]}). Without a GPU it runs on SGLang's CPU engine where
 the Python environment was prepared as a CPU test server (scripts/sglang_cpu_env.sh,
 ddtree.sglang.cpu); every row then says device "cpu" and the summary says these are CPU
-numbers. Starts one server per
-variant (no speculation; DFLASH; DFLASH + DDTree at each selected budget), sends the prompts
-at temperature 0, compares every variant's tokens with the no-speculation run, and records
-acceptance length (SGLang's meta_info.spec_accept_length), tokens/s and wall time. Every
-server started is stopped (its whole process group), also on failure.
+numbers. Starts one server per variant (no speculation; DFLASH; DFLASH + DDTree at each
+selected budget; a budget below the drafter's block is served with a block of budget + 1), each
+on a port it must own (`ddtree_ops.hostside.server_process`: a port that is taken, or taken
+while the server starts, fails the start at once naming it, and the server that answers must
+report our model and port). Sends the prompts at temperature 0 (ignore_eos, so every request
+makes max_new_tokens), compares every variant's tokens with the no-speculation run, and
+records acceptance length, tokens/s and wall time. Every server started is stopped (its whole
+process group), also on failure.
+
+Acceptance length is SGLang's per-request histogram (meta_info.spec_correct_drafts_histogram:
+rounds per number of accepted drafts) averaged over rounds, i.e. accepted tokens per verify
+round, bonus included: the offline loop's tau. Then the offline loop (`ddtree.decode`) decodes
+the same prompts with each variant's method, budget and block at T=0, following that server's
+own tokens (so a bf16 near-tie of the target cannot move the text), and every request's
+acceptance is held against it (`ddtree_ops.hostside.acceptance`): equal where the offline
+choices had no near-tie (less than `offline_near_tie_margin` to spare: the drafter's on the
+target's path, the target's past the server's last token), else the rounds before the first
+near-tie present and the variant's mean within `acceptance_tolerance`. The margin, unless
+given, is twice the largest difference measured between the no-speculation server's top-2 gaps
+and the offline target's on the same text (the no-spec row's `margin_noise`). The
+`sglang_acceptance` table has a row per variant and prompt, the variant rows the histograms side
+by side. A mismatch fails the stage: the server is lossless but does not accept what the same
+models accept offline.
 
 A divergence from the no-speculation tokens is judged by the target's top-1/top-2 log-prob
 gap at that position (from the no-speculation run): below `near_tie_gap` it is a bf16
@@ -18,36 +36,36 @@ near-tie (verify width changes GEMM shapes) and is reported, otherwise the stage
 Then each server is driven under load: at every concurrency level of `sglang_concurrency`
 (default 1 and 8), that many requests are kept in flight at temperature 0 until
 `sglang_requests_per_level` (default max(prompts, 2 x level)) have finished. Per level: output
-tokens/s over the level's wall time, acceptance length from SGLang's per-request counters
-(sum of completion_tokens / sum of spec_verify_ct) and the server's lifetime average
-(`/server_info` internal_states avg_spec_accept_length) read before and after, as the
-`sglang_load` table (one row per variant and level, with the speedup over no speculation at
-the same level): the measurements `report` recommends a variant and budget from.
+tokens/s over the level's wall time, acceptance length from SGLang's per-request histograms and
+the server's lifetime average (`/server_info` internal_states avg_spec_accept_length) read
+before and after, as the `sglang_load` table (one row per variant and level, with the speedup
+over no speculation at the same level): the measurements `report` recommends a variant and
+budget from, and draws the budget curve from.
 
 Knobs (options.extra): sglang_budgets (default: up to two of options.budgets with
-budget + 1 >= block_size, at most 256), sglang_max_new_tokens (128), sglang_port (31000),
-sglang_start_timeout_s (900), sglang_attention_backend ("flashinfer"), near_tie_gap (0.05),
-sglang_extra_args (list of extra server arguments), sglang_concurrency (list, [1, 8]),
-sglang_requests_per_level (int).
+budget + 1 >= block_size, at most 256; given, any of 1..1024), sglang_max_new_tokens (128),
+sglang_port (31000), sglang_start_timeout_s (900), sglang_attention_backend ("flashinfer"),
+near_tie_gap (0.05), sglang_extra_args (list of extra server arguments), sglang_concurrency
+(list, [1, 8]), sglang_requests_per_level (int), sglang_offline_check (true),
+offline_near_tie_margin (measured), acceptance_tolerance (0.5 tokens per round).
 """
 from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any, Union
 
+from ddtree_ops.hostside import acceptance
 from ddtree_ops.hostside.protocol import TIMINGS_TABLE, StageContext, StageResult, timing_row
+from ddtree_ops.hostside.server_process import NotOurServerError, PortTakenError, launch, stop_process_group, \
+    wait_until_serving
 
 NAME = "sglang-e2e"
 DESCRIPTION = "SGLang end to end: no speculation vs DFlash vs DFlash+DDTree (tokens, acceptance, tokens/s)"
@@ -63,8 +81,10 @@ SHIPPED_PROMPTS = (
     "Summarize the plot of Romeo and Juliet in two sentences.",
     "Implement binary search in C and explain its complexity.",
 )
+SHIPPED_DATASET = "sglang-e2e-prompts"  # the `dataset` of the rows when no prompts file is configured
 DEFAULT_NEAR_TIE_GAP = 0.05  # nats between the target's top-1 and top-2 log-probs
 DEFAULT_CONCURRENCY = (1, 8)
+ACCEPTANCE_TABLE = "sglang_acceptance"
 Prompt = Union[str, list[int]]  # text, or token ids (a model without a tokenizer)
 
 
@@ -79,11 +99,24 @@ class ServerVariant:
     name: str
     mode: ServerMode
     budget: int | None = None
+    block_size: int | None = None  # the drafter's block when shorter than its own (budget + 1)
 
     def env(self) -> dict[str, str]:
+        """The plugin's variables; TOPK = budget (the exact DDTree tree, whatever a deployed
+        default says), so that the offline loop's trees are the server's."""
         if self.mode is ServerMode.DDTREE:
-            return {"DDTREE_ENABLE": "1", "DDTREE_BUDGET": str(self.budget), "DDTREE_STRICT": "1"}
+            return {"DDTREE_ENABLE": "1", "DDTREE_BUDGET": str(self.budget), "DDTREE_TOPK": str(self.budget),
+                    "DDTREE_STRICT": "1"}
         return {"DDTREE_ENABLE": "0"}
+
+    @property
+    def method(self) -> str | None:
+        """decode-bench's method key for the same method and budget (ddtree.decode.method_key)."""
+        if self.mode is ServerMode.DDTREE:
+            from ddtree.decode import DDTREE_KEY_PREFIX
+
+            return f"{DDTREE_KEY_PREFIX}{self.budget}"
+        return "dflash" if self.mode is ServerMode.DFLASH else None
 
 
 @dataclass(frozen=True)
@@ -106,8 +139,8 @@ class LoadLevel:
     requests: int
     tokens: int
     wall_s: float
-    accepted_tokens: int  # sum of completion_tokens over requests that report spec counters
-    verify_rounds: int  # sum of spec_verify_ct over the same requests
+    accepted_tokens: int  # tokens committed by verify rounds (the histograms; else completion_tokens)
+    verify_rounds: int  # verify rounds of the same requests (spec_verify_ct)
     server_accept_before: float | None  # the server's lifetime average, before the level
     server_accept_after: float | None
     peak_in_flight: int  # most requests this client had open at once
@@ -131,6 +164,9 @@ class VariantRun:
     load: list[LoadLevel] = field(default_factory=list)
     prompt_s: list[float] = field(default_factory=list)  # wall time of each /generate call
 
+    def histograms(self) -> list[list[int] | None]:
+        return [acceptance.server_histogram(m) for m in self.meta]
+
 
 def select_budgets(models: dict[str, Any], options_budgets: list[int], extra: dict[str, Any]) -> list[int]:
     if "sglang_budgets" in extra:
@@ -140,9 +176,15 @@ def select_budgets(models: dict[str, Any], options_budgets: list[int], extra: di
     return usable[:2]
 
 
-def plan_variants(budgets: list[int]) -> list[ServerVariant]:
+def plan_variants(budgets: list[int], block_size: int | None = None) -> list[ServerVariant]:
+    """No speculation, DFlash, then DDTree per budget; a budget whose verify width (budget + 1)
+    is below the drafter's block `block_size` drafts with a block of budget + 1 (the plugin
+    refuses a verify narrower than the draft block)."""
+    def short_block(budget: int) -> int | None:
+        return budget + 1 if block_size is not None and budget + 1 < block_size else None
+
     return [ServerVariant("no-spec", ServerMode.NO_SPEC), ServerVariant("dflash", ServerMode.DFLASH)] + [
-        ServerVariant(f"ddtree-b{b}", ServerMode.DDTREE, b) for b in budgets
+        ServerVariant(f"ddtree-b{b}", ServerMode.DDTREE, b, short_block(b)) for b in budgets
     ]
 
 
@@ -161,16 +203,13 @@ def server_argv(python: str, models: dict[str, Any], variant: ServerVariant, por
         argv.append("--skip-tokenizer-init")
     if variant.mode is not ServerMode.NO_SPEC:
         argv += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", models["drafter"]]
+        if variant.block_size is not None:
+            argv += ["--speculative-dflash-block-size", str(variant.block_size)]
     return argv + list(extra_args)
 
 
 def first_divergence(reference: list[int], candidate: list[int]) -> int | None:
-    for index, (a, b) in enumerate(zip(reference, candidate)):
-        if a != b:
-            return index
-    if len(reference) != len(candidate):
-        return min(len(reference), len(candidate))
-    return None
+    return acceptance.first_difference(reference, candidate)
 
 
 def top2_gap(meta: dict[str, Any], position: int) -> float | None:
@@ -197,15 +236,25 @@ def compare_runs(reference: VariantRun, candidate: VariantRun) -> list[Divergenc
     return found
 
 
+def acceptance_of(meta: list[dict[str, Any]]) -> float | None:
+    """Accepted tokens per verify round over the requests' histograms (SGLang's per-request
+    spec_accept_length divides by rounds the prefill's token too: only a fallback)."""
+    counts = [h for h in (acceptance.server_histogram(m) for m in meta) if h]
+    if counts:
+        return acceptance.mean_length(acceptance.add_histograms(counts))
+    accept = [m["spec_accept_length"] for m in meta if "spec_accept_length" in m]
+    return sum(accept) / len(accept) if accept else None
+
+
 def summarize(run: VariantRun) -> dict[str, Any]:
     tokens = sum(len(o) for o in run.outputs)
-    accept = [m["spec_accept_length"] for m in run.meta if "spec_accept_length" in m]
+    accept = acceptance_of(run.meta)
     return {
         "variant": run.variant.name,
         "tokens": tokens,
         "wall_s": round(run.wall_s, 3),
         "tokens_per_s": round(tokens / run.wall_s, 2) if run.wall_s > 0 else None,
-        "acceptance_length": round(sum(accept) / len(accept), 4) if accept else None,
+        "acceptance_length": None if accept is None else round(accept, 4),
         "server_start_s": round(run.start_s, 1),
     }
 
@@ -214,39 +263,13 @@ def summarize(run: VariantRun) -> dict[str, Any]:
 
 
 def _http_json(url: str, payload: dict[str, Any] | None, timeout: float) -> Any:
+    import urllib.request
+
     data = None if payload is None else json.dumps(payload).encode()
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=timeout) as response:
         body = response.read().decode()
     return json.loads(body) if body.strip() else None
-
-
-def _wait_healthy(process: subprocess.Popen, port: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with status {process.returncode} before becoming healthy")
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).read()
-            return
-        except (urllib.error.URLError, OSError):
-            time.sleep(2)
-    raise TimeoutError(f"server on port {port} not healthy after {timeout_s:.0f}s")
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is not None:
-        return
-    for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def server_accept_length(port: int) -> float | None:
@@ -258,10 +281,13 @@ def server_accept_length(port: int) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+SAMPLING = {"temperature": 0, "ignore_eos": True}  # every request makes exactly max_new_tokens
+
+
 def drive_load(port: int, prompts: list[Prompt], concurrency: int, requests: int, max_new_tokens: int,
                timeout_s: float = 600) -> LoadLevel:
     """Keep `concurrency` requests in flight (T=0, prompts in turn) until `requests` finished."""
-    sampling = {"temperature": 0, "max_new_tokens": max_new_tokens}
+    sampling = {**SAMPLING, "max_new_tokens": max_new_tokens}
     lock = threading.Lock()
     in_flight = [0, 0]  # now, peak
 
@@ -287,7 +313,11 @@ def drive_load(port: int, prompts: list[Prompt], concurrency: int, requests: int
             raise RuntimeError(f"/generate reply has no output_ids (got {str(reply)[:120]})")
         tokens += len(reply["output_ids"])
         meta = reply.get("meta_info") or {}
-        if isinstance(meta.get("spec_verify_ct"), int) and meta["spec_verify_ct"] > 0:
+        counts = acceptance.server_histogram(meta)
+        if counts:  # tokens the verify rounds committed, as the offline loop counts them
+            accepted += sum((k + 1) * c for k, c in enumerate(counts))
+            rounds += acceptance.rounds_of(counts)
+        elif isinstance(meta.get("spec_verify_ct"), int) and meta["spec_verify_ct"] > 0:  # no histogram: SGLang's own ratio
             accepted += int(meta.get("completion_tokens", len(reply["output_ids"])))
             rounds += meta["spec_verify_ct"]
     return LoadLevel(concurrency, requests, tokens, wall_s, accepted, rounds, before,
@@ -304,6 +334,7 @@ def load_rows(runs: list[VariantRun]) -> list[dict[str, Any]]:
             reference = base.get(level.concurrency)
             rows.append({
                 "variant": run_.variant.name, "mode": run_.variant.mode.value, "budget": run_.variant.budget,
+                "method": run_.variant.method, "block_size": run_.variant.block_size,
                 "concurrency": level.concurrency, "requests": level.requests, "tokens": level.tokens,
                 "wall_s": round(level.wall_s, 3),
                 "tokens_per_s": None if level.tokens_per_s is None else round(level.tokens_per_s, 2),
@@ -323,7 +354,10 @@ def concurrency_levels(extra: dict[str, Any]) -> list[int]:
 def run_variant(ctx: StageContext, variant: ServerVariant, models: dict[str, Any], prompts: list[Prompt],
                 *, port: int, max_new_tokens: int, start_timeout_s: float, attention_backend: str,
                 extra_args: list[str], levels: list[int] = (), requests_per_level: int | None = None,
-                cpu: bool = False) -> VariantRun:
+                cpu: bool = False, token_ids: bool | None = None) -> VariantRun:
+    """One server: started on `port` (which it must own), the prompts one at a time, the load
+    levels, stopped. `prompts` may be token ids of text prompts (`token_ids` False: the server
+    keeps its tokenizer)."""
     log_path = ctx.artifacts_dir / f"server-{variant.name}.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("DDTREE_")}
     env.update(variant.env())
@@ -331,37 +365,37 @@ def run_variant(ctx: StageContext, variant: ServerVariant, models: dict[str, Any
         from ddtree.sglang.cpu.environment import SERVER_ENV
 
         env.update(SERVER_ENV)
-    token_ids = any(isinstance(p, list) for p in prompts)
+    if token_ids is None:
+        token_ids = any(isinstance(p, list) for p in prompts)
     argv = server_argv(sys.executable, models, variant, port, attention_backend, extra_args, cpu=cpu,
                        token_ids=token_ids)
     ctx.log(f"{variant.name}: {' '.join(argv)}")
     run = VariantRun(variant)
     started = time.monotonic()
-    with open(log_path, "wb") as log_file:
-        process = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            _wait_healthy(process, port, start_timeout_s)
-            run.start_s = time.monotonic() - started
-            sampling = {"temperature": 0, "max_new_tokens": max_new_tokens}
-            began = time.monotonic()
-            for prompt in prompts:
-                payload = {**prompt_payload(prompt), "sampling_params": sampling}
-                if variant.mode is ServerMode.NO_SPEC:
-                    payload.update(return_logprob=True, top_logprobs_num=2)
-                asked = time.monotonic()
-                reply = _http_json(f"http://127.0.0.1:{port}/generate", payload, timeout=600)
-                run.prompt_s.append(time.monotonic() - asked)
-                if "output_ids" not in reply:
-                    raise RuntimeError(f"{variant.name}: /generate reply has no output_ids (keys {sorted(reply)})")
-                run.outputs.append([int(t) for t in reply["output_ids"]])
-                run.meta.append(reply.get("meta_info", {}))
-            run.wall_s = time.monotonic() - began
-            for level in levels:
-                requests = requests_per_level or max(len(prompts), 2 * level)
-                run.load.append(drive_load(port, prompts, level, requests, max_new_tokens))
-                ctx.log(f"{variant.name} at {level} concurrent: {run.load[-1].tokens_per_s or 0:.1f} tokens/s")
-        finally:
-            _stop(process)
+    process = launch(argv, env, log_path, port)
+    try:
+        wait_until_serving(process, port, start_timeout_s, model_path=str(models["target"]), log_path=log_path)
+        run.start_s = time.monotonic() - started
+        sampling = {**SAMPLING, "max_new_tokens": max_new_tokens}
+        began = time.monotonic()
+        for prompt in prompts:
+            payload = {**prompt_payload(prompt), "sampling_params": sampling}
+            if variant.mode is ServerMode.NO_SPEC:
+                payload.update(return_logprob=True, top_logprobs_num=2)
+            asked = time.monotonic()
+            reply = _http_json(f"http://127.0.0.1:{port}/generate", payload, timeout=600)
+            run.prompt_s.append(time.monotonic() - asked)
+            if "output_ids" not in reply:
+                raise RuntimeError(f"{variant.name}: /generate reply has no output_ids (keys {sorted(reply)})")
+            run.outputs.append([int(t) for t in reply["output_ids"]])
+            run.meta.append(reply.get("meta_info", {}))
+        run.wall_s = time.monotonic() - began
+        for level in levels:
+            requests = requests_per_level or max(len(prompts), 2 * level)
+            run.load.append(drive_load(port, prompts, level, requests, max_new_tokens))
+            ctx.log(f"{variant.name} at {level} concurrent: {run.load[-1].tokens_per_s or 0:.1f} tokens/s")
+    finally:
+        stop_process_group(process)
     return run
 
 
@@ -385,6 +419,12 @@ def load_prompts(models: dict[str, Any]) -> list[Prompt]:
     return [_prompt_line(line) for line in text.splitlines() if line.strip()]
 
 
+def dataset_name(models: dict[str, Any]) -> str:
+    """The rows' `dataset`: the prompts file's stem (as decode-bench names it), else the shipped set."""
+    path = models.get("prompts")
+    return Path(os.path.expanduser(path)).stem if path else SHIPPED_DATASET
+
+
 def serves_on_cpu(ctx: StageContext) -> bool:
     """No GPU, but this environment was prepared as a CPU test server (docs/sglang-plugin.md)."""
     from ddtree.sglang.cpu.environment import prepared
@@ -404,6 +444,64 @@ def missing_prerequisite(ctx: StageContext) -> str | None:
     if importlib.util.find_spec("sglang") is None:
         return f"sglang is not installed in {sys.executable}"
     return None
+
+
+# ----------------------------------------------------------------------------- against the offline loop
+
+
+@dataclass(frozen=True)
+class OfflineSettings:
+    enabled: bool
+    margin: float | None  # logits (acceptance.NearTie); None: measured (acceptance.auto_margin)
+    tolerance: float  # tokens per round: a variant's mean against the offline one
+
+    @classmethod
+    def from_extra(cls, extra: dict[str, Any]) -> "OfflineSettings":
+        margin = extra.get("offline_near_tie_margin")
+        return cls(bool(extra.get("sglang_offline_check", True)), None if margin is None else float(margin),
+                   float(extra.get("acceptance_tolerance", acceptance.DEFAULT_ACCEPTANCE_TOLERANCE)))
+
+
+def server_top2(meta: dict[str, Any]) -> list[tuple[int, int, float] | None]:
+    """Per output position of a no-speculation reply: its top-2 token ids and their log-prob gap."""
+    found = []
+    for row in meta.get("output_top_logprobs") or []:
+        if not row or len(row) < 2:
+            found.append(None)
+            continue
+        found.append((int(row[0][1]), int(row[1][1]), float(row[0][0]) - float(row[1][0])))
+    return found
+
+
+def check_against_offline(ctx: StageContext, models: dict[str, Any], prompt_ids: list[list[int]],
+                          runs: list[VariantRun], max_new_tokens: int, settings: OfflineSettings,
+                          device: str) -> tuple[dict[str, acceptance.VariantCheck], dict[str, Any]]:
+    """The offline loop on every speculative variant's method, budget and block; per variant
+    the per-request checks (`ddtree_ops.hostside.acceptance`); and how far this host's server
+    and offline target were measured to differ (MarginNoise.summary), against the margin."""
+    from ddtree_ops.hostside.offline_acceptance import OfflineLoop, OfflineMethod
+
+    speculative = [r for r in runs if r.variant.mode is not ServerMode.NO_SPEC]
+    methods = [OfflineMethod(r.variant.name, r.variant.budget, r.variant.block_size) for r in speculative]
+    loop = OfflineLoop(models, device)
+    try:  # each variant's offline run follows that server's own tokens (DecodeConfig.forced_tokens)
+        offline = loop.decode(methods, prompt_ids, max_new_tokens, ctx.log,
+                              texts={r.variant.name: r.outputs for r in speculative})
+        reference = runs[0]
+        noise = loop.margin_noise(prompt_ids, reference.outputs, [server_top2(m) for m in reference.meta]).summary()
+    finally:
+        loop.close()
+    margin = settings.margin if settings.margin is not None else acceptance.auto_margin(noise["max"])
+    noise["near_tie_margin"] = margin
+    ctx.log(f"server vs offline target, top-2 logit gap differences: {noise}")
+    checks = {}
+    for run_ in speculative:
+        requests = []
+        for index, (tokens, counts) in enumerate(zip(run_.outputs, run_.histograms())):
+            requests.append(acceptance.check_request(index, tokens, counts or [], offline[run_.variant.name][index],
+                                                     margin))
+        checks[run_.variant.name] = acceptance.VariantCheck(run_.variant.name, requests, settings.tolerance)
+    return checks, noise
 
 
 def run(ctx: StageContext) -> StageResult:
@@ -426,25 +524,40 @@ def run(ctx: StageContext) -> StageResult:
         return StageResult.failed(f"no budget with budget + 1 >= block size {models.get('block_size', 16)} selected")
     prompts = load_prompts(models)
     near_tie = float(extra.get("near_tie_gap", DEFAULT_NEAR_TIE_GAP))
+    offline = OfflineSettings.from_extra(extra)
+    max_new_tokens = int(extra.get("sglang_max_new_tokens", 128))
     cpu = serves_on_cpu(ctx)
+    device = "cpu" if cpu else "cuda"
     if cpu:
         ctx.log("no GPU: serving with SGLang's CPU engine (ddtree.sglang.cpu); speeds are CPU numbers")
+    token_ids = any(isinstance(p, list) for p in prompts)
+    sent: list[Prompt] = prompts
+    if offline.enabled:  # both sides must start from the same ids: the server gets ours
+        from ddtree_ops.hostside.offline_acceptance import encode_text_prompts
+
+        sent = encode_text_prompts(models, prompts)
+    block = int(models["block_size"]) if models.get("block_size") else None
+    base_port = int(extra.get("sglang_port", 31000))
     runs: list[VariantRun] = []
-    for offset, variant in enumerate(plan_variants(budgets)):
-        runs.append(run_variant(
-            ctx, variant, models, prompts, port=int(extra.get("sglang_port", 31000)) + offset,
-            max_new_tokens=int(extra.get("sglang_max_new_tokens", 128)),
-            start_timeout_s=float(extra.get("sglang_start_timeout_s", 900)),
-            attention_backend=str(extra.get("sglang_attention_backend", "flashinfer")),
-            extra_args=[str(a) for a in extra.get("sglang_extra_args", [])],
-            levels=concurrency_levels(extra), requests_per_level=extra.get("sglang_requests_per_level"),
-            cpu=cpu,
-        ))
+    try:
+        for offset, variant in enumerate(plan_variants(budgets, block)):
+            runs.append(run_variant(
+                ctx, variant, models, sent, port=base_port + offset, max_new_tokens=max_new_tokens,
+                start_timeout_s=float(extra.get("sglang_start_timeout_s", 900)),
+                attention_backend=str(extra.get("sglang_attention_backend", "flashinfer")),
+                extra_args=[str(a) for a in extra.get("sglang_extra_args", [])],
+                levels=concurrency_levels(extra), requests_per_level=extra.get("sglang_requests_per_level"),
+                cpu=cpu, token_ids=token_ids,
+            ))
+    except (PortTakenError, NotOurServerError) as err:
+        return StageResult.failed(str(err))
     reference = runs[0]
     table, failures = [], []
-    device = "cpu" if cpu else "cuda"
+    model_name = str(models["target"]).rstrip("/").rsplit("/", 1)[-1]
     for run_ in runs:
-        row = {**summarize(run_), "device": device}
+        row = {**summarize(run_), "device": device, "method": run_.variant.method, "budget": run_.variant.budget,
+               "block_size": run_.variant.block_size, "dataset": dataset_name(models), "model": model_name,
+               "temperature": 0.0, "max_new_tokens": max_new_tokens}
         divergences = compare_runs(reference, run_) if run_ is not reference else []
         hard = [d for d in divergences if not d.near_tie(near_tie)]
         row.update(divergent_prompts=len(divergences), near_ties=len(divergences) - len(hard))
@@ -454,6 +567,24 @@ def run(ctx: StageContext) -> StageResult:
                             f"(expected {d.expected}, got {d.got}, top-2 gap {d.gap})")
         ctx.emit_metric(f"{run_.variant.name}.tokens_per_s", row["tokens_per_s"])
         ctx.emit_metric(f"{run_.variant.name}.acceptance_length", row["acceptance_length"])
+    tables: dict[str, Any] = {}
+    notes = []
+    if offline.enabled:
+        checks, noise = check_against_offline(ctx, models, sent, runs, max_new_tokens, offline, device)
+        tables[ACCEPTANCE_TABLE] = [r.row(name) for name, check in checks.items() for r in check.requests]
+        table[0]["margin_noise"] = noise
+        ctx.emit_metric("offline_margin_noise", noise)
+        if noise["max"] is not None and noise["max"] >= noise["near_tie_margin"]:
+            notes.append(f"the server's and the offline target's top-2 gaps were seen to differ by up to "
+                         f"{noise['max']:g}, not below offline_near_tie_margin {noise['near_tie_margin']:g}: raise it")
+        for row in table:
+            check = checks.get(row["variant"])
+            if check is None:
+                continue
+            row.update(check.summary())
+            failures += check.problems
+            for key in ("offline_acceptance_length", "acceptance_histogram", "offline_acceptance_histogram"):
+                ctx.emit_metric(f"{row['variant']}.{key}", row[key])
     timings = [timing_row(f"{r.variant.name}.tokens_per_s", [len(out) / sec for out, sec in
                                                            zip(r.outputs, r.prompt_s) if sec > 0], "tok/s", 2)
                for r in runs if any(sec > 0 for sec in r.prompt_s)]
@@ -461,13 +592,16 @@ def run(ctx: StageContext) -> StageResult:
     for row in table:
         row["speedup_vs_no_spec"] = round(row["tokens_per_s"] / base, 3) if base and row["tokens_per_s"] else None
     tables = {"sglang_e2e": table, "sglang_load": [{**row, "device": device} for row in load_rows(runs)],
-              TIMINGS_TABLE: timings}
+              **tables, TIMINGS_TABLE: timings}
     if failures:
-        return StageResult.failed("; ".join(failures[:3]), tables=tables)
+        more = f" (and {len(failures) - 3} more)" if len(failures) > 3 else ""
+        return StageResult.failed("; ".join(failures[:3] + notes) + more, tables=tables)
     best = max(table[2:], key=lambda r: r["tokens_per_s"] or 0)
     where = " (CPU numbers: SGLang's CPU engine, not GPU speed)" if cpu else ""
+    held = "; every request's acceptance as the offline loop's (near-ties allowed)" if offline.enabled else ""
     return StageResult.passed(
-        f"{len(prompts)} prompts identical to no speculation (near-ties allowed); best {best['variant']}: "
-        f"{best['speedup_vs_no_spec']}x, acceptance length {best['acceptance_length']}{where}",
+        f"{len(prompts)} prompts identical to no speculation (near-ties allowed){held}; best {best['variant']}: "
+        f"{best['speedup_vs_no_spec']}x, acceptance length {best['acceptance_length']}{where}"
+        + "".join(f"; {note}" for note in notes),
         tables=tables,
     )

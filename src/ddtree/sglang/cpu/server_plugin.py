@@ -8,7 +8,8 @@ says it supports it (srt/arg_groups/speculative_hook.py:291-301). Inside _handle
 platform is asked only that and, for the drafter's attention backend, the in-tree rule
 (speculative_hook.py:896-927), which the stand-in platform answers the same way. Everything else DFLASH does on CPU is SGLang's own
 code. Inert (no hook registered) unless this process runs in an environment prepared by
-ddtree.sglang.cpu.environment with SGLANG_USE_CPU_ENGINE=1, i.e. never on a GPU host.
+ddtree.sglang.cpu.environment with SGLANG_USE_CPU_ENGINE=1, i.e. never on a GPU host. There
+it also injects the test-only fault `CPU_TEST_SERVER_FAULT` names (ddtree.sglang.cpu.faults).
 """
 from __future__ import annotations
 
