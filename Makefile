@@ -21,7 +21,7 @@ TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); n=$$((n + 1)); [ $$n 
 
 test:
 	@BOOTSTRAP_NEEDS_SSHD=1 BOOTSTRAP_NEEDS_SGLANG_CPU=1 bash scripts/bootstrap.sh
-	@echo "make test: the whole suite in $(TEST_WORKERS) workers: about 8-10 min on 2 idle cores, 25-40 min on a busy machine (README)" >&2
+	@echo "make test: the whole suite in $(TEST_WORKERS) workers: about 12-14 min on 2 idle cores, 20-30 min beside other work (README)" >&2
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # Unit and property tests only: no sshd fleet, nothing marked slow (subprocesses, the real
