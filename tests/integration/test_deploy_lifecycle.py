@@ -24,7 +24,7 @@ from ddtree_ops.cli.app import main
 from ddtree_ops.deploy import installer_stdin
 from ddtree_ops.release import build_bundle
 from ddtree_ops.remote_layout import BOOTSTRAP
-from sglang_plugin.dist import make_sglang_venv, site_listing
+from sglang_plugin.dist import make_sglang_venv, release_snapshot, site_dir, site_listing
 
 pytestmark = [pytest.mark.sshd, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -46,14 +46,8 @@ def env(tmp_path_factory):
     """(venv python, its site-packages, a frozen snapshot of the checkout)."""
     root = tmp_path_factory.mktemp("sglang-lifecycle")
     python = make_sglang_venv(root)
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
-    snapshot = root / "checkout"
-    for rel in ("src/ddtree", "ddtree_ops/hostside", "ddtree_ops/__init__.py"):
-        if (REPO / rel).is_file():
-            shutil.copy(REPO / rel, snapshot / rel)
-        else:
-            shutil.copytree(REPO / rel, snapshot / rel, ignore=shutil.ignore_patterns("__pycache__"))
+    site = site_dir(python)
+    snapshot = release_snapshot(root)
     return python, site, snapshot
 
 

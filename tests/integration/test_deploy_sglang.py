@@ -18,7 +18,7 @@ from ddtree_ops.cli.app import main
 from ddtree_ops.deploy import installer_stdin
 from ddtree_ops.release import build_bundle
 from ddtree_ops.remote_layout import BOOTSTRAP
-from sglang_plugin.dist import make_sglang_venv, site_listing
+from sglang_plugin.dist import make_sglang_venv, release_snapshot, site_dir, site_listing, wrapped_python
 
 pytestmark = [pytest.mark.sshd, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -34,12 +34,7 @@ def env(tmp_path_factory):
     """(venv python, a frozen snapshot of the checkout to deploy from)."""
     root = tmp_path_factory.mktemp("sglang-env")
     python = make_sglang_venv(root)
-    snapshot = root / "checkout"
-    for rel in ("src/ddtree", "ddtree_ops/hostside", "ddtree_ops/__init__.py"):
-        if (REPO / rel).is_file():
-            shutil.copy(REPO / rel, snapshot / rel)
-        else:
-            shutil.copytree(REPO / rel, snapshot / rel, ignore=shutil.ignore_patterns("__pycache__"))
+    snapshot = release_snapshot(root)
     return python, snapshot
 
 
@@ -94,11 +89,6 @@ ctx = StageContext(stage="plugin", device="cpu", options=SmokeOptions(), host={}
 result = run(ctx)
 print(json.dumps({"status": result.status.value, "reason": result.reason, "metrics": result.metrics}))
 """
-
-
-def site_packages(python: Path) -> Path:
-    return Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
 
 
 def plugin_stage(python: Path, snapshot: Path) -> dict:
@@ -178,7 +168,7 @@ def test_dry_run_changes_nothing(host, env, capsys):
 def test_a_tampered_hooked_file_is_refused_unless_forced(host, env, capsys):
     _, inventory, h0 = host
     python, snapshot = env
-    hooked = site_packages(python) / "sglang" / "srt" / "speculative" / "spec_info.py"
+    hooked = site_dir(python) / "sglang" / "srt" / "speculative" / "spec_info.py"
     original = hooked.read_bytes()
     hooked.write_bytes(original + b"\n# patched by someone\n")
     try:
@@ -478,9 +468,7 @@ def test_deploy_starts_the_hosts_python_twice_rollback_and_dry_run_once(sshd_fle
     sys.executable, so that fresh interpreter is started through it too and counted."""
     python, snapshot = env
     log = tmp_path / "python-starts.log"
-    counted = Path(python).parent / "python-counted"  # next to the venv's python: same venv
-    counted.write_text(f'#!/bin/bash\necho "start $*" >> {log}\nexec -a "$0" {Path(python).resolve()} "$@"\n')
-    counted.chmod(0o755)
+    counted = wrapped_python(python, "python-counted", f'echo "start $*" >> {log}\n')
     before = site_listing(python)
 
     def starts() -> list[str]:
@@ -522,7 +510,7 @@ def test_an_upgrade_is_refused_until_a_host_qualifies_it_then_deploys(host, env,
     the version, hashes and run id next to the inventory; deploy then accepts exactly that."""
     _, inventory, h0 = host
     python, snapshot = env
-    hooked = site_packages(python) / "sglang" / "srt" / "speculative" / "spec_info.py"
+    hooked = site_dir(python) / "sglang" / "srt" / "speculative" / "spec_info.py"
     original = hooked.read_bytes()
     hooked.write_bytes(original + b"\n# a local patch release\n")
     qualified = tmp_path / "sglang-qualified.json"

@@ -21,7 +21,7 @@ import pytest
 
 from ddtree_ops.cli.app import main
 from ddtree_ops.hostside.sglang_install import INSTALL_FAULTS, ROLLBACK_FAULTS
-from sglang_plugin.dist import make_sglang_venv, site_listing
+from sglang_plugin.dist import make_sglang_venv, release_snapshot, site_dir, site_listing, wrapped_python
 
 pytestmark = [pytest.mark.sshd, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -37,12 +37,7 @@ def env(tmp_path_factory):
     """(venv python, a frozen snapshot of the checkout to deploy from)."""
     root = tmp_path_factory.mktemp("sglang-steps")
     python = make_sglang_venv(root)
-    snapshot = root / "checkout"
-    for rel in ("src/ddtree", "ddtree_ops/hostside", "ddtree_ops/__init__.py"):
-        if (REPO / rel).is_file():
-            shutil.copy(REPO / rel, snapshot / rel)
-        else:
-            shutil.copytree(REPO / rel, snapshot / rel, ignore=shutil.ignore_patterns("__pycache__"))
+    snapshot = release_snapshot(root)
     return python, snapshot
 
 
@@ -62,12 +57,10 @@ def host(sshd_fleet, env, tmp_path):
     python, snapshot = env
     fault_file = tmp_path / "fault"
     fault_file.write_text("")
-    wrapper = python.parent / "python-faulty"  # next to the venv's python: the same environment
     # the probe (`python -m ddtree.sglang.probe`, started through sys.executable) runs without it, as deploy starts it
-    wrapper.write_text(f'#!/bin/bash\nfault=$(cat {fault_file})\n'
-                       f'[ -n "$fault" ] && [ "$2" != ddtree.sglang.probe ] && export DDTREE_DEPLOY_FAULT="$fault"\n'
-                       f'exec -a "$0" {python.resolve()} "$@"\n')
-    wrapper.chmod(0o755)
+    wrapper = wrapped_python(python, "python-faulty",
+                             f'fault=$(cat {fault_file})\n'
+                             f'[ -n "$fault" ] && [ "$2" != ddtree.sglang.probe ] && export DDTREE_DEPLOY_FAULT="$fault"\n')
     before = site_listing(python)
     fleet = sshd_fleet(1, python=str(wrapper), command_timeout=120)
     yield Host(fleet, python, fault_file)
@@ -289,11 +282,6 @@ def test_a_deploy_that_waited_for_the_lock_reads_the_environment_as_the_other_le
     assert doc["hosts"]["h0"]["result"]["action"] == second_action
 
 
-def site_packages(python: Path) -> Path:
-    return Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
-
-
 @pytest.mark.parametrize("pinned", ["srt/plugins/hook_registry.py", "srt/plugins/__init__.py"])
 def test_a_pinned_file_changed_between_the_gate_and_the_probe_is_never_imported(sshd_fleet, env, capsys, pinned):
     """#49 item 6: the host's `python` changes a pinned SGLang file (one that load_plugins()
@@ -301,13 +289,11 @@ def test_a_pinned_file_changed_between_the_gate_and_the_probe_is_never_imported(
     "installed, structure ok, pinned". The probe imports the gate's files only from the bytes
     the gate read, so it refuses the changed file, names it, and the deploy is undone."""
     python, snapshot = env
-    target = site_packages(python) / "sglang" / pinned
+    target = site_dir(python) / "sglang" / pinned
     original = target.read_bytes()
-    racing = python.parent / "python-racing"  # next to the venv's python: the same environment
-    racing.write_text(f'#!/bin/bash\nif [ "$2" = ddtree.sglang.probe ]; then\n'
-                      f'  printf "\\nCHANGED_AFTER_THE_GATE = True\\n" >> {target}\nfi\n'
-                      f'exec -a "$0" {python.resolve()} "$@"\n')
-    racing.chmod(0o755)
+    racing = wrapped_python(python, "python-racing",
+                            f'if [ "$2" = ddtree.sglang.probe ]; then\n'
+                            f'  printf "\\nCHANGED_AFTER_THE_GATE = True\\n" >> {target}\nfi\n')
     before = site_listing(python)
     fleet = sshd_fleet(1, python=str(racing), command_timeout=120)
     try:

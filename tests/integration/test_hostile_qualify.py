@@ -10,7 +10,6 @@ import hashlib
 import json
 import shutil
 import stat
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ import pytest
 from ddtree.sglang.manifests import SUPPORTED, newest
 from ddtree_ops.cli.app import main
 from ddtree_ops.release import BUNDLE_DIRS, BUNDLE_FILES
+from sglang_plugin.dist import site_dir
 
 pytestmark = [pytest.mark.sshd, pytest.mark.slow]
 SPEC_INFO = "srt/speculative/spec_info.py"
@@ -42,11 +42,6 @@ os.execv({real!r}, [{real!r}, *argv])
 '''
 
 
-def site_packages(python: Path) -> Path:
-    return Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
-
-
 @pytest.fixture(scope="module")
 def envs(tmp_path_factory):
     from sglang_plugin.dist import make_sglang_venv
@@ -67,7 +62,7 @@ def fleet(sshd_fleet, envs, tmp_path):
     """h0: a drifted (benignly patched) SGLang behind a forging python; h1: the same patch plus
     code at import in spec_info.py, which leaves a marker file when it runs."""
     pythons, snapshot = envs
-    sglang = [site_packages(p) / "sglang" for p in pythons]
+    sglang = [site_dir(p) / "sglang" for p in pythons]
     originals = [(s / SPEC_INFO).read_bytes() for s in sglang]
     marker = tmp_path / "tampered-code-ran"
     patched = originals[0] + b"\n# a local patch release\n"

@@ -143,6 +143,27 @@ def make_sglang_venv(root: Path) -> Path:
     return python
 
 
+def release_snapshot(root: Path) -> Path:
+    """A frozen copy of the files a release is built from (the core and the host side), to
+    deploy from while other tests change the checkout: root/checkout."""
+    snapshot = root / "checkout"
+    for rel in ("src/ddtree", "ddtree_ops/hostside", "ddtree_ops/__init__.py"):
+        if (REPO / rel).is_file():
+            shutil.copy(REPO / rel, snapshot / rel)
+        else:
+            shutil.copytree(REPO / rel, snapshot / rel, ignore=shutil.ignore_patterns("__pycache__"))
+    return snapshot
+
+
+def wrapped_python(python: Path, name: str, shell: str = "") -> Path:
+    """An executable `name` next to the venv's `python` (so the same environment) that runs the
+    bash lines `shell` first, then the real interpreter under the wrapper's own name."""
+    wrapper = Path(python).parent / name
+    wrapper.write_text(f'#!/bin/bash\n{shell}exec -a "$0" {Path(python).resolve()} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
 # sha256 by (path, inode, size, mtime, ctime): any write, rename or chmod moves the ctime,
 # so a file whose key is unchanged holds the bytes hashed before (sglang alone is ~2000 files)
 _HASHED: dict[tuple[str, int, int, int, int], str] = {}
