@@ -1,5 +1,6 @@
-"""How long `ddtree-ops` takes to start: `--help`, `--version`, and every verb's `--help` (the verb's module
-and everything the CLI needs to parse its options; what the verb then does is its own work).
+"""How long `ddtree-ops` takes to start: `--help`, `--version`, every verb's `--help` (the verb's module
+and everything the CLI needs to parse its options; what the verb then does is its own work), and
+`hosts list -i FILE` (options given as words, and an 8-host inventory read and checked).
 
     .venv/bin/python benchmarks/cli_start.py [--repeat 15] [--imports 5] [--target 0.12]
     .venv/bin/python benchmarks/cli_start.py --compare /path/to/other-checkout/.venv/bin/python
@@ -58,6 +59,24 @@ HEAVY = ("torch", "paramiko", "typer.rich_utils", "rich.markdown", "rich.syntax"
 ENV = bytecode_env()
 
 
+FLEET_HOSTS = 8
+
+
+def fleet_inventory() -> str:
+    """A hosts.yaml as an operator writes one (placeholder names), for a verb that reads it and
+    does nothing else: `hosts list` is option parsing plus the inventory, the start of every verb."""
+    import atexit
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="ddtree-cli-start-")
+    atexit.register(__import__("shutil").rmtree, folder, ignore_errors=True)
+    path = Path(folder) / "hosts.yaml"
+    hosts = "".join(f"  gpu-{i}:\n    hostname: gpu-{i}.example.invalid\n    groups: [eval]\n" for i in range(FLEET_HOSTS))
+    path.write_text("defaults:\n  user: ops\n  python: /opt/venv/bin/python\n  connect_timeout: 10\n"
+                    f"  models: {{target: /models/target, drafter: /models/drafter}}\nhosts:\n{hosts}")
+    return str(path)
+
+
 def one_run(argv: list[str]) -> tuple[float, float]:
     """(wall s, CPU s) of one process."""
     import time
@@ -110,9 +129,12 @@ def main() -> None:
         if not other.is_file():
             parser.error(f"--compare: no ddtree-ops beside {args.compare}")
         clis.append((f"[{args.compare}] ", str(other)))
+    inventory = fleet_inventory()
     commands = [(f"{tag}ddtree-ops {' '.join(words)}".rstrip(), [cli, *words])
                 for words in [["--help"], ["--version"]] + [[*verb.split(), "--help"] for verb in verbs()]
                 for tag, cli in clis]
+    commands += [(f"{tag}ddtree-ops hosts list -i <{FLEET_HOSTS}-host hosts.yaml>", [cli, "hosts", "list", "-i", inventory])
+                 for tag, cli in clis]
     baseline = ("python -c pass (the interpreter alone)", [sys.executable, "-c", "pass"])
     for _, argv in [baseline, *commands]:
         one_run(argv)  # untimed: writes the bytecode the timed runs read

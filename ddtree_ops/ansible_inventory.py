@@ -425,7 +425,7 @@ def export(hosts: list[Any]) -> dict[str, Any]:
             if value is not None:
                 entry[f"ddtree_{key}"] = getattr(value, "value", value)
         if host.models is not None:
-            entry["ddtree_models"] = host.models.model_dump()
+            entry["ddtree_models"] = host.models.to_dict()
         if host.sglang_port != BUILTIN_SGLANG_PORT:
             entry["ddtree_sglang_port"] = host.sglang_port
         entries[host.name] = entry

@@ -3,7 +3,8 @@
 Resolution of the file: `-i/--inventory` > `$DDTREE_OPS_INVENTORY` > `./hosts.yaml`; when none
 of these names an existing file, the embedded default inventory (one host, `local`) is used.
 Every error is a `ConfigError` whose message starts with the file and the field:
-`hosts.yaml: hosts.gpu-a.port: expected an integer, got 'x'`.
+`hosts.yaml: hosts.gpu-a.port: expected an integer, got 'x'`. The schema is
+`inventory_schema` (pydantic); a file of plain values is taken by `inventory_plain` without it.
 """
 from __future__ import annotations
 
@@ -12,10 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional
-
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
-from pydantic_core import PydanticCustomError
+from typing import Any, Optional
 
 from ddtree_ops.errors import ConfigError, quoted
 from ddtree_ops.host_patterns import ALL_HOSTS, select_names, unaddressable
@@ -39,57 +37,19 @@ class TransportKind(str, Enum):
     LOCAL = "local"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=False)
-
-
-class ModelSpec(_Strict):
-    """Which models a host evaluates with (used by smoke/bench stages)."""
+@dataclass(frozen=True)
+class ModelSpec:
+    """Which models a host evaluates with (used by smoke/bench stages); checked by the schema
+    (`inventory_schema.ModelSpec`)."""
 
     target: str
     drafter: str
-    block_size: int = Field(default=16, ge=1)
+    block_size: int = 16
     prompts: Optional[str] = None
 
-
-def _not_a_bool(value: Any) -> Any:
-    if isinstance(value, bool):  # an int subclass, so lax parsing would take it as 0 or 1
-        raise PydanticCustomError("int_type", "Input should be a valid integer")
-    return value
-
-
-# An empty string would silently fall back to the default; `port: true` is not port 1.
-_Text = Annotated[str, Field(min_length=1)]
-_Port = Annotated[int, BeforeValidator(_not_a_bool), Field(ge=1, le=65535)]
-# Every phase is bounded: an infinite timeout is not a bound.
-_Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-
-
-class _HostKeys(_Strict):
-    """Keys allowed both in `defaults:` and in a host entry."""
-
-    transport: Optional[TransportKind] = None
-    user: Optional[_Text] = None
-    port: Optional[_Port] = None
-    identity_file: Optional[_Text] = None
-    known_hosts: Optional[_Text] = None
-    ssh_config: Optional[_Text] = None
-    python: Optional[_Text] = None
-    workdir: Optional[_Text] = None
-    connect_timeout: Optional[_Seconds] = None
-    command_timeout: Optional[_Seconds] = None
-    models: Optional[ModelSpec] = None
-    sglang_port: Optional[_Port] = None
-
-
-class HostEntry(_HostKeys):
-    hostname: Optional[_Text] = None
-    groups: list[str] = Field(default_factory=list)
-
-
-class InventoryFile(_Strict):
-    defaults: _HostKeys = Field(default_factory=_HostKeys)
-    hosts: dict[str, HostEntry]
+    def to_dict(self) -> dict[str, Any]:
+        return {"target": self.target, "drafter": self.drafter, "block_size": self.block_size,
+                "prompts": self.prompts}
 
 
 @dataclass(frozen=True)
@@ -209,15 +169,18 @@ def parse_inventory(data: Any, *, source: str, base_dir: Path) -> Inventory:
         raise ConfigError(f"{source}: the file is empty (expected a mapping with `hosts:`)")
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping with `hosts:`, got {type(data).__name__}")
-    try:
-        parsed = InventoryFile.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError(f"{source}: {describe_validation_error(err)}") from None
-    if not parsed.hosts:
+    from ddtree_ops.inventory_plain import plain_inventory
+
+    parsed = plain_inventory(data)
+    if parsed is None:  # not all plain: the schema converts what it may, and names what it refuses
+        from ddtree_ops.inventory_schema import validate
+
+        parsed = validate(data, source)
+    if not parsed["hosts"]:
         raise ConfigError(f"{source}: hosts: at least one host is required")
     inventory = Inventory(source=source)
-    for name, entry in parsed.hosts.items():
-        inventory.hosts[name] = _resolve_host(name, entry, parsed.defaults, source, base_dir)
+    for name, entry in parsed["hosts"].items():
+        inventory.hosts[name] = _resolve_host(name, entry, parsed["defaults"], source, base_dir)
     clashes = set(inventory.groups()) & set(inventory.hosts)
     if clashes:
         name = sorted(clashes)[0]
@@ -225,7 +188,8 @@ def parse_inventory(data: Any, *, source: str, base_dir: Path) -> Inventory:
     return inventory
 
 
-def _resolve_host(name: str, entry: HostEntry, defaults: _HostKeys, source: str, base_dir: Path) -> Host:
+def _resolve_host(name: str, entry: dict[str, Any], defaults: dict[str, Any], source: str, base_dir: Path) -> Host:
+    """One host of the normalized file (every key present) with its defaults and paths resolved."""
     # A host name is also a folder of every local run (runs/<run>/<host>): no path separators.
     if (not name or name != name.strip() or "," in name or name == ALL_HOSTS
             or "/" in name or "\0" in name or name in (".", "..")):
@@ -241,8 +205,8 @@ def _resolve_host(name: str, entry: HostEntry, defaults: _HostKeys, source: str,
         raise ConfigError(f"{source}: hosts.{quoted(name)}: invalid host name ({unfit}; it names a folder of every run)")
 
     def pick(key: str) -> Any:
-        own = getattr(entry, key)
-        return own if own is not None else getattr(defaults, key)
+        own = entry[key]
+        return own if own is not None else defaults[key]
 
     transport = pick("transport") or TransportKind.SSH
     if transport is TransportKind.LOCAL:
@@ -250,10 +214,10 @@ def _resolve_host(name: str, entry: HostEntry, defaults: _HostKeys, source: str,
 
         # `defaults.python` describes the remote fleet; a local host runs our own interpreter
         # unless its own entry names another.
-        python = entry.python or sys.executable
+        python = entry["python"] or sys.executable
     else:
         python = pick("python") or "python3"
-    for group in entry.groups:
+    for group in entry["groups"]:
         if not group or "," in group or group == ALL_HOSTS:
             raise ConfigError(f"{source}: hosts.{name}.groups: invalid group name {quoted(group)}")
         if (why := unaddressable(group)) is not None:
@@ -270,7 +234,7 @@ def _resolve_host(name: str, entry: HostEntry, defaults: _HostKeys, source: str,
     return Host(
         name=name,
         transport=transport,
-        hostname=entry.hostname or name,
+        hostname=entry["hostname"] or name,
         user=pick("user"),
         port=pick("port"),
         identity_file=local_path("identity_file"),
@@ -280,45 +244,8 @@ def _resolve_host(name: str, entry: HostEntry, defaults: _HostKeys, source: str,
         workdir=pick("workdir") or BUILTIN_WORKDIR,
         connect_timeout=pick("connect_timeout") or BUILTIN_CONNECT_TIMEOUT_S,
         command_timeout=pick("command_timeout") or BUILTIN_COMMAND_TIMEOUT_S,
-        groups=tuple(entry.groups),
-        models=pick("models"),
+        groups=tuple(entry["groups"]),
+        models=ModelSpec(**models) if (models := pick("models")) is not None else None,
         source=source,
         sglang_port=pick("sglang_port") or BUILTIN_SGLANG_PORT,
     )
-
-
-_EXPECTED = {
-    "int_parsing": "expected an integer",
-    "int_type": "expected an integer",
-    "int_from_float": "expected an integer",
-    "float_parsing": "expected a number",
-    "float_type": "expected a number",
-    "string_type": "expected a string",
-    "list_type": "expected a list",
-    "dict_type": "expected a mapping",
-    "model_type": "expected a mapping",
-    "model_attributes_type": "expected a mapping",
-    "bool_type": "expected true or false",
-    "bool_parsing": "expected true or false",
-    "string_too_short": "expected a non-empty string",
-    "finite_number": "expected a finite number",
-}
-
-
-def describe_validation_error(err: ValidationError) -> str:
-    """The first pydantic error as `dotted.field: what was expected, got 'value'`."""
-    first = err.errors(include_url=False)[0]
-    where = ".".join(part if isinstance(part, str) and len(part) <= 60 else quoted(part)
-                     for part in map(str, first["loc"])) or "(top level)"
-    kind = first["type"]
-    value = first.get("input")
-    if kind == "extra_forbidden":
-        return f"{where}: unknown key (check the spelling)"
-    if kind == "missing":
-        return f"{where}: required key is missing"
-    if kind == "enum":
-        allowed = ", ".join(repr(k.value) for k in TransportKind)
-        return f"{where}: expected one of {allowed}, got {quoted(value)}"
-    if kind in _EXPECTED:
-        return f"{where}: {_EXPECTED[kind]}, got {quoted(value)}"
-    return f"{where}: {first['msg'].lower()}, got {quoted(value)}"

@@ -54,7 +54,7 @@ def host_entry(host: "Host") -> dict[str, Any]:
         "command_timeout": host.command_timeout, "inventory": host.source,
     }
     if host.models is not None:
-        entry["models"] = host.models.model_dump()
+        entry["models"] = host.models.to_dict()
     return entry
 
 

@@ -244,11 +244,13 @@ class LiveHostTable:
         if self.showing:
             return
         # Rich is loaded before taking the lock: the hosts' threads report through it meanwhile.
-        console = stderr_console()
+        # Loaded whole: Ctrl-C inside a module's import leaves it half made (a class body cut
+        # off reads as a RuntimeError, not an interrupt), and it comes now, as the hosts start.
+        with signals_deferred():
+            console = stderr_console()
+            for module in ("rich.live", "rich.text", "rich.table"):  # what `_render` imports
+                importlib.import_module(module)
         from rich.live import Live
-
-        for module in ("rich.text", "rich.table"):  # what `_render` imports
-            importlib.import_module(module)
 
         with self.lock:
             if self.showing:

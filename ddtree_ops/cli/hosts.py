@@ -77,7 +77,7 @@ def list_hosts(
                         "ssh_config": h.ssh_config,
                         "connect_timeout": h.connect_timeout,
                         "command_timeout": h.command_timeout,
-                        "models": h.models.model_dump() if h.models else None,
+                        "models": h.models.to_dict() if h.models else None,
                         "sglang_port": h.sglang_port,
                     }
                     for h in selected

@@ -242,3 +242,35 @@ def test_an_interrupt_during_a_deferred_step_lands_as_it_ends(sig):
                 steps.append("the step finished")
             time.sleep(5)  # raised as the block ended: never reached
     assert steps == ["the step finished"] and caught.value.signal_name == sig.name
+
+
+RICH_IMPORT_PROBE = """
+import importlib.abc, json, signal, sys
+from ddtree_ops.cli.console import LiveHostTable
+from ddtree_ops.cli.interrupts import signals_interrupt
+from ddtree_ops.errors import Interrupted
+
+class CtrlCAsRichLoads(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "rich.console":
+            signal.raise_signal(signal.SIGINT)  # lands as the hosts start, while Rich loads
+        return None
+
+sys.meta_path.insert(0, CtrlCAsRichLoads())
+table = LiveHostTable("push", ["a"])
+with signals_interrupt():
+    try:
+        table.start()
+        caught = None
+    except Interrupted as err:
+        caught = err.signal_name
+console = sys.modules.get("rich.console")
+print(json.dumps({"caught": caught, "rich_whole": hasattr(console, "Console") and "rich.table" in sys.modules}))
+"""
+
+
+def test_ctrl_c_while_rich_loads_waits_for_it_to_load_whole():
+    """Rich loads while the hosts start: Ctrl-C then used to cut a class body of rich.console
+    short, which Python reports as a RuntimeError (exit 1, "unexpected error"), not exit 130."""
+    out = subprocess.run([sys.executable, "-c", RICH_IMPORT_PROBE], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"caught": "SIGINT", "rich_whole": True}

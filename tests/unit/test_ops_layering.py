@@ -98,6 +98,30 @@ def test_no_help_imports_torch_paramiko_pydantic_or_richs_heavy_parts():
     assert {args: loaded for args, (code, loaded) in found.items() if loaded or code != 0} == {}
 
 
+PUSH_PROBE = """
+import contextlib, io, json, sys
+from ddtree_ops.cli.app import main, prepare
+prepare()
+with contextlib.redirect_stdout(io.StringIO()):
+    code = main(sys.argv[1:])
+print(json.dumps([code, "pydantic" in sys.modules]))
+"""
+
+
+@pytest.mark.slow
+def test_a_push_with_a_plain_inventory_and_plain_options_needs_no_pydantic(tmp_path: Path):
+    """The verb's start as an operator types it: `-i FILE --source DIR --parallel N` are plain
+    words and the inventory holds plain values, so neither Typer's conversion nor the
+    inventory's schema (pydantic, ~40 ms) is loaded; a value that needs converting loads it."""
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(f"hosts:\n  here: {{transport: local, workdir: {tmp_path / 'work'}}}\n")
+    args = ["push", "--dry-run", "--json", "-i", str(inventory), "--source", str(ROOT), "--parallel", "3"]
+    run = lambda *extra: json.loads(subprocess.run([sys.executable, "-c", PUSH_PROBE, *args, *extra], capture_output=True,
+                                                   text=True, cwd=tmp_path, check=True).stdout.strip().splitlines()[-1])
+    assert run() == [0, False]
+    assert run("--parallel", "+3") == [0, True]  # a word that is not plain digits: Typer converts it
+
+
 @pytest.mark.slow
 def test_version_imports_not_even_rich():
     code = "import contextlib, io\nfrom ddtree_ops.cli.app import main\nwith contextlib.redirect_stdout(io.StringIO()):\n"
