@@ -165,6 +165,7 @@ print(json.dumps({"pydantic": "pydantic" in sys.modules, "ports": [h.port for h 
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text, pydantic, ports", [
     ("hosts: {a: {port: 2222}, b: {}}\n", False, [2222, None]),
     ("hosts: {a: {port: '2222'}, b: {}}\n", True, [2222, None]),  # converted: by the schema
