@@ -117,7 +117,7 @@ def same(a, b) -> bool:
     return type(a) is type(b) and a == b
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(inventories())
 def test_what_the_plain_path_takes_the_schema_takes_alike(data):
     plain = plain_inventory(data)
