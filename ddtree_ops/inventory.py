@@ -40,7 +40,7 @@ class TransportKind(str, Enum):
 @dataclass(frozen=True)
 class ModelSpec:
     """Which models a host evaluates with (used by smoke/bench stages); checked by the schema
-    (`inventory_schema.ModelSpec`)."""
+    (`inventory_schema.ModelsEntry`)."""
 
     target: str
     drafter: str
