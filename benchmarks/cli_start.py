@@ -19,10 +19,13 @@ machinery) was loaded.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -65,11 +68,8 @@ FLEET_HOSTS = 8
 def fleet_inventory() -> str:
     """A hosts.yaml as an operator writes one (placeholder names), for a verb that reads it and
     does nothing else: `hosts list` is option parsing plus the inventory, the start of every verb."""
-    import atexit
-    import tempfile
-
     folder = tempfile.mkdtemp(prefix="ddtree-cli-start-")
-    atexit.register(__import__("shutil").rmtree, folder, ignore_errors=True)
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     path = Path(folder) / "hosts.yaml"
     hosts = "".join(f"  gpu-{i}:\n    hostname: gpu-{i}.example.invalid\n    groups: [eval]\n" for i in range(FLEET_HOSTS))
     path.write_text("defaults:\n  user: ops\n  python: /opt/venv/bin/python\n  connect_timeout: 10\n"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
@@ -48,8 +48,7 @@ class ModelSpec:
     prompts: Optional[str] = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"target": self.target, "drafter": self.drafter, "block_size": self.block_size,
-                "prompts": self.prompts}
+        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -69,8 +69,12 @@ _HOST_KEYS: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def _keys(value: Any, extra: Optional[dict[str, Any]] = None) -> Any:
-    if type(value) is not dict or not all(k in _HOST_KEYS or (extra and k in extra) for k in value):
+_ENTRY_KEYS = frozenset({"hostname", "groups"})  # a host entry's keys beyond _HOST_KEYS
+
+
+def _keys(value: Any, entry: bool) -> Any:
+    """`defaults:` or (entry) a host's entry, every key present, or _DECLINED."""
+    if type(value) is not dict or not all(k in _HOST_KEYS or (entry and k in _ENTRY_KEYS) for k in value):
         return _DECLINED
     out: dict[str, Any] = {}
     for key, check in _HOST_KEYS.items():
@@ -78,7 +82,7 @@ def _keys(value: Any, extra: Optional[dict[str, Any]] = None) -> Any:
         out[key] = None if given is None else check(given)
         if out[key] is _DECLINED:
             return _DECLINED
-    if extra is not None:
+    if entry:
         hostname = value.get("hostname")
         out["hostname"] = None if hostname is None else _text(hostname)
         out["groups"] = _groups(value.get("groups", []))
@@ -87,19 +91,16 @@ def _keys(value: Any, extra: Optional[dict[str, Any]] = None) -> Any:
     return out
 
 
-_ENTRY_ONLY = {"hostname": None, "groups": None}
-
-
 def plain_inventory(data: Any) -> Optional[dict[str, Any]]:
     """`data` normalized as `inventory_schema.validate` would, or None when it is not all plain."""
     if type(data) is not dict or not data.keys() <= {"defaults", "hosts"} or type(data.get("hosts")) is not dict:
         return None
-    defaults = _keys(data["defaults"]) if "defaults" in data else dict.fromkeys(_HOST_KEYS)
+    defaults = _keys(data["defaults"], entry=False) if "defaults" in data else dict.fromkeys(_HOST_KEYS)
     if defaults is _DECLINED:
         return None
     hosts = {}
     for name, entry in data["hosts"].items():
-        if type(name) is not str or (hosts_entry := _keys(entry, _ENTRY_ONLY)) is _DECLINED:
+        if type(name) is not str or (keys := _keys(entry, entry=True)) is _DECLINED:
             return None
-        hosts[name] = hosts_entry
+        hosts[name] = keys
     return {"defaults": defaults, "hosts": hosts}

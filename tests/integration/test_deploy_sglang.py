@@ -18,7 +18,7 @@ from ddtree_ops.cli.app import main
 from ddtree_ops.deploy import installer_stdin
 from ddtree_ops.release import build_bundle
 from ddtree_ops.remote_layout import BOOTSTRAP
-from sglang_plugin.dist import make_sglang_venv, release_snapshot, site_dir, site_listing, wrapped_python
+from sglang_plugin.dist import site_dir, site_listing, venv_and_snapshot, wrapped_python
 
 pytestmark = [pytest.mark.sshd, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -32,10 +32,7 @@ TARGETS = (
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     """(venv python, a frozen snapshot of the checkout to deploy from)."""
-    root = tmp_path_factory.mktemp("sglang-env")
-    python = make_sglang_venv(root)
-    snapshot = release_snapshot(root)
-    return python, snapshot
+    return venv_and_snapshot(tmp_path_factory.mktemp("sglang-env"))
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ import pytest
 
 from ddtree_ops.cli.app import main
 from ddtree_ops.hostside.sglang_install import INSTALL_FAULTS, ROLLBACK_FAULTS
-from sglang_plugin.dist import make_sglang_venv, release_snapshot, site_dir, site_listing, wrapped_python
+from sglang_plugin.dist import site_dir, site_listing, venv_and_snapshot, wrapped_python
 
 pytestmark = [pytest.mark.sshd, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -35,10 +35,7 @@ print(json.dumps({"enabled": load_config().enabled, "budget": load_config().budg
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     """(venv python, a frozen snapshot of the checkout to deploy from)."""
-    root = tmp_path_factory.mktemp("sglang-steps")
-    python = make_sglang_venv(root)
-    snapshot = release_snapshot(root)
-    return python, snapshot
+    return venv_and_snapshot(tmp_path_factory.mktemp("sglang-steps"))
 
 
 class Host:

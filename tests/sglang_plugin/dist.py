@@ -155,6 +155,11 @@ def release_snapshot(root: Path) -> Path:
     return snapshot
 
 
+def venv_and_snapshot(root: Path) -> tuple[Path, Path]:
+    """What a deploy test works with: (an SGLang venv's python, a frozen release snapshot), under root."""
+    return make_sglang_venv(root), release_snapshot(root)
+
+
 def wrapped_python(python: Path, name: str, shell: str = "") -> Path:
     """An executable `name` next to the venv's `python` (so the same environment) that runs the
     bash lines `shell` first, then the real interpreter under the wrapper's own name."""
